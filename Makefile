@@ -1,0 +1,64 @@
+# lmstack: `make test` and `make demo` do all set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# A second environment on current TensorFlow (Keras 2 via tf_keras), for the compatibility smoke test.
+VENV_TF_CURRENT := .venv-tfcurrent
+
+# Keep the CDK CLI and jsii offline and quiet.
+export CDK_DISABLE_CLI_TELEMETRY := true
+export CDK_DISABLE_VERSION_CHECK := true
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+
+.PHONY: setup test demo synth lint bench clean
+
+setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt training_image/requirements.txt training_image/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -c "import horovod.tensorflow" 2>/dev/null || \
+		$(HOROVOD_BUILD_ENV) $(PY) -m pip install -q --no-build-isolation --no-cache-dir horovod==0.28.1
+	$(PY) -m pip install -q --no-deps -e training_image
+	touch $@
+
+$(VENV_TF_CURRENT)/.installed: training_image/requirements.txt
+	test -x $(VENV_TF_CURRENT)/bin/python || $(PYTHON) -m venv $(VENV_TF_CURRENT)
+	$(VENV_TF_CURRENT)/bin/python -m pip install -q --upgrade pip
+	$(VENV_TF_CURRENT)/bin/python -m pip install -q tensorflow-cpu==2.21.0 tf_keras==2.21.0 \
+		-r training_image/requirements.txt pytest==9.2.0
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+demo: setup
+	$(PY) -m lmstack.demo
+
+synth: $(VENV)/.installed node_modules/.installed
+	npx cdk synth --quiet
+
+lint: $(VENV)/.installed
+	$(PY) -m pytest tests/test_lint.py
+
+bench: setup
+	$(PY) bench/train_step.py
+	$(PY) bench/prepare.py
+	$(PY) bench/input_pipeline.py
+	$(PY) bench/generate.py
+
+clean:
+	rm -rf cdk.out demo-output .pytest_cache

@@ -1,0 +1,11 @@
+import os
+
+# Never reach AWS: fake credentials and a fixed region for boto3, moto and the CDK.
+os.environ.update({
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+})

@@ -1,0 +1,37 @@
+"""SageMaker instance types lmstack knows: accelerators, memory, interconnect.
+
+One table, read by the planner (`lm.plan`), the job seam and the CDK app's input
+validation. Prices and peak FLOP/s are added by `lm.plan`'s data (see there for sources).
+"""
+import collections
+
+Instance = collections.namedtuple("Instance", "name gpus gpu gpu_memory_gib vcpus memory_gib interconnect")
+
+_ROWS = [
+    # name, GPUs, GPU model, GiB per GPU, vCPUs, host GiB, interconnect between hosts
+    ("ml.m5.xlarge", 0, None, 0, 4, 16, "ethernet"),
+    ("ml.m5.4xlarge", 0, None, 0, 16, 64, "ethernet"),
+    ("ml.c5.18xlarge", 0, None, 0, 72, 144, "ethernet"),
+    ("ml.g4dn.12xlarge", 4, "T4", 16, 48, 192, "ethernet"),
+    ("ml.g5.xlarge", 1, "A10G", 24, 4, 16, "ethernet"),
+    ("ml.g5.2xlarge", 1, "A10G", 24, 8, 32, "ethernet"),
+    ("ml.g5.12xlarge", 4, "A10G", 24, 48, 192, "ethernet"),
+    ("ml.g5.24xlarge", 4, "A10G", 24, 96, 384, "ethernet"),
+    ("ml.g5.48xlarge", 8, "A10G", 24, 192, 768, "ethernet"),
+    ("ml.p3.2xlarge", 1, "V100", 16, 8, 61, "ethernet"),
+    ("ml.p3.8xlarge", 4, "V100", 16, 32, 244, "ethernet"),
+    ("ml.p3.16xlarge", 8, "V100", 16, 64, 488, "ethernet"),
+    ("ml.p3dn.24xlarge", 8, "V100", 32, 96, 768, "efa"),
+    ("ml.p4d.24xlarge", 8, "A100", 40, 96, 1152, "efa"),
+    ("ml.p4de.24xlarge", 8, "A100", 80, 96, 1152, "efa"),
+    ("ml.p5.48xlarge", 8, "H100", 80, 192, 2048, "efa"),
+]
+
+INSTANCES = collections.OrderedDict((row[0], Instance(*row)) for row in _ROWS)
+
+
+def get_instance(name):
+    try:
+        return INSTANCES[name]
+    except KeyError:
+        raise ValueError("unknown instance type %r; allowed: %s" % (name, ", ".join(INSTANCES)))

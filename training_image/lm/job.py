@@ -1,0 +1,237 @@
+"""The one seam between the CDK app and the training image: the SageMaker job request.
+
+Everything both sides must agree on lives here and nowhere else: the strategies and the
+image variant each needs, the hyperparameters `lm.train` accepts (name, type, bounds),
+how the SageMaker Python SDK v2 encodes them, the metric log lines and the regexes that
+read them, the data channel. The CDK app generates its state machine from these tables;
+`lm.train` builds its argument parser from them; the local demo builds its request here.
+
+Pure Python 3.8, no TensorFlow: imported at synth time.
+"""
+import collections
+import json
+import re
+
+from lm.config import PRESETS
+
+STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
+JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
+DLC_ACCOUNT = "763104351884"
+DLC_REPOSITORY = "tensorflow-training"
+
+# Image variants (facts page: which TF DLC carries which library). Key -> base image tag.
+RUNTIMES = collections.OrderedDict([
+    ("tf26", "2.6.0-gpu-py38-cu112-ubuntu20.04"),
+    ("tf211", "2.11.0-gpu-py39-cu112-ubuntu20.04-sagemaker"),
+    ("tfcurrent", "2.19.0-gpu-py312-cu125-ubuntu22.04-sagemaker"),
+])
+STRATEGY_RUNTIME = {"smp": "tf26", "smddp": "tf211", "horovod": "tf211", "mwms": "tfcurrent", "single": "tfcurrent"}
+SERVING_RUNTIME = "tfcurrent"
+
+SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
+SMP_INSTANCE_TYPES = ("ml.g4dn.12xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
+STRATEGY_INSTANCE_TYPES = {"smddp": SMDDP_INSTANCE_TYPES, "smp": SMP_INSTANCE_TYPES}
+
+SMP_MPI_OPTIONS = "--mca btl_vader_single_copy_mechanism none"
+SMP_DEFAULTS = collections.OrderedDict([
+    ("partitions", 2), ("microbatches", 4), ("pipeline", "interleaved"), ("optimize", "speed"), ("horovod", True),
+])
+SMP_CHOICES = {"pipeline": ("simple", "interleaved"), "optimize": ("speed", "memory"),
+               "placement_strategy": ("spread", "cluster")}
+
+
+def base_image_uri(runtime, region):
+    return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (DLC_ACCOUNT, region, DLC_REPOSITORY, RUNTIMES[runtime])
+
+
+class HyperParameter(collections.namedtuple("HyperParameter", "name type default minimum maximum choices help")):
+    """One hyperparameter of `lm.train`. `type` is one of int, float, str, bool."""
+
+    def validate(self, value):
+        """Return the value as its type, or raise ValueError naming the field and what is allowed."""
+        field = "hyperparameters.%s" % self.name
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError("%s must be true or false, got %r" % (field, value))
+            return value
+        if self.type in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    self.type is int and not float(value).is_integer()):
+                raise ValueError("%s must be %s, got %r" % (field, "an integer" if self.type is int else "a number", value))
+            value = self.type(value)
+            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+                raise ValueError("%s must be between %s and %s, got %r" % (field, self.minimum, self.maximum, value))
+            return value
+        if not isinstance(value, str):
+            raise ValueError("%s must be a string, got %r" % (field, value))
+        if self.choices and value not in self.choices:
+            raise ValueError("%s must be one of %s, got %r" % (field, ", ".join(self.choices), value))
+        return value
+
+
+def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help=""):
+    return HyperParameter(name, type_, default, minimum, maximum, tuple(choices) if choices else None, help)
+
+
+# What `lm.train` accepts. The state machine's input validation is generated from this table.
+HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
+    _hp("model", str, "gpt", choices=("gpt", "rnn"), help="model family (see lm.models)"),
+    _hp("preset", str, "gpt-125m", choices=tuple(PRESETS), help="model shape"),
+    _hp("strategy", str, "single", choices=STRATEGIES, help="distribution strategy"),
+    _hp("global_batch_size", int, 64, 1, 65536, help="sequences per optimizer step, all replicas together"),
+    _hp("max_steps", int, 1000, 1, 10000000, help="optimizer steps"),
+    _hp("learning_rate", float, 6e-4, 0.0, 1.0, help="peak learning rate for a global batch of 256 sequences"),
+    _hp("scale_lr", bool, True, help="scale learning_rate linearly with global_batch_size / 256"),
+    _hp("min_lr_ratio", float, 0.1, 0.0, 1.0, help="final learning rate as a fraction of the peak"),
+    _hp("warmup_steps", int, 100, 0, 10000000, help="linear warmup steps"),
+    _hp("weight_decay", float, 0.1, 0.0, 1.0, help="AdamW decoupled weight decay"),
+    _hp("grad_clip", float, 1.0, 0.0, 1000.0, help="global gradient norm clip (0 = off)"),
+    _hp("dropout", float, 0.0, 0.0, 0.9, help="dropout rate"),
+    _hp("precision", str, "auto", choices=("auto", "fp32", "fp16", "bf16"),
+        help="auto: bf16 on A100/H100, fp16 with loss scaling on V100/T4/A10G, fp32 on CPU"),
+    _hp("xla", bool, True, help="compile the train step with XLA where it works"),
+    _hp("recompute", bool, False, help="recompute activations in the backward pass"),
+    _hp("seq_len", int, 0, 0, 65536, help="sequence length (0 = the dataset's)"),
+    _hp("seed", int, 1234, 0, 2 ** 31 - 1, help="seed for weights and data order"),
+    _hp("log_every", int, 10, 1, 1000000, help="steps between metric log lines"),
+    _hp("eval_every", int, 500, 0, 10000000, help="steps between validation runs (0 = only at the end)"),
+    _hp("eval_batches", int, 20, 1, 100000, help="batches per validation run"),
+    _hp("checkpoint_every", int, 500, 0, 10000000, help="steps between checkpoints (0 = only on SIGTERM and at the end)"),
+])
+
+
+def validate_hyperparameters(values):
+    """Apply defaults and check every value; unknown names are an error."""
+    unknown = sorted(set(values) - set(HYPERPARAMETERS))
+    if unknown:
+        raise ValueError("unknown hyperparameters %s; allowed: %s" % (", ".join(unknown), ", ".join(HYPERPARAMETERS)))
+    merged = collections.OrderedDict()
+    for name, spec in HYPERPARAMETERS.items():
+        merged[name] = spec.validate(values.get(name, spec.default))
+    return merged
+
+
+def encode_hyperparameters(values):
+    """As the SDK's `EstimatorBase._json_encode_hyperparameters`: each value `json.dumps`-ed."""
+    return collections.OrderedDict((str(key), json.dumps(value)) for key, value in values.items())
+
+
+def decode_hyperparameter(raw):
+    """As the container toolkit: `json.loads`, falling back to the raw string."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def processes_per_host(strategy, gpus_per_host):
+    """Horovod and SMP run one MPI process per GPU; the others one process per host."""
+    return max(1, gpus_per_host) if strategy in ("horovod", "smp") else 1
+
+
+def distribution_hyperparameters(strategy, instance_type, gpus_per_host, model_dir,
+                                 mp_parameters=None, custom_mpi_options=None):
+    """The keys the SDK v2 `TensorFlow` estimator adds for `distribution` (before JSON encoding).
+
+    Mirrors `Framework._distribution_configuration` and `TensorFlow.hyperparameters` in
+    sagemaker-python-sdk v2 (src/sagemaker/estimator.py, src/sagemaker/tensorflow/estimator.py);
+    tests/test_job_sdk.py builds the same job with the SDK and compares.
+    `model_dir` is what the SDK puts there: "/opt/ml/model" under MPI, else
+    `<output_path>/<job_name>/model`.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError("strategy must be one of %s, got %r" % (", ".join(STRATEGIES), strategy))
+    values = collections.OrderedDict()
+    if strategy in ("horovod", "smp"):
+        values["sagemaker_mpi_enabled"] = True
+        values["sagemaker_mpi_num_of_processes_per_host"] = processes_per_host(strategy, gpus_per_host)
+        values["sagemaker_mpi_custom_mpi_options"] = (
+            custom_mpi_options if custom_mpi_options is not None else (SMP_MPI_OPTIONS if strategy == "smp" else ""))
+        if strategy == "smp":
+            values["mp_parameters"] = collections.OrderedDict(mp_parameters or SMP_DEFAULTS)
+    if strategy in ("smddp", "smp"):
+        values["sagemaker_distributed_dataparallel_enabled"] = strategy == "smddp"
+        values["sagemaker_instance_type"] = instance_type
+        if strategy == "smddp":
+            values["sagemaker_distributed_dataparallel_custom_mpi_options"] = custom_mpi_options or ""
+    if strategy == "mwms":
+        values["sagemaker_multi_worker_mirrored_strategy_enabled"] = True
+    values["model_dir"] = "/opt/ml/model" if strategy in ("horovod", "smp") else model_dir
+    return values
+
+
+def sdk_hyperparameters(hyperparameters, *, strategy, instance_type, gpus_per_host, job_name, region,
+                        output_path, job_kind="train", mp_parameters=None, custom_mpi_options=None):
+    """The whole `HyperParameters` map of CreateTrainingJob, encoded as the SDK sends it.
+
+    `sagemaker_submit_directory` is left out: the code is baked into the image, which sets
+    SAGEMAKER_SUBMIT_DIRECTORY itself.
+    """
+    values = collections.OrderedDict(hyperparameters)
+    values["sagemaker_program"] = JOB_KINDS[job_kind]
+    values["sagemaker_container_log_level"] = 20
+    values["sagemaker_job_name"] = job_name
+    values["sagemaker_region"] = region
+    if job_kind == "train":
+        values.update(distribution_hyperparameters(
+            strategy, instance_type, gpus_per_host, "%s/%s/model" % (output_path.rstrip("/"), job_name),
+            mp_parameters=mp_parameters, custom_mpi_options=custom_mpi_options))
+    return encode_hyperparameters(values)
+
+
+# ---- metrics: the log lines `lm.train` prints and the regexes SageMaker reads them with ----
+
+TRAIN_LOG_PREFIX = "[train]"
+EVAL_LOG_PREFIX = "[eval]"
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+
+
+def format_train_log(step, loss, learning_rate, tokens_per_second, mfu, step_time):
+    return "%s step=%d loss=%.4f lr=%.3e tokens_per_s=%.1f mfu=%.4f step_time=%.4f" % (
+        TRAIN_LOG_PREFIX, step, loss, learning_rate, tokens_per_second, mfu, step_time)
+
+
+def format_eval_log(step, val_loss):
+    import math
+    return "%s step=%d val_loss=%.4f val_ppl=%.3f" % (EVAL_LOG_PREFIX, step, val_loss, math.exp(min(val_loss, 50.0)))
+
+
+METRIC_DEFINITIONS = [
+    {"Name": "train:loss", "Regex": r"\[train\].* loss=" + _NUMBER},
+    {"Name": "train:learning_rate", "Regex": r"\[train\].* lr=" + _NUMBER},
+    {"Name": "train:tokens_per_second", "Regex": r"\[train\].* tokens_per_s=" + _NUMBER},
+    {"Name": "train:mfu", "Regex": r"\[train\].* mfu=" + _NUMBER},
+    {"Name": "train:step_time", "Regex": r"\[train\].* step_time=" + _NUMBER},
+    {"Name": "validation:loss", "Regex": r"\[eval\].* val_loss=" + _NUMBER},
+    {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
+]
+
+
+def parse_metrics(line):
+    """What SageMaker would extract from one log line: {metric name: value}."""
+    found = {}
+    for definition in METRIC_DEFINITIONS:
+        match = re.search(definition["Regex"], line)
+        if match:
+            found[definition["Name"]] = float(match.group(1))
+    return found
+
+
+# ---- channels ----
+
+TRAIN_CHANNEL = "train"
+RAW_CHANNEL = "raw"
+DATASET_CHANNEL_OUT = "dataset"
+
+
+def efs_channel(name, file_system_id, directory_path, access_mode="ro"):
+    return {
+        "ChannelName": name,
+        "InputMode": "File",
+        "DataSource": {"FileSystemDataSource": {
+            "FileSystemId": file_system_id,
+            "FileSystemAccessMode": access_mode,
+            "FileSystemType": "EFS",
+            "DirectoryPath": directory_path,
+        }},
+    }
