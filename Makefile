@@ -12,6 +12,10 @@ export CDK_DISABLE_VERSION_CHECK := true
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
+# jsii names the Node major versions whose end-of-life banner it should skip.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(shell node -p "process.versions.node.split('.')[0]" 2>/dev/null)
+# The CDK CLI's bundled AWS SDK warns about the Node version on every run.
+export AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED := true
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -26,6 +30,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt training_image/require
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -r requirements-dev.txt
+	# tf_keras declares a dependency on `tensorflow`, which would install next to tensorflow-cpu.
+	$(PY) -m pip install -q --no-deps tf_keras==2.15.1
 	$(PY) -c "import horovod.tensorflow" 2>/dev/null || \
 		$(HOROVOD_BUILD_ENV) $(PY) -m pip install -q --no-build-isolation --no-cache-dir horovod==0.28.1
 	$(PY) -m pip install -q --no-deps -e training_image

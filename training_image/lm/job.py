@@ -12,7 +12,7 @@ import collections
 import json
 import re
 
-from lm.config import PRESETS
+from lm.config import ALL_PRESETS, FAMILIES
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
 JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
@@ -75,8 +75,8 @@ def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help="")
 
 # What `lm.train` accepts. The state machine's input validation is generated from this table.
 HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
-    _hp("model", str, "gpt", choices=("gpt", "rnn"), help="model family (see lm.models)"),
-    _hp("preset", str, "gpt-125m", choices=tuple(PRESETS), help="model shape"),
+    _hp("model", str, "gpt", choices=tuple(FAMILIES), help="model family (see lm.models)"),
+    _hp("preset", str, "gpt-125m", choices=tuple(ALL_PRESETS), help="model shape (one of the model family's presets)"),
     _hp("strategy", str, "single", choices=STRATEGIES, help="distribution strategy"),
     _hp("global_batch_size", int, 64, 1, 65536, help="sequences per optimizer step, all replicas together"),
     _hp("max_steps", int, 1000, 1, 10000000, help="optimizer steps"),
@@ -100,14 +100,19 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
 ])
 
 
-def validate_hyperparameters(values):
-    """Apply defaults and check every value; unknown names are an error."""
-    unknown = sorted(set(values) - set(HYPERPARAMETERS))
+def validate_hyperparameters(values, table=HYPERPARAMETERS):
+    """Apply defaults and check every value; unknown names are an error. `table`: whose (train, prepare)."""
+    unknown = sorted(set(values) - set(table))
     if unknown:
-        raise ValueError("unknown hyperparameters %s; allowed: %s" % (", ".join(unknown), ", ".join(HYPERPARAMETERS)))
+        raise ValueError("unknown hyperparameters %s; allowed: %s" % (", ".join(unknown), ", ".join(table)))
     merged = collections.OrderedDict()
-    for name, spec in HYPERPARAMETERS.items():
+    for name, spec in table.items():
         merged[name] = spec.validate(values.get(name, spec.default))
+    if table is HYPERPARAMETERS:
+        presets = FAMILIES[merged["model"]].presets
+        if merged["preset"] not in presets:
+            raise ValueError("hyperparameters.preset %r is not a preset of model %s; allowed: %s" % (
+                merged["preset"], merged["model"], ", ".join(presets)))
     return merged
 
 
@@ -233,5 +238,69 @@ def efs_channel(name, file_system_id, directory_path, access_mode="ro"):
             "FileSystemAccessMode": access_mode,
             "FileSystemType": "EFS",
             "DirectoryPath": directory_path,
+        }},
+    }
+
+
+def validate_mp_parameters(values):
+    """SMP v1 `mp_parameters` as the library reads them (SM_HP_MP_PARAMETERS): checked, with
+    the library's own default of 1 microbatch. Unlisted keys are left to the library."""
+    if not isinstance(values, dict):
+        raise ValueError("mp_parameters must be a JSON object, got %r" % (values,))
+    if "partitions" not in values:
+        raise ValueError("mp_parameters.partitions is required (a positive integer)")
+    checked = collections.OrderedDict(values)
+    checked.setdefault("microbatches", 1)
+    for name in ("partitions", "microbatches"):
+        value = checked[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("mp_parameters.%s must be a positive integer, got %r" % (name, value))
+    for name, choices in SMP_CHOICES.items():
+        if name in checked and checked[name] not in choices:
+            raise ValueError("mp_parameters.%s must be one of %s, got %r" % (name, ", ".join(choices), checked[name]))
+    if not isinstance(checked.get("horovod", False), bool):
+        raise ValueError("mp_parameters.horovod must be true or false, got %r" % (checked["horovod"],))
+    return checked
+
+
+# ---- the "prepare" job: `lm.prepare` turning raw Pile files into token shards on EFS ----
+
+# What `lm.prepare` accepts as a training job's hyperparameters (the toolkit passes them as
+# `--name value`); `lm.prepare` builds its command line from this table.
+PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
+    _hp("tokenizer", str, "", help="a tokenizers JSON file (a relative one is looked up in the raw channel)"),
+    _hp("train_tokenizer", bool, False, help="train a byte-level BPE on a sample of the input"),
+    _hp("vocab_size", int, 50257, 257, 2 ** 32, help="vocabulary size for train_tokenizer"),
+    _hp("tokenizer_sample_bytes", int, 128 << 20, 1, 2 ** 40, help="text bytes train_tokenizer learns from"),
+    _hp("eod_token", str, "<|endoftext|>", help="the end-of-document token written between documents"),
+    _hp("seq_len", int, 2048, 1, 65536, help="tokens per record, plus one for the shifted target"),
+    _hp("shard_size", int, 1 << 30, 1, 2 ** 40, help="bytes per shard file, rounded down to whole records"),
+    _hp("val_fraction", float, 0.005, 0.0, 1.0, help="share of documents (by content hash) held out for validation"),
+    _hp("workers", int, 0, 0, 4096, help="worker processes, one input file each (0 = one per core, <= files)"),
+    _hp("threads", int, 0, 0, 4096, help="tokenizer threads per worker (0 = cores / workers)"),
+    _hp("shard_index", int, -1, -1, 4095, help="this instance's share of the input files (-1 = from SM_HOSTS)"),
+    _hp("num_shards", int, 0, 0, 4096, help="instances sharing the input files (0 = len(SM_HOSTS))"),
+])
+PREPARE_INPUT_CHANNEL = RAW_CHANNEL  # raw Pile files: S3 (FastFile) or EFS, read-only
+PREPARE_OUTPUT_CHANNEL = DATASET_CHANNEL_OUT  # the EFS dataset directory, mounted rw
+PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow
+# Tokenizing is CPU-bound; 72 vCPUs per instance. The whole Pile (30 files) in about an hour
+# takes PREPARE_INSTANCE_COUNT of them (the estimate is in lm.prepare's docstring).
+PREPARE_INSTANCE_TYPE = "ml.c5.18xlarge"
+PREPARE_INSTANCE_COUNT = 5
+
+
+def s3_channel(name, s3_uri, input_mode="FastFile"):
+    """An S3 input channel; FastFile streams the objects instead of copying them to disk first.
+
+    FullyReplicated: every instance sees every file and `lm.prepare` picks its share.
+    """
+    return {
+        "ChannelName": name,
+        "InputMode": input_mode,
+        "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix",
+            "S3Uri": s3_uri,
+            "S3DataDistributionType": "FullyReplicated",
         }},
     }

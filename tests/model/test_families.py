@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from lm import config as lm_config
+from lm import generate as lm_generate
+from lm import job, models
+from lm.compat import keras, tf
+from lm.rnn import RNNLM
+
+RNN_TINY = lm_config.get_preset("rnn-tiny")
+
+
+def test_the_registry_lists_both_families_and_the_job_reads_it():
+    assert list(lm_config.FAMILIES) == ["gpt", "rnn"]
+    assert job.HYPERPARAMETERS["model"].choices == tuple(lm_config.FAMILIES)
+    assert set(job.HYPERPARAMETERS["preset"].choices) == set(lm_config.PRESETS) | set(lm_config.RNN_PRESETS)
+    assert all(c.family == name for name, f in lm_config.FAMILIES.items() for c in f.presets.values())
+
+
+def test_the_job_rejects_a_preset_of_another_family():
+    assert job.validate_hyperparameters({"model": "rnn", "preset": "rnn-tiny"})["preset"] == "rnn-tiny"
+    with pytest.raises(ValueError, match="hyperparameters.preset 'gpt-125m' is not a preset of model rnn"):
+        job.validate_hyperparameters({"model": "rnn"})
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_rnn_builds_with_the_counted_parameters(cell, tied):
+    config = RNN_TINY.replace(cell=cell, tie_embeddings=tied, n_layer=2)
+    model = models.build(config)
+    assert isinstance(model, RNNLM)
+    assert model.count_params() == lm_config.parameter_count(config)
+    out = model(tf.zeros([3, 7], tf.int32))
+    assert out.shape == (3, 7, config.padded_vocab_size) and out.dtype == tf.float32
+
+
+def test_rnn_is_causal():
+    model = models.build(RNN_TINY)
+    x = np.arange(1, 11, dtype=np.int32)[np.newaxis]
+    changed = x.copy()
+    changed[0, 6] = 400
+    a, b = model(x).numpy(), model(changed).numpy()
+    np.testing.assert_array_equal(a[:, :6], b[:, :6])
+    assert np.abs(a[:, 6] - b[:, 6]).max() > 0
+
+
+def test_rnn_trains_a_step():
+    keras.utils.set_random_seed(3)
+    config = RNN_TINY.replace(dropout=0.1)
+    model = models.build(config)
+    optimizer = keras.optimizers.Adam(1e-2)
+    x = tf.constant(np.random.RandomState(0).randint(0, 20, size=(4, 17)), tf.int32)
+
+    def loss():
+        out = model(x[:, :-1], training=True)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(x[:, 1:], out))
+
+    losses = []
+    for _ in range(5):
+        with tf.GradientTape() as tape:
+            value = loss()
+        grads = tape.gradient(value, model.trainable_variables)
+        assert all(g is not None for g in grads)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        losses.append(float(value))
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_rnn_generation_falls_back_to_recomputation_and_ignores_padding():
+    model = models.build(RNN_TINY)
+    prompts = [[1, 2, 3, 4, 5], [9, 8]]
+    cached = lm_generate.generate_tokens(model, RNN_TINY, prompts, 4, temperature=0.8, seed=1)
+    assert cached == lm_generate.generate_tokens(model, RNN_TINY, prompts, 4, temperature=0.8, seed=1,
+                                                 use_cache=False)
+    greedy = lm_generate.generate_tokens(model, RNN_TINY, prompts, 4, temperature=0)
+    assert greedy[1] == lm_generate.generate_tokens(model, RNN_TINY, [prompts[1]], 4, temperature=0)[0]
+
+
+def test_family_errors_name_the_allowed_values():
+    with pytest.raises(ValueError, match="gpt, rnn"):
+        models.config_from_dict("bert", {})
+    with pytest.raises(ValueError, match="cell must be one of gru, lstm"):
+        RNN_TINY.replace(cell="elman")
+    with pytest.raises(ValueError, match="rnn-tiny"):
+        lm_config.get_preset("tiny", family="rnn")
+    with pytest.raises(ValueError, match="recompute"):
+        models.build(RNN_TINY, recompute=True)
+    with pytest.raises(ValueError, match="family must be 'gpt'"):
+        lm_config.get_preset("tiny").replace(family="rnn")
+
+
+def test_config_dicts_round_trip_for_every_preset():
+    for name, config in lm_config.ALL_PRESETS.items():
+        assert models.config_from_dict(config.family, config.to_dict()) == config
+        assert lm_config.flops_per_token(config) > 0 < lm_config.non_embedding_parameter_count(config)
