@@ -1,0 +1,316 @@
+"""The app's settings: one frozen, validated dataclass, read from the CDK context.
+
+`cdk.json` holds the defaults under the context key `lmstack` (a JSON object); any
+single field can be overridden on the command line as `-c lmstack:<field>=<value>`
+(for example `npx cdk synth -c lmstack:az_count=3 -c lmstack:runtimes=tf211,tfcurrent`).
+Values from the command line arrive as strings and are parsed by the field's type.
+Every value is checked once, here; an error names the key and what it allows.
+"""
+import dataclasses
+import ipaddress
+import json
+import re
+import typing
+from typing import Any, Mapping, Optional, Tuple
+
+from lm.config import PRESETS
+from lm.instances import INSTANCES
+from lm.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_INSTANCE_TYPES, STRATEGY_RUNTIME
+
+CONTEXT_KEY = "lmstack"
+OVERRIDE_PREFIX = CONTEXT_KEY + ":"
+
+# The account that publishes `sagemaker-debugger-rules:latest` in each region (the profiler
+# rules' evaluator image). Only regions whose account we know are deployable.
+DEBUGGER_RULE_ACCOUNTS = {
+    "us-east-1": "503895931360",
+    "us-east-2": "915447279597",
+    "us-west-2": "895741380848",
+    "eu-west-1": "929884845733",
+    "ap-northeast-1": "430734990657",
+}
+
+EFS_THROUGHPUT_MODES = ("elastic", "bursting")
+# The values CloudWatch Logs accepts for a log group's retention.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+                      3288, 3653)
+MAX_AZ_COUNT = 6
+MAX_INSTANCE_COUNT = 64
+# SageMaker's own cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
+MAX_RUNTIME_SECONDS = 28 * 24 * 3600
+
+# Where things live in the artifact bucket; the execution role may touch only these.
+OUTPUT_PREFIX = "output/"
+CHECKPOINT_PREFIX = "checkpoints/"
+PROFILER_PREFIX = "profiler/"
+ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, PROFILER_PREFIX)
+
+_NAME_PREFIX = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+_NAME_PREFIX_MAX = 16
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_SECURITY_GROUP_ID = re.compile(r"^sg-[0-9a-f]{8,17}$")
+_FILE_SYSTEM_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_EFS_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; the message names each key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    name_prefix: str = "lmstack"
+    region: str = "us-east-1"
+    az_count: int = 2
+    nat_gateways: int = 0
+    vpc_cidr: str = "10.0.0.0/16"
+    existing_vpc_id: Optional[str] = None
+    existing_subnet_ids: Tuple[str, ...] = ()
+    existing_file_system_id: Optional[str] = None
+    existing_file_system_security_group_id: Optional[str] = None
+    efs_throughput_mode: str = "elastic"
+    efs_backups: bool = True
+    artifact_retention_days: int = 30
+    log_retention_days: int = 365
+    runtimes: Tuple[str, ...] = tuple(RUNTIMES)
+    default_instance_type: str = "ml.g5.2xlarge"
+    default_instance_count: int = 1
+    default_strategy: str = "single"
+    default_preset: str = "gpt-125m"
+    default_max_runtime_seconds: int = 24 * 3600
+    spot: bool = False
+    notification_email: Optional[str] = None
+    dataset_directory: str = "/datasets"
+
+    def __post_init__(self):
+        for name in ("runtimes", "existing_subnet_ids"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        errors = [message for message in _check(self) if message]
+        if errors:
+            raise SettingsError("invalid lmstack settings:\n  " + "\n  ".join(errors))
+
+    @classmethod
+    def from_context(cls, context: Mapping[str, Any]) -> "Settings":
+        """Settings from all CDK context values: the `lmstack` object, then `lmstack:<field>` overrides."""
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        base = context.get(CONTEXT_KEY) or {}
+        if isinstance(base, str):
+            base = _parse_json(CONTEXT_KEY, base)
+        if not isinstance(base, dict):
+            raise SettingsError("context %r must be a JSON object, got %r" % (CONTEXT_KEY, base))
+        values = {}
+        errors = []
+        for key, value in base.items():
+            if key not in fields:
+                errors.append("%s.%s: unknown setting; allowed: %s" % (CONTEXT_KEY, key, ", ".join(fields)))
+                continue
+            values[key] = value
+        for key, value in context.items():
+            if not key.startswith(OVERRIDE_PREFIX):
+                continue
+            name = key[len(OVERRIDE_PREFIX):]
+            if name not in fields:
+                errors.append("%s: unknown setting; allowed: %s" % (key, ", ".join(fields)))
+                continue
+            try:
+                values[name] = _parse_text(name, fields[name].type, value) if isinstance(value, str) else value
+            except SettingsError as error:
+                errors.append(str(error))
+        for name, value in values.items():
+            message = _check_type(name, fields[name].type, value)
+            if message:
+                errors.append(message)
+        if errors:
+            raise SettingsError("invalid lmstack settings:\n  " + "\n  ".join(errors))
+        return cls(**values)
+
+    @property
+    def creates_vpc(self) -> bool:
+        return self.existing_vpc_id is None
+
+    @property
+    def creates_file_system(self) -> bool:
+        return self.existing_file_system_id is None
+
+
+def _key(name):
+    return "%s.%s" % (CONTEXT_KEY, name)
+
+
+def _parse_json(name, text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise SettingsError("%s: not valid JSON: %r" % (name, text))
+
+
+def _parse_text(name, annotation, text):
+    """A command-line string as the field's type: `3`, `true`, `a,b` or `["a","b"]`, `none`."""
+    optional, base = _unwrap(annotation)
+    stripped = text.strip()
+    if optional and stripped.lower() in ("", "none", "null"):
+        return None
+    if base is bool:
+        lowered = stripped.lower()
+        if lowered in ("true", "yes", "1"):
+            return True
+        if lowered in ("false", "no", "0"):
+            return False
+        raise SettingsError("%s: must be true or false, got %r" % (_key(name), text))
+    if base is int:
+        try:
+            return int(stripped)
+        except ValueError:
+            raise SettingsError("%s: must be an integer, got %r" % (_key(name), text))
+    if base is tuple:
+        if stripped.startswith("["):
+            return _parse_json(_key(name), stripped)
+        return tuple(part.strip() for part in stripped.split(",") if part.strip())
+    return text
+
+
+def _unwrap(annotation):
+    """(is Optional, base type) of a field annotation: str, int, bool or tuple."""
+    args = typing.get_args(annotation)
+    optional = typing.get_origin(annotation) is typing.Union and type(None) in args
+    if optional:
+        annotation = next(arg for arg in args if arg is not type(None))
+    origin = typing.get_origin(annotation)
+    return optional, (origin if origin is not None else annotation)
+
+
+def _check_type(name, annotation, value):
+    optional, base = _unwrap(annotation)
+    if value is None:
+        return None if optional else "%s: must be set" % _key(name)
+    if base is tuple:
+        ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
+        return None if ok else "%s: must be a list of strings, got %r" % (_key(name), value)
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return "%s: must be an integer, got %r" % (_key(name), value)
+    if base is not int and not isinstance(value, base):
+        return "%s: must be %s, got %r" % (_key(name), {bool: "true or false", str: "a string"}[base], value)
+    return None
+
+
+def _check_range(name, value, low, high):
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return "%s: must be an integer from %d to %d, got %r" % (_key(name), low, high, value)
+    return None
+
+
+def _check_choice(name, value, allowed):
+    if value not in allowed:
+        return "%s: %r is not allowed; allowed: %s" % (_key(name), value, ", ".join(str(item) for item in allowed))
+    return None
+
+
+def _check_pattern(name, value, pattern, what):
+    if not isinstance(value, str) or not pattern.match(value):
+        return "%s: must be %s, got %r" % (_key(name), what, value)
+    return None
+
+
+def _check(settings):
+    """Yield one message per invalid field (None for a valid one)."""
+    s = settings
+    for field in dataclasses.fields(s):
+        yield _check_type(field.name, field.type, getattr(s, field.name))
+    yield _check_pattern("name_prefix", s.name_prefix, _NAME_PREFIX,
+                         "lower-case letters, digits and single hyphens, starting with a letter")
+    if isinstance(s.name_prefix, str) and len(s.name_prefix) > _NAME_PREFIX_MAX:
+        yield "%s: at most %d characters (it starts every job name, which SageMaker caps at 63), got %r" % (
+            _key("name_prefix"), _NAME_PREFIX_MAX, s.name_prefix)
+    yield _check_choice("region", s.region, tuple(DEBUGGER_RULE_ACCOUNTS))
+    yield _check_range("az_count", s.az_count, 1, MAX_AZ_COUNT)
+    if isinstance(s.az_count, int):
+        yield _check_range("nat_gateways", s.nat_gateways, 0, max(1, s.az_count))
+    yield from _check_network(s)
+    yield from _check_file_system(s)
+    yield _check_choice("efs_throughput_mode", s.efs_throughput_mode, EFS_THROUGHPUT_MODES)
+    yield _check_range("artifact_retention_days", s.artifact_retention_days, 1, 3650)
+    yield _check_choice("log_retention_days", s.log_retention_days, LOG_RETENTION_DAYS)
+    yield from _check_runtimes(s)
+    yield _check_choice("default_instance_type", s.default_instance_type, tuple(INSTANCES))
+    yield _check_range("default_instance_count", s.default_instance_count, 1, MAX_INSTANCE_COUNT)
+    yield _check_choice("default_strategy", s.default_strategy, STRATEGIES)
+    yield from _check_strategy_fit(s)
+    yield _check_choice("default_preset", s.default_preset, tuple(PRESETS))
+    yield _check_range("default_max_runtime_seconds", s.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS)
+    if s.notification_email is not None:
+        yield _check_pattern("notification_email", s.notification_email, _EMAIL, "an e-mail address")
+    yield _check_pattern("dataset_directory", s.dataset_directory, _EFS_PATH,
+                         "an absolute EFS path such as /datasets (letters, digits, . _ -; no trailing /)")
+    if isinstance(s.dataset_directory, str) and ".." in s.dataset_directory.split("/"):
+        yield "%s: must not contain '..', got %r" % (_key("dataset_directory"), s.dataset_directory)
+
+
+def _check_network(s):
+    try:
+        network = ipaddress.ip_network(s.vpc_cidr, strict=True)
+    except (TypeError, ValueError):
+        yield "%s: must be an IPv4 CIDR block such as 10.0.0.0/16, got %r" % (_key("vpc_cidr"), s.vpc_cidr)
+        return
+    if network.version != 4 or not 16 <= network.prefixlen <= 24:
+        yield "%s: must be an IPv4 block from /16 to /24 (what a VPC allows), got %r" % (_key("vpc_cidr"), s.vpc_cidr)
+    if s.existing_vpc_id is None:
+        if s.existing_subnet_ids:
+            yield "%s: only used with existing_vpc_id, which is not set" % _key("existing_subnet_ids")
+        return
+    yield _check_pattern("existing_vpc_id", s.existing_vpc_id, _VPC_ID, "a VPC id such as vpc-0123456789abcdef0")
+    for subnet in s.existing_subnet_ids:
+        yield _check_pattern("existing_subnet_ids", subnet, _SUBNET_ID, "subnet ids such as subnet-0123456789abcdef0")
+    if len(s.existing_subnet_ids) != s.az_count:
+        yield "%s: needs one private subnet per AZ (az_count = %r), got %d" % (
+            _key("existing_subnet_ids"), s.az_count, len(s.existing_subnet_ids))
+    if s.nat_gateways:
+        yield "%s: must be 0 with existing_vpc_id (the imported VPC keeps its own routing), got %r" % (
+            _key("nat_gateways"), s.nat_gateways)
+
+
+def _check_file_system(s):
+    if s.existing_file_system_id is None:
+        if s.existing_file_system_security_group_id is not None:
+            yield "%s: only used with existing_file_system_id, which is not set" % _key(
+                "existing_file_system_security_group_id")
+        return
+    yield _check_pattern("existing_file_system_id", s.existing_file_system_id, _FILE_SYSTEM_ID,
+                         "an EFS id such as fs-0123456789abcdef0")
+    if s.existing_file_system_security_group_id is None:
+        yield "%s: required with existing_file_system_id (NFS from the training jobs is opened on it)" % _key(
+            "existing_file_system_security_group_id")
+    else:
+        yield _check_pattern("existing_file_system_security_group_id", s.existing_file_system_security_group_id,
+                             _SECURITY_GROUP_ID, "a security group id such as sg-0123456789abcdef0")
+
+
+def _check_runtimes(s):
+    if not isinstance(s.runtimes, tuple):
+        return
+    if not s.runtimes:
+        yield "%s: at least one is needed; allowed: %s" % (_key("runtimes"), ", ".join(RUNTIMES))
+    for runtime in s.runtimes:
+        yield _check_choice("runtimes", runtime, tuple(RUNTIMES))
+    if len(set(s.runtimes)) != len(s.runtimes):
+        yield "%s: listed twice: %r" % (_key("runtimes"), s.runtimes)
+    for needed, purpose in ((SERVING_RUNTIME, "serving"), (PREPARE_RUNTIME, "data preparation")):
+        if needed not in s.runtimes:
+            yield "%s: %r is always needed (%s runs on it); got %r" % (_key("runtimes"), needed, purpose, s.runtimes)
+    runtime = STRATEGY_RUNTIME.get(s.default_strategy)
+    if runtime is not None and runtime not in s.runtimes:
+        yield "%s: default_strategy %r runs on runtime %r, which is not built; add it or change the strategy" % (
+            _key("runtimes"), s.default_strategy, runtime)
+
+
+def _check_strategy_fit(s):
+    allowed = STRATEGY_INSTANCE_TYPES.get(s.default_strategy)
+    if allowed and s.default_instance_type not in allowed:
+        yield "%s: %r cannot run strategy %r; allowed: %s" % (
+            _key("default_instance_type"), s.default_instance_type, s.default_strategy, ", ".join(allowed))
+    if s.default_strategy == "single" and s.default_instance_count != 1:
+        yield "%s: must be 1 for default_strategy 'single' (one device), got %r" % (
+            _key("default_instance_count"), s.default_instance_count)

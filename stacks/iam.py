@@ -1,0 +1,149 @@
+"""IAM: the SageMaker execution role and the roles of the two state machines, least privilege.
+
+The state machine roles are generated from `stacks.state_machine.REQUIRED_ACTIONS` (the calls
+each definition makes and the kind of resource each targets), so the policies and the
+definitions cannot drift apart. SageMaker ARNs carry the lower-cased resource name; the name
+prefix is lower case, so `<prefix>-*` matches every job, model and endpoint we create.
+"""
+from typing import Dict, List, Mapping, Sequence
+
+from aws_cdk import ArnFormat, Aws, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_efs as efs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.config import ARTIFACT_PREFIXES, Settings
+from stacks.nag import Grant, add_grants
+
+SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
+# SageMaker writes job and endpoint logs to these fixed groups, one stream per host named after the job.
+TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+ENDPOINT_LOG_GROUP_PREFIX = "/aws/sagemaker/Endpoints/"
+NO_RESOURCE_LEVEL = "the action has no resource-level permissions, so IAM only accepts Resource \"*\""
+
+
+class Permissions(Construct):
+    """The execution role jobs run as, and one role per state machine."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, bucket: s3.IBucket,
+                 file_system: efs.IFileSystem, access_point: efs.IAccessPoint,
+                 images: Mapping[str, ecr_assets.DockerImageAsset],
+                 subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup) -> None:
+        super().__init__(scope, construct_id)
+        self._settings = settings
+        self.execution_role = iam.Role(
+            self, "ExecutionRole", description="lmstack SageMaker training jobs and endpoints run as this role",
+            assumed_by=iam.ServicePrincipal(SAGEMAKER_SERVICE, conditions={
+                "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+        policy = iam.Policy(self, "ExecutionPolicy", roles=[self.execution_role])
+        add_grants(policy, self._execution_grants(bucket, file_system, access_point, images, subnets,
+                                                  training_security_group))
+        self.training_machine_role = self._machine_role("TrainingMachineRole", "lmstack training state machine")
+        self.stop_machine_role = self._machine_role("StopMachineRole", "lmstack stop-on-abort state machine")
+
+    def grant_machine_actions(self, role: iam.Role, required: Mapping[str, Sequence[str]],
+                              resources: Mapping[str, Sequence[str]]) -> None:
+        """Allow `role` each action in `required` ({action: resource kinds}) on the ARNs of those kinds."""
+        by_kind: Dict[str, List[str]] = {}
+        for action, kinds in required.items():
+            for kind in kinds:
+                if kind not in resources:
+                    raise ValueError("REQUIRED_ACTIONS: %s targets resource kind %r; known kinds: %s" % (
+                        action, kind, ", ".join(sorted(resources))))
+                by_kind.setdefault(kind, []).append(action)
+        grants = []
+        for kind, actions in by_kind.items():
+            if kind == "execution-role":
+                grants.append(Grant(actions, resources[kind], conditions={
+                    "StringEquals": {"iam:PassedToService": SAGEMAKER_SERVICE}}))
+            else:
+                grants.append(Grant(actions, resources[kind], reason=MACHINE_RESOURCE_REASONS.get(kind)))
+        policy = iam.Policy(self, role.node.id + "Policy", roles=[role])
+        add_grants(policy, grants)
+
+    def machine_resources(self, *, topic_arn: str) -> Dict[str, List[str]]:
+        """ARN patterns per resource kind a state machine may target."""
+        stack = Stack.of(self)
+        prefix = self._settings.name_prefix + "-*"
+
+        def sagemaker(resource):
+            return [stack.format_arn(service="sagemaker", resource=resource, resource_name=prefix)]
+
+        return {
+            "training-job": sagemaker("training-job"),
+            "model": sagemaker("model"),
+            "endpoint-config": sagemaker("endpoint-config"),
+            "endpoint": sagemaker("endpoint"),
+            "execution-role": [self.execution_role.role_arn],
+            "topic": [topic_arn],
+            "*": ["*"],
+        }
+
+    def _machine_role(self, construct_id, description):
+        return iam.Role(self, construct_id, description=description, assumed_by=iam.ServicePrincipal(
+            "states.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+
+    def _execution_grants(self, bucket, file_system, access_point, images, subnets, security_group):
+        stack = Stack.of(self)
+        prefix = self._settings.name_prefix
+        repositories = list(dict.fromkeys(asset.repository.repository_arn for asset in images.values()))
+        log_group = stack.format_arn(service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
+                                     arn_format=ArnFormat.COLON_RESOURCE_NAME)
+        endpoint_log_groups = stack.format_arn(
+            service="logs", resource="log-group", resource_name=ENDPOINT_LOG_GROUP_PREFIX + prefix + "-*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME)
+
+        def ec2_arn(resource, name):
+            return stack.format_arn(service="ec2", resource=resource, resource_name=name)
+
+        network_interfaces = ec2_arn("network-interface", "*")
+        return [
+            Grant(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                  [bucket.arn_for_objects(p + "*") for p in ARTIFACT_PREFIXES],
+                  reason="Jobs write model artifacts, checkpoints and profiler output under per-job keys below "
+                         "these prefixes of the artifact bucket; the keys are not known in advance."),
+            Grant(["s3:ListBucket"], [bucket.bucket_arn],
+                  conditions={"StringLike": {"s3:prefix": [p + "*" for p in ARTIFACT_PREFIXES]}}),
+            Grant(["s3:GetBucketLocation"], [bucket.bucket_arn]),
+            Grant(["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], [file_system.file_system_arn],
+                  conditions={"StringEquals": {"elasticfilesystem:AccessPointArn": access_point.access_point_arn}}),
+            Grant(["ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage"],
+                  repositories),
+            Grant(["ecr:GetAuthorizationToken"], ["*"],
+                  reason="ecr:GetAuthorizationToken: " + NO_RESOURCE_LEVEL + "; pulls are limited to the image "
+                         "repository by the statement above."),
+            Grant(["logs:CreateLogGroup", "logs:DescribeLogStreams"], [log_group, endpoint_log_groups],
+                  reason="SageMaker creates one log group per endpoint, named after it: only our prefix."),
+            Grant(["logs:CreateLogStream", "logs:PutLogEvents"],
+                  [log_group + ":log-stream:" + prefix + "-*", endpoint_log_groups + ":log-stream:*"],
+                  reason="One log stream per job host (`<job>/algo-<n>-<id>`) or endpoint variant, created at "
+                         "run time; only streams of our jobs and endpoints."),
+            Grant(["cloudwatch:PutMetricData"], ["*"],
+                  reason="cloudwatch:PutMetricData: " + NO_RESOURCE_LEVEL + "; the condition keeps it to "
+                         "SageMaker's namespaces.",
+                  conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}}),
+            Grant(["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
+                   "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DeleteNetworkInterfacePermission"],
+                  ["*"], reason="EC2 Describe* and DeleteNetworkInterfacePermission: " + NO_RESOURCE_LEVEL
+                                + "; SageMaker calls them to attach a VPC job to its subnets."),
+            Grant(["ec2:CreateNetworkInterface"],
+                  [ec2_arn("subnet", subnet.subnet_id) for subnet in subnets]
+                  + [ec2_arn("security-group", security_group.security_group_id), network_interfaces],
+                  reason="The ENIs SageMaker creates for a VPC job get ids only when created; creation is limited "
+                         "to our subnets and the training security group."),
+            Grant(["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"], [network_interfaces],
+                  reason="The job's ENIs get ids only when SageMaker creates them."),
+        ]
+
+
+MACHINE_RESOURCE_REASONS = {
+    "training-job": "Training jobs are named `<prefix>-<kind>-<execution id>-<attempt>` at run time; only "
+                    "names with our prefix.",
+    "model": "Models are named after their training job at run time; only names with our prefix.",
+    "endpoint-config": "Endpoint configs are named after their training job at run time; only our prefix.",
+    "endpoint": "Endpoints are named at run time from the execution input; only names with our prefix.",
+    "*": "sagemaker:ListTrainingJobs and sagemaker:Search: " + NO_RESOURCE_LEVEL + ".",
+}

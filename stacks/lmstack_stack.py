@@ -1,0 +1,80 @@
+"""The one stack: wires network, storage, images, IAM, orchestration and monitoring, and does the grants."""
+import json
+from typing import Dict
+
+from aws_cdk import Aws, CfnMapping, CfnOutput, Fn, Stack
+from constructs import Construct
+
+from stacks import state_machine
+from stacks.config import DEBUGGER_RULE_ACCOUNTS, Settings
+from stacks.iam import Permissions
+from stacks.images import TrainingImages
+from stacks.monitoring import Monitoring, Notifications
+from stacks.network import Network
+from stacks.orchestration import Orchestration
+from stacks.storage import Storage
+
+DEBUGGER_RULE_REPOSITORY = "sagemaker-debugger-rules:latest"
+
+
+class LmStack(Stack):
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.settings = settings
+        self.network = Network(self, "Network", settings=settings)
+        self.storage = Storage(self, "Storage", settings=settings, vpc=self.network.vpc,
+                               subnets=self.network.subnets,
+                               training_security_group=self.network.training_security_group)
+        self.images = TrainingImages(self, "Images", settings=settings)
+        self.notifications = Notifications(self, "Notifications", settings=settings)
+        self.permissions = Permissions(
+            self, "Permissions", settings=settings, bucket=self.storage.bucket,
+            file_system=self.storage.file_system, access_point=self.storage.dataset_access_point,
+            images=self.images.assets, subnets=self.network.subnets,
+            training_security_group=self.network.training_security_group)
+        self.orchestration = Orchestration(
+            self, "Orchestration", settings=settings, values=self._substitution_values(),
+            training_role=self.permissions.training_machine_role, stop_role=self.permissions.stop_machine_role)
+        resources = self.permissions.machine_resources(topic_arn=self.notifications.topic.topic_arn)
+        self.permissions.grant_machine_actions(
+            self.permissions.training_machine_role, state_machine.REQUIRED_ACTIONS["training"], resources)
+        self.permissions.grant_machine_actions(
+            self.permissions.stop_machine_role, state_machine.REQUIRED_ACTIONS["stop"], resources)
+        self.monitoring = Monitoring(self, "Monitoring", settings=settings,
+                                     state_machine=self.orchestration.training_machine,
+                                     topic=self.notifications.topic)
+        self._outputs()
+
+    def _substitution_values(self) -> Dict[str, str]:
+        """Every value a definition placeholder can take; each machine gets the ones it names."""
+        accounts = CfnMapping(self, "DebuggerRuleAccounts", mapping={
+            region: {"account": account} for region, account in DEBUGGER_RULE_ACCOUNTS.items()})
+        values = {
+            "ExecutionRoleArn": self.permissions.execution_role.role_arn,
+            "ArtifactBucket": self.storage.bucket.bucket_name,
+            "FileSystemId": self.storage.file_system.file_system_id,
+            "SecurityGroupId": self.network.training_security_group.security_group_id,
+            "TopicArn": self.notifications.topic.topic_arn,
+            "DebuggerRuleImage": Fn.join("", [
+                accounts.find_in_map(Aws.REGION, "account"), ".dkr.ecr.", Aws.REGION, ".", Aws.URL_SUFFIX,
+                "/", DEBUGGER_RULE_REPOSITORY]),
+        }
+        values.update(("Subnet%d" % index, subnet_id) for index, subnet_id in enumerate(self.network.subnet_ids))
+        values.update(("Image_%s" % runtime, uri) for runtime, uri in self.images.image_uris.items())
+        return values
+
+    def _outputs(self):
+        machine = self.orchestration.training_machine
+        CfnOutput(self, "StateMachineArn", value=machine.state_machine_arn,
+                  description="Start an execution of this state machine to train")
+        CfnOutput(self, "StateMachineConsoleUrl", description="The training state machine in the console",
+                  value=Fn.join("", ["https://", Aws.REGION, ".console.aws.amazon.com/states/home?region=",
+                                     Aws.REGION, "#/statemachines/view/", machine.state_machine_arn]))
+        CfnOutput(self, "ArtifactBucketName", value=self.storage.bucket.bucket_name,
+                  description="Model artifacts (output/), checkpoints (checkpoints/), profiler output (profiler/)")
+        CfnOutput(self, "FileSystemId", value=self.storage.file_system.file_system_id,
+                  description="EFS holding the datasets under " + self.settings.dataset_directory)
+        for runtime, uri in self.images.image_uris.items():
+            CfnOutput(self, "ImageUri%s" % runtime, value=uri, description="Training image, runtime " + runtime)
+        CfnOutput(self, "ExampleExecutionInput", value=json.dumps(state_machine.EXAMPLE_INPUT, sort_keys=True),
+                  description="Paste as the input of a new execution")

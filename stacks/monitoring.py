@@ -1,0 +1,71 @@
+"""Monitoring: the notification topic, the training dashboard and the failed-execution alarm."""
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from stacks.config import Settings
+
+# SageMaker publishes the MetricDefinitions and the instance metrics of a training job here,
+# with the dimension Host = "<job name>/algo-<n>".
+TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+PERIOD = Duration.minutes(1)
+
+
+class Notifications(Construct):
+    """The SNS topic the state machines publish phase changes and failures to (HTTPS-only publishing)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+        super().__init__(scope, construct_id)
+        self.topic = sns.Topic(self, "Topic", display_name="lmstack training", enforce_ssl=True)
+        if settings.notification_email:
+            self.topic.add_subscription(subscriptions.EmailSubscription(settings.notification_email))
+
+
+class Monitoring(Construct):
+    """Dashboard (training metrics per host, executions) and an alarm on failed executions."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, state_machine: sfn.IStateMachine,
+                 topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id)
+        self._prefix = settings.name_prefix
+        self.failed_alarm = cloudwatch.Alarm(
+            self, "FailedExecutions", metric=state_machine.metric_failed(period=Duration.minutes(5), statistic="Sum"),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description="An lmstack training execution failed; the execution's error cause says why.")
+        self.failed_alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=settings.name_prefix + "-training")
+        self.dashboard.add_widgets(
+            self._per_host("Training loss", "train:loss"),
+            self._per_host("Tokens per second (per host)", "train:tokens_per_second"),
+            self._per_host("Model FLOPs utilization", "train:mfu"),
+        )
+        self.dashboard.add_widgets(
+            self._per_host("GPU utilization per host (%)", "GPUUtilization"),
+            self._per_host("GPU memory utilization per host (%)", "GPUMemoryUtilization"),
+            self._per_host("CPU utilization per host (%)", "CPUUtilization"),
+        )
+        self.dashboard.add_widgets(
+            self._per_host("Validation loss", "validation:loss"),
+            self._per_host("Step time (s)", "train:step_time"),
+            cloudwatch.GraphWidget(title="Executions", width=8, left=[
+                state_machine.metric_started(period=PERIOD, statistic="Sum"),
+                state_machine.metric_succeeded(period=PERIOD, statistic="Sum"),
+                state_machine.metric_failed(period=PERIOD, statistic="Sum"),
+                state_machine.metric_aborted(period=PERIOD, statistic="Sum"),
+                state_machine.metric_timed_out(period=PERIOD, statistic="Sum"),
+            ]),
+            cloudwatch.AlarmStatusWidget(title="Alarms", width=8, alarms=[self.failed_alarm]),
+        )
+
+    def _per_host(self, title, metric_name):
+        """One line per host of every job with our prefix: a metrics SEARCH over the Host dimension."""
+        search = "SEARCH('{%s,Host} MetricName=\"%s\" %s', 'Average', %d)" % (
+            TRAINING_NAMESPACE, metric_name, self._prefix, PERIOD.to_seconds())
+        return cloudwatch.GraphWidget(title=title, width=8, left=[
+            cloudwatch.MathExpression(expression=search, using_metrics={}, label="", period=PERIOD)])

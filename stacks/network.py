@@ -1,0 +1,84 @@
+"""Network: the VPC the training jobs run in, its endpoints, flow logs and the training security group."""
+from aws_cdk import Fn
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+from stacks.common import log_group
+from stacks.config import Settings
+
+# What a VPC training job reaches without internet: image layers (ECR API + Docker, the
+# layers themselves come from S3), logs, the SageMaker APIs the container SDKs call, and
+# STS for the role's credentials. Nothing inside the VPC calls Step Functions, so it has no endpoint.
+INTERFACE_ENDPOINTS = {
+    "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
+    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+    "SageMakerApi": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API,
+    "SageMakerRuntime": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_RUNTIME,
+    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
+}
+SUBNET_GROUP = "training"
+
+
+class Network(Construct):
+    """A new VPC (isolated subnets plus endpoints, or NAT by setting) or an imported one, and the job SG."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+        super().__init__(scope, construct_id)
+        if settings.creates_vpc:
+            self.vpc = self._create_vpc(settings)
+            self.subnets = self.vpc.select_subnets(subnet_group_name=SUBNET_GROUP).subnets
+        else:
+            self.vpc = ec2.Vpc.from_vpc_attributes(
+                self, "ImportedVpc", vpc_id=settings.existing_vpc_id, vpc_cidr_block=settings.vpc_cidr,
+                availability_zones=[Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)],
+                private_subnet_ids=list(settings.existing_subnet_ids))
+            self.subnets = self.vpc.private_subnets
+        self.training_security_group = ec2.SecurityGroup(
+            self, "TrainingSecurityGroup", vpc=self.vpc, allow_all_outbound=True,
+            description="lmstack training jobs: all traffic between the hosts of a job (NCCL, MPI, Gloo)")
+        self.training_security_group.add_ingress_rule(
+            self.training_security_group, ec2.Port.all_traffic(),
+            "hosts of one distributed training job talk to each other on any port")
+        if settings.creates_vpc:
+            self._add_endpoints()
+
+    @property
+    def subnet_ids(self):
+        return [subnet.subnet_id for subnet in self.subnets]
+
+    def _create_vpc(self, settings):
+        with_nat = settings.nat_gateways > 0
+        # The training subnets share what the public ones leave: room for many job ENIs.
+        subnets = [ec2.SubnetConfiguration(
+            name=SUBNET_GROUP,
+            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS if with_nat else ec2.SubnetType.PRIVATE_ISOLATED)]
+        if with_nat:
+            subnets.append(ec2.SubnetConfiguration(name="public", cidr_mask=26, subnet_type=ec2.SubnetType.PUBLIC))
+        vpc = ec2.Vpc(
+            self, "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
+            # Explicit Fn::GetAZs picks: no availability-zone lookup at synth, any az_count.
+            availability_zones=[Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)],
+            nat_gateways=settings.nat_gateways,
+            subnet_configuration=subnets,
+            restrict_default_security_group=False,
+            gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
+        )
+        flow_log_group = log_group(self, "FlowLogGroup", retention_days=settings.log_retention_days)
+        vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+                         traffic_type=ec2.FlowLogTrafficType.ALL)
+        return vpc
+
+    def _add_endpoints(self):
+        self.endpoint_security_group = ec2.SecurityGroup(
+            self, "EndpointSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
+            description="lmstack interface endpoints: HTTPS from the training jobs only")
+        self.endpoint_security_group.add_ingress_rule(
+            self.training_security_group, ec2.Port.tcp(443), "AWS APIs from the training jobs")
+        for name, service in INTERFACE_ENDPOINTS.items():
+            self.vpc.add_interface_endpoint(
+                name, service=service, private_dns_enabled=True, open=False,
+                security_groups=[self.endpoint_security_group],
+                subnets=ec2.SubnetSelection(subnets=self.subnets))
+

@@ -1,0 +1,136 @@
+"""Settings: defaults, cdk.json, `-c lmstack:<key>=<value>` overrides, and errors that name the key."""
+import dataclasses
+import json
+import pathlib
+
+import pytest
+
+from lm.instances import INSTANCES
+from lm.job import RUNTIMES, SMDDP_INSTANCE_TYPES, STRATEGIES
+from stacks.config import LOG_RETENTION_DAYS, Settings, SettingsError
+
+CDK_JSON = pathlib.Path(__file__).resolve().parents[2] / "cdk.json"
+
+
+def test_cdk_json_names_every_setting_and_is_valid():
+    context = json.loads(CDK_JSON.read_text())["context"]
+    assert sorted(context["lmstack"]) == sorted(field.name for field in dataclasses.fields(Settings))
+    settings = Settings.from_context(context)
+    assert settings.runtimes == tuple(context["lmstack"]["runtimes"])
+    assert settings.notification_email is None
+
+
+def test_cdk_json_runs_the_app_from_the_venv_quietly():
+    config = json.loads(CDK_JSON.read_text())
+    assert config["app"] == ".venv/bin/python app.py"
+    assert config["versionReporting"] is False and config["notices"] is False
+    assert config["context"]["cli-telemetry"] is False
+
+
+def test_command_line_overrides_are_parsed_by_type():
+    settings = Settings.from_context({
+        "lmstack": {"az_count": 2, "spot": False},
+        "lmstack:az_count": "3",
+        "lmstack:spot": "true",
+        "lmstack:runtimes": "tf211, tfcurrent",
+        "lmstack:notification_email": "ops@example.com",
+        "lmstack:default_max_runtime_seconds": "3600",
+    })
+    assert settings.az_count == 3 and settings.spot is True
+    assert settings.runtimes == ("tf211", "tfcurrent")
+    assert settings.notification_email == "ops@example.com"
+    assert settings.default_max_runtime_seconds == 3600
+    assert Settings.from_context({"lmstack:runtimes": '["tfcurrent"]'}).runtimes == ("tfcurrent",)
+    assert Settings.from_context({"lmstack:notification_email": "none"}).notification_email is None
+
+
+def test_whole_object_from_the_command_line():
+    settings = Settings.from_context({"lmstack": json.dumps({"name_prefix": "exp", "az_count": 3})})
+    assert (settings.name_prefix, settings.az_count) == ("exp", 3)
+
+
+def test_settings_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().az_count = 3
+
+
+@pytest.mark.parametrize("context, expected", [
+    ({"lmstack": {"instance_count": 2}}, ["lmstack.instance_count: unknown setting", "default_instance_count"]),
+    ({"lmstack:azcount": "2"}, ["lmstack:azcount: unknown setting", "az_count"]),
+    ({"lmstack:az_count": "three"}, ["lmstack.az_count: must be an integer, got 'three'"]),
+    ({"lmstack:spot": "maybe"}, ["lmstack.spot: must be true or false"]),
+    ({"lmstack": {"az_count": "2"}}, ["lmstack.az_count: must be an integer, got '2'"]),
+    ({"lmstack": {"runtimes": "tf211"}}, ["lmstack.runtimes: must be a list of strings"]),
+    ({"lmstack": "{not json"}, ["lmstack: not valid JSON"]),
+])
+def test_context_errors_name_the_key(context, expected):
+    with pytest.raises(SettingsError) as error:
+        Settings.from_context(context)
+    for text in expected:
+        assert text in str(error.value)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"default_instance_type": "ml.p9.huge"}, ["lmstack.default_instance_type", "'ml.p9.huge'"]
+     + list(INSTANCES)),
+    ({"default_instance_count": 0}, ["lmstack.default_instance_count: must be an integer from 1 to 64, got 0"]),
+    ({"default_instance_count": True}, ["lmstack.default_instance_count"]),
+    ({"vpc_cidr": "10.0.0.0/33"}, ["lmstack.vpc_cidr: must be an IPv4 CIDR block", "'10.0.0.0/33'"]),
+    ({"vpc_cidr": "banana"}, ["lmstack.vpc_cidr"]),
+    ({"vpc_cidr": "10.0.0.1/16"}, ["lmstack.vpc_cidr"]),
+    ({"vpc_cidr": "10.0.0.0/8"}, ["lmstack.vpc_cidr: must be an IPv4 block from /16 to /24"]),
+    ({"default_strategy": "zero3"}, ["lmstack.default_strategy", "'zero3'"] + list(STRATEGIES)),
+    ({"runtimes": ("tf1",)}, ["lmstack.runtimes", "'tf1'"] + list(RUNTIMES)),
+    ({"runtimes": ()}, ["lmstack.runtimes: at least one is needed"]),
+    ({"runtimes": ("tf211",)}, ["lmstack.runtimes: default_strategy 'single' runs on runtime 'tfcurrent'"]),
+    ({"runtimes": ("tfcurrent", "tfcurrent")}, ["lmstack.runtimes: listed twice"]),
+    ({"runtimes": ("tf26", "tf211")}, ["lmstack.runtimes: 'tfcurrent' is always needed (serving runs on it)"]),
+    ({"region": "mars-north-1"}, ["lmstack.region", "us-east-1", "eu-west-1"]),
+    ({"az_count": 7}, ["lmstack.az_count: must be an integer from 1 to 6"]),
+    ({"nat_gateways": 3}, ["lmstack.nat_gateways: must be an integer from 0 to 2"]),
+    ({"efs_throughput_mode": "provisioned"}, ["lmstack.efs_throughput_mode", "elastic", "bursting"]),
+    ({"log_retention_days": 2}, ["lmstack.log_retention_days", "365"]),
+    ({"artifact_retention_days": 0}, ["lmstack.artifact_retention_days"]),
+    ({"name_prefix": "Bad_Prefix"}, ["lmstack.name_prefix: must be lower-case letters"]),
+    ({"name_prefix": "a" * 17}, ["lmstack.name_prefix: at most 16 characters"]),
+    ({"default_preset": "gpt-9t"}, ["lmstack.default_preset", "gpt-125m"]),
+    ({"default_max_runtime_seconds": 30 * 86400}, ["lmstack.default_max_runtime_seconds"]),
+    ({"notification_email": "nobody"}, ["lmstack.notification_email: must be an e-mail address"]),
+    ({"dataset_directory": "datasets"}, ["lmstack.dataset_directory: must be an absolute EFS path"]),
+    ({"dataset_directory": "/data/../etc"}, ["lmstack.dataset_directory: must not contain '..'"]),
+    ({"default_strategy": "smddp", "runtimes": ("tf211",)},
+     ["lmstack.default_instance_type: 'ml.g5.2xlarge' cannot run strategy 'smddp'"] + list(SMDDP_INSTANCE_TYPES)),
+    ({"default_instance_count": 2}, ["lmstack.default_instance_count: must be 1 for default_strategy 'single'"]),
+    ({"existing_vpc_id": "vpc-0123456789abcdef0"}, ["lmstack.existing_subnet_ids: needs one private subnet per AZ"]),
+    ({"existing_vpc_id": "vpc-1", "existing_subnet_ids": ("subnet-0123456789abcdef0",) * 2},
+     ["lmstack.existing_vpc_id: must be a VPC id"]),
+    ({"existing_subnet_ids": ("subnet-0123456789abcdef0",)}, ["lmstack.existing_subnet_ids: only used with"]),
+    ({"existing_file_system_id": "fs-0123456789abcdef0"},
+     ["lmstack.existing_file_system_security_group_id: required with existing_file_system_id"]),
+])
+def test_invalid_settings_name_the_key_and_what_is_allowed(changes, expected):
+    with pytest.raises(SettingsError) as error:
+        Settings(**changes)
+    for text in expected:
+        assert text in str(error.value)
+
+
+def test_every_error_is_reported_at_once():
+    with pytest.raises(SettingsError) as error:
+        Settings(az_count=0, default_preset="nope", vpc_cidr="x")
+    message = str(error.value)
+    assert "lmstack.az_count" in message and "lmstack.default_preset" in message and "lmstack.vpc_cidr" in message
+
+
+def test_log_retention_values_are_cloudwatch_values():
+    for days in LOG_RETENTION_DAYS:
+        assert Settings(log_retention_days=days).log_retention_days == days
+
+
+def test_imported_network_and_file_system():
+    settings = Settings(existing_vpc_id="vpc-0123456789abcdef0",
+                        existing_subnet_ids=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+                        existing_file_system_id="fs-0123456789abcdef0",
+                        existing_file_system_security_group_id="sg-0123456789abcdef0")
+    assert not settings.creates_vpc and not settings.creates_file_system
+    assert settings.existing_subnet_ids == ("subnet-0123456789abcdef0", "subnet-0123456789abcdef1")

@@ -1,0 +1,352 @@
+"""Template assertions per construct, on the default settings (cdk-nag runs in every synth here)."""
+import json
+import re
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_iam as iam
+
+from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
+from stacks import state_machine
+from stacks.config import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, DEBUGGER_RULE_ACCOUNTS, Settings
+from stacks.nag import Grant, add_grants
+from stacks.network import INTERFACE_ENDPOINTS
+
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+
+
+def _ref_id(value):
+    """The logical id a {"Ref"} or {"Fn::GetAtt"} points to."""
+    if "Ref" in value:
+        return value["Ref"]
+    return value["Fn::GetAtt"][0]
+
+
+def _statements(synth, role_id):
+    """Every statement of every AWS::IAM::Policy attached to the role `role_id`."""
+    found = []
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            found.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return found
+
+
+def _as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def _role_id(synth, logical_prefix):
+    return next(key for key in synth.resources("AWS::IAM::Role") if key.startswith(logical_prefix))
+
+
+def _machine(synth, name):
+    return next(resource for resource in synth.resources("AWS::StepFunctions::StateMachine").values()
+                if resource["Properties"]["StateMachineName"] == name)
+
+
+# ---- network ----
+
+def test_vpc_has_only_isolated_subnets_and_no_internet_path(default):
+    default.assertions.resource_count_is("AWS::EC2::VPC", 1)
+    subnets = default.resources("AWS::EC2::Subnet")
+    assert len(subnets) == default.settings.az_count
+    assert all(subnet["Properties"]["MapPublicIpOnLaunch"] is False for subnet in subnets.values())
+    for type_name in ("AWS::EC2::InternetGateway", "AWS::EC2::NatGateway", "AWS::EC2::EIP"):
+        default.assertions.resource_count_is(type_name, 0)
+
+
+def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default):
+    endpoints = default.resources("AWS::EC2::VPCEndpoint").values()
+    gateway = [e for e in endpoints if e["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
+    interface = [e for e in endpoints if e["Properties"].get("VpcEndpointType") == "Interface"]
+    assert len(gateway) == 1 and "s3" in json.dumps(gateway[0]["Properties"]["ServiceName"])
+    names = sorted(json.dumps(e["Properties"]["ServiceName"]) for e in interface)
+    for service in ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.runtime", "sts"):
+        assert any('.%s"' % service in name for name in names), (service, names)
+    assert len(interface) == len(INTERFACE_ENDPOINTS)
+    assert all(e["Properties"]["PrivateDnsEnabled"] is True for e in interface)
+
+
+def test_flow_logs_capture_all_traffic(default):
+    _, flow_log = default.only("AWS::EC2::FlowLog")
+    assert flow_log["Properties"]["TrafficType"] == "ALL"
+    assert flow_log["Properties"]["ResourceType"] == "VPC"
+
+
+def test_training_security_group_admits_only_itself(default):
+    training_id = next(key for key in default.resources("AWS::EC2::SecurityGroup")
+                       if key.startswith("NetworkTrainingSecurityGroup"))
+    assert "SecurityGroupIngress" not in default.template["Resources"][training_id]["Properties"]
+    rules = [rule["Properties"] for rule in default.resources("AWS::EC2::SecurityGroupIngress").values()]
+    into_training = [rule for rule in rules if _ref_id(rule["GroupId"]) == training_id]
+    assert len(into_training) == 1
+    assert into_training[0]["IpProtocol"] == "-1"
+    assert _ref_id(into_training[0]["SourceSecurityGroupId"]) == training_id
+    # Nothing anywhere is opened to an address range: every ingress names a source group.
+    assert all("CidrIp" not in rule and "CidrIpv6" not in rule for rule in rules)
+    for group in default.resources("AWS::EC2::SecurityGroup").values():
+        assert not group["Properties"].get("SecurityGroupIngress")
+
+
+def test_endpoints_and_efs_accept_only_the_training_jobs(default):
+    rules = [rule["Properties"] for rule in default.resources("AWS::EC2::SecurityGroupIngress").values()]
+    by_group = {}
+    for rule in rules:
+        by_group.setdefault(_ref_id(rule["GroupId"]), []).append(rule)
+    efs_group = next(key for key in by_group if key.startswith("StorageFileSystemSecurityGroup"))
+    endpoint_group = next(key for key in by_group if key.startswith("NetworkEndpointSecurityGroup"))
+    for group, port in ((efs_group, 2049), (endpoint_group, 443)):
+        (rule,) = by_group[group]
+        assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", port, port)
+        assert _ref_id(rule["SourceSecurityGroupId"]).startswith("NetworkTrainingSecurityGroup")
+
+
+# ---- storage ----
+
+def test_efs_is_encrypted_backed_up_elastic_and_mounted_in_every_subnet(default):
+    fs_id, fs = default.only("AWS::EFS::FileSystem")
+    props = fs["Properties"]
+    assert props["Encrypted"] is True
+    assert props["ThroughputMode"] == "elastic"
+    assert props["BackupPolicy"] == {"Status": "ENABLED"}
+    assert fs["DeletionPolicy"] == "Retain"
+    mounts = [m["Properties"] for m in default.resources("AWS::EFS::MountTarget").values()]
+    subnets = set(default.resources("AWS::EC2::Subnet"))
+    assert sorted(_ref_id(m["SubnetId"]) for m in mounts) == sorted(subnets)
+    assert all(_ref_id(m["FileSystemId"]) == fs_id for m in mounts)
+
+
+def test_access_point_is_rooted_at_the_dataset_directory(default):
+    _, point = default.only("AWS::EFS::AccessPoint")
+    root = point["Properties"]["RootDirectory"]
+    assert root["Path"] == default.settings.dataset_directory
+    assert root["CreationInfo"] == {"OwnerUid": "0", "OwnerGid": "0", "Permissions": "755"}
+
+
+def _bucket(synth, prefix):
+    return next((key, value) for key, value in synth.resources("AWS::S3::Bucket").items() if key.startswith(prefix))
+
+
+def test_artifact_bucket_is_private_encrypted_versioned_logged_and_expires_checkpoints(default):
+    _, bucket = _bucket(default, "StorageArtifacts")
+    log_id, _ = _bucket(default, "StorageAccessLogs")
+    props = bucket["Properties"]
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"] == {
+        "SSEAlgorithm": "AES256"}
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert _ref_id(props["LoggingConfiguration"]["DestinationBucketName"]) == log_id
+    rules = {rule["Id"]: rule for rule in props["LifecycleConfiguration"]["Rules"]}
+    checkpoints = rules["expire-old-checkpoints"]
+    assert checkpoints["Prefix"] == CHECKPOINT_PREFIX
+    assert checkpoints["ExpirationInDays"] == default.settings.artifact_retention_days
+    assert rules["expire-replaced-versions"]["NoncurrentVersionExpiration"]["NoncurrentDays"] == \
+        default.settings.artifact_retention_days
+
+
+def test_both_buckets_refuse_plain_http(default):
+    policies = default.resources("AWS::S3::BucketPolicy").values()
+    assert len(policies) == 2
+    for policy in policies:
+        denies = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
+        assert any(s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} and s["Action"] == "s3:*"
+                   for s in denies)
+
+
+# ---- images ----
+
+def test_one_image_asset_per_runtime_with_its_base_image(default):
+    manifest = json.loads((default.outdir / ("%s.assets.json" % default.settings.name_prefix)).read_text())
+    images = list(manifest["dockerImages"].values())
+    build_args = sorted(image["source"]["dockerBuildArgs"]["BASE_IMAGE"] for image in images)
+    assert build_args == sorted(base_image_uri(runtime, "us-east-1") for runtime in RUNTIMES)
+    assert all(image["source"]["platform"] == "linux/amd64" for image in images)
+
+
+def test_only_enabled_runtimes_are_built(synth_app):
+    synth = synth_app(Settings(runtimes=("tf211", "tfcurrent"), default_strategy="horovod",
+                               default_instance_type="ml.p3.16xlarge", default_instance_count=2))
+    manifest = json.loads((synth.outdir / "lmstack.assets.json").read_text())
+    build_args = sorted(image["source"]["dockerBuildArgs"]["BASE_IMAGE"] for image in manifest["dockerImages"].values())
+    assert build_args == sorted(base_image_uri(runtime, "us-east-1") for runtime in ("tf211", "tfcurrent"))
+    assert sorted(k for k in synth.template["Outputs"] if k.startswith("ImageUri")) == ["ImageUritf211",
+                                                                                         "ImageUritfcurrent"]
+
+
+# ---- IAM ----
+
+def test_no_statement_allows_every_action(default):
+    for policy in default.resources("AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            for action in _as_list(statement["Action"]):
+                assert action != "*" and not action.endswith(":*"), (statement, policy)
+
+
+def test_pass_role_only_the_execution_role_only_to_sagemaker(default):
+    execution = _role_id(default, "PermissionsExecutionRole")
+    passes = []
+    for policy in default.resources("AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if "iam:PassRole" in _as_list(statement["Action"]):
+                passes.append((policy["Properties"]["Roles"], statement))
+    assert len(passes) == 1
+    roles, statement = passes[0]
+    assert roles == [{"Ref": _role_id(default, "PermissionsTrainingMachineRole")}]
+    assert _as_list(statement["Action"]) == ["iam:PassRole"]
+    assert statement["Resource"] == {"Fn::GetAtt": [execution, "Arn"]}
+    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+
+@pytest.mark.parametrize("machine, role_prefix", [("training", "PermissionsTrainingMachineRole"),
+                                                  ("stop", "PermissionsStopMachineRole")])
+def test_machine_roles_allow_exactly_what_their_definitions_call(default, machine, role_prefix):
+    statements = _statements(default, _role_id(default, role_prefix))
+    granted = {}
+    for statement in statements:
+        for action in _as_list(statement["Action"]):
+            granted.setdefault(action, []).extend(json.dumps(r) for r in _as_list(statement["Resource"]))
+    required = state_machine.REQUIRED_ACTIONS[machine]
+    assert set(required) <= set(granted)
+    extra = set(granted) - set(required)
+    # The rest comes from the CDK for logging and tracing.
+    assert all(action.startswith(("logs:", "xray:")) for action in extra), extra
+    for action, kinds in required.items():
+        resources = granted[action]
+        if action.startswith("sagemaker:") and "*" not in kinds:
+            assert all(":sagemaker:us-east-1:" in r for r in resources), (action, resources)
+            for kind in kinds:
+                assert any(":%s/lmstack-*" % kind in r for r in resources), (action, kind, resources)
+            assert not any(r == '"*"' for r in resources)
+
+
+def test_execution_role_is_for_sagemaker_and_touches_only_its_prefixes(default):
+    role_id = _role_id(default, "PermissionsExecutionRole")
+    trust = default.template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert [s["Principal"] for s in trust] == [{"Service": "sagemaker.amazonaws.com"}]
+    statements = _statements(default, role_id)
+    objects = [s for s in statements if "s3:PutObject" in _as_list(s["Action"])]
+    (put,) = objects
+    suffixes = sorted(r["Fn::Join"][1][-1] for r in put["Resource"])
+    assert suffixes == sorted("/%s*" % prefix for prefix in ARTIFACT_PREFIXES)
+    (mount,) = [s for s in statements if "elasticfilesystem:ClientMount" in _as_list(s["Action"])]
+    assert "elasticfilesystem:AccessPointArn" in mount["Condition"]["StringEquals"]
+    (pull,) = [s for s in statements if "ecr:BatchGetImage" in _as_list(s["Action"])]
+    assert "container-assets" in json.dumps(pull["Resource"])
+    eni = [s for s in statements if "ec2:CreateNetworkInterface" in _as_list(s["Action"])]
+    assert eni and all(s["Resource"] != "*" for s in eni)
+
+
+def test_a_wildcard_without_a_reason_fails_synth():
+    policy = iam.Policy(cdk.Stack(cdk.App(), "Probe"), "P")
+    with pytest.raises(ValueError, match=r"wildcard Resource::\* needs a written reason"):
+        add_grants(policy, [Grant(["sagemaker:ListTrainingJobs"], ["*"])])
+
+
+# ---- orchestration ----
+
+@pytest.mark.parametrize("name, build, substitutions", [
+    ("lmstack-training", state_machine.build_training_definition, state_machine.training_substitutions),
+    ("lmstack-stop-on-abort", state_machine.build_stop_definition, state_machine.stop_substitutions),
+])
+def test_definitions_are_plain_json_with_every_placeholder_filled(default, name, build, substitutions):
+    machine = _machine(default, name)
+    props = machine["Properties"]
+    assert props["StateMachineType"] == "STANDARD"
+    text = props["DefinitionString"]
+    assert isinstance(text, str), "cfn-lint validates the ASL only when DefinitionString is a plain string"
+    assert json.loads(text) == build(default.settings)
+    used = set(PLACEHOLDER.findall(text))
+    assert used, "the definition uses the deployment's values"
+    assert used == set(props["DefinitionSubstitutions"]), "every placeholder filled, no value unused"
+    assert set(substitutions(default.settings)) == used
+    assert props["LoggingConfiguration"]["Level"] == "ALL"
+    assert props["LoggingConfiguration"]["IncludeExecutionData"] is True
+    assert props["TracingConfiguration"] == {"Enabled": True}
+
+
+def test_substitutions_point_at_the_stack_resources(default):
+    values = _machine(default, "lmstack-training")["Properties"]["DefinitionSubstitutions"]
+    assert _ref_id(values["ExecutionRoleArn"]).startswith("PermissionsExecutionRole")
+    assert _ref_id(values["ArtifactBucket"]).startswith("StorageArtifacts")
+    assert _ref_id(values["FileSystemId"]).startswith("StorageDataset")
+    assert _ref_id(values["SecurityGroupId"]).startswith("NetworkTrainingSecurityGroup")
+    assert _ref_id(values["TopicArn"]).startswith("NotificationsTopic")
+    subnets = sorted(_ref_id(values["Subnet%d" % i]) for i in range(default.settings.az_count))
+    assert subnets == sorted(default.resources("AWS::EC2::Subnet"))
+    for runtime in default.settings.runtimes:
+        assert "container-assets" in json.dumps(values["Image_%s" % runtime])
+    image = json.dumps(values["DebuggerRuleImage"])
+    assert "Fn::FindInMap" in image and "sagemaker-debugger-rules:latest" in image
+    mapping = default.template["Mappings"]["DebuggerRuleAccounts"]
+    assert {region: row["account"] for region, row in mapping.items()} == DEBUGGER_RULE_ACCOUNTS
+
+
+def test_stop_rule_starts_the_stop_machine_when_the_training_machine_ends_badly(default):
+    _, rule = default.only("AWS::Events::Rule")
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["source"] == ["aws.states"]
+    assert pattern["detail-type"] == ["Step Functions Execution Status Change"]
+    assert {"ABORTED", "TIMED_OUT"} <= set(pattern["detail"]["status"])
+    training = next(k for k, v in default.resources("AWS::StepFunctions::StateMachine").items()
+                    if v["Properties"]["StateMachineName"] == "lmstack-training")
+    stop = next(k for k, v in default.resources("AWS::StepFunctions::StateMachine").items()
+                if v["Properties"]["StateMachineName"] == "lmstack-stop-on-abort")
+    assert [_ref_id(arn) for arn in pattern["detail"]["stateMachineArn"]] == [training]
+    (target,) = rule["Properties"]["Targets"]
+    assert _ref_id(target["Arn"]) == stop
+
+
+# ---- monitoring and outputs ----
+
+def test_alarm_on_failed_executions_notifies_the_topic(default):
+    _, alarm = default.only("AWS::CloudWatch::Alarm")
+    props = alarm["Properties"]
+    assert (props["Namespace"], props["MetricName"]) == ("AWS/States", "ExecutionsFailed")
+    assert _ref_id(props["AlarmActions"][0]).startswith("NotificationsTopic")
+    default.assertions.resource_count_is("AWS::SNS::Subscription", 0)
+
+
+def test_topic_requires_tls_for_publishers(default):
+    _, policy = default.only("AWS::SNS::TopicPolicy")
+    (deny,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_dashboard_shows_training_metrics_per_host_and_executions(default):
+    _, dashboard = default.only("AWS::CloudWatch::Dashboard")
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    metric_names = {definition["Name"] for definition in METRIC_DEFINITIONS}
+    shown = set(re.findall(r'MetricName=\\\\\\"([^\\"]+)\\\\\\"', body))
+    for name in ("train:loss", "train:tokens_per_second", "train:mfu", "GPUUtilization", "CPUUtilization"):
+        assert name in shown, (name, shown)
+    assert {name for name in shown if ":" in name} <= metric_names, "dashboard metrics are ones lm.train logs"
+    assert "{/aws/sagemaker/TrainingJobs,Host}" in body
+    for metric in ("ExecutionsStarted", "ExecutionsSucceeded", "ExecutionsFailed"):
+        assert metric in body
+
+
+def test_outputs_a_user_needs(default):
+    outputs = default.template["Outputs"]
+    for key in ("StateMachineArn", "StateMachineConsoleUrl", "ArtifactBucketName", "FileSystemId",
+                "ExampleExecutionInput"):
+        assert key in outputs
+    assert sorted(k for k in outputs if k.startswith("ImageUri")) == sorted("ImageUri" + r for r in RUNTIMES)
+    assert json.loads(outputs["ExampleExecutionInput"]["Value"]) == state_machine.EXAMPLE_INPUT
+    assert "console.aws.amazon.com/states" in json.dumps(outputs["StateMachineConsoleUrl"]["Value"])
+
+
+def test_definition_writes_only_where_the_execution_role_may(default):
+    """Every S3 location the training definition hands SageMaker lies under an execution-role prefix."""
+    text = _machine(default, "lmstack-training")["Properties"]["DefinitionString"]
+    segments = set(re.findall(r"s3://\$\{ArtifactBucket\}/([A-Za-z0-9_.-]*)", text))
+    assert segments, "the definition names artifact locations"
+    assert {segment + "/" for segment in segments} <= set(ARTIFACT_PREFIXES), segments
+
+
+def test_a_placeholder_without_a_value_stops_synth():
+    from stacks.orchestration import _pick
+    with pytest.raises(ValueError, match="placeholders used but not declared: Bucket2"):
+        _pick({"Bucket": "b"}, {"States": {"A": {"Parameters": {"Name": "${Bucket2}"}}}}, ("Bucket",), "training")
+    with pytest.raises(ValueError, match="declared but without a value in the stack: Topic"):
+        _pick({"Bucket": "b"}, {"x": "${Bucket}"}, ("Bucket", "Topic"), "training")
