@@ -35,3 +35,13 @@ def get_instance(name):
         return INSTANCES[name]
     except KeyError:
         raise ValueError("unknown instance type %r; allowed: %s" % (name, ", ".join(INSTANCES)))
+
+# Network bandwidth between hosts, Gbit/s (the EC2 instance type pages; "up to" figures taken
+# at their burst value). The planner uses it for the data-parallel all-reduce time.
+NETWORK_GBPS = {
+    "ml.m5.xlarge": 10, "ml.m5.4xlarge": 10, "ml.c5.18xlarge": 25,
+    "ml.g4dn.12xlarge": 50,
+    "ml.g5.xlarge": 10, "ml.g5.2xlarge": 10, "ml.g5.12xlarge": 40, "ml.g5.24xlarge": 50, "ml.g5.48xlarge": 100,
+    "ml.p3.2xlarge": 10, "ml.p3.8xlarge": 10, "ml.p3.16xlarge": 25, "ml.p3dn.24xlarge": 100,
+    "ml.p4d.24xlarge": 400, "ml.p4de.24xlarge": 400, "ml.p5.48xlarge": 3200,
+}

@@ -1,0 +1,105 @@
+"""Measure one training step on the CPU: allocator peak bytes, executed matmul FLOPs, parameters.
+
+Run as a script (a fresh process: the allocator choice must be made before TensorFlow starts):
+
+    python tests/plan/measure.py '{"config": {...}, "batch": 8, "seq_len": 64, "recompute": false}'
+
+Prints one JSON line. How it measures:
+- step: `compute_gradients` then `apply_update` of lm.distributed.base (AdamW, clipping 1.0),
+  as the single-device train step composes them.
+- memory: TF_CPU_ALLOCATOR_USE_BFC=true makes TensorFlow's CPU allocator the BFC allocator,
+  which keeps statistics, so `tf.config.experimental.get_memory_info("CPU:0")` works on the
+  CPU (it raises with the default allocator). One warm-up step creates and traces
+  everything; then the peak is reset and a second step runs. The peak of that step counts
+  every live tensor: weights, AdamW's m and v, gradients, activations and temporaries.
+- FLOPs: the graph of `lm.distributed.base.compute_gradients` (forward and backward) is
+  traced and every MatMul, BatchMatMulV2 and Einsum op is counted from its static shapes
+  (2 x the product of all distinct dimension sizes of a two-operand einsum).
+- parameters: the built model's trainable variables, summed.
+"""
+import json
+import os
+import sys
+
+os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+
+from lm.compat import tf  # noqa: E402
+from lm.config import GPTConfig  # noqa: E402
+from lm.distributed.base import apply_update, compute_gradients  # noqa: E402
+from lm.model import build_model  # noqa: E402
+from lm.optim import AdamW  # noqa: E402
+
+
+def loss_fn(labels, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def _dims(tensor):
+    return [int(d) for d in tensor.shape]
+
+
+def op_flops(op):
+    if op.type == "MatMul":
+        a, b = _dims(op.inputs[0]), _dims(op.inputs[1])
+        k = a[0] if op.get_attr("transpose_a") else a[1]
+        n = b[0] if op.get_attr("transpose_b") else b[1]
+        return 2 * (a[1] if op.get_attr("transpose_a") else a[0]) * k * n
+    if op.type in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
+        out = _dims(op.outputs[0])
+        a = _dims(op.inputs[0])
+        k = a[-2] if op.get_attr("adj_x") else a[-1]
+        total = 2 * k
+        for d in out:
+            total *= d
+        return total
+    if op.type == "Einsum":
+        equation = op.get_attr("equation").decode()
+        operands = equation.split("->")[0].split(",")
+        if len(operands) != 2:
+            return 0
+        sizes = {}
+        for letters, tensor in zip(operands, op.inputs):
+            for letter, size in zip(letters, _dims(tensor)):
+                sizes[letter] = size
+        total = 2
+        for size in sizes.values():
+            total *= size
+        return total
+    return 0
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.random.set_seed(0)
+    config = GPTConfig.from_dict(spec["config"])
+    batch, seq_len = spec["batch"], spec["seq_len"]
+    model = build_model(config, recompute=spec.get("recompute", False))
+    params = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+    optimizer = AdamW(model.trainable_variables, lambda step: 1e-4)
+    forward_backward = tf.function(lambda x, y: compute_gradients(model, loss_fn, x, y),
+                                   jit_compile=spec.get("xla", False))
+
+    @tf.function
+    def step(x, y):  # what the single-device train step of lm.distributed.base does
+        loss, grads = forward_backward(x, y)
+        apply_update(optimizer, model.trainable_variables, grads, grad_clip=1.0)
+        return loss
+
+    inputs = tf.random.uniform([batch, seq_len], maxval=config.vocab_size, dtype=tf.int32, seed=1)
+    labels = tf.random.uniform([batch, seq_len], maxval=config.vocab_size, dtype=tf.int32, seed=2)
+    step(inputs, labels)
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    step(inputs, labels)
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+
+    graph = tf.function(lambda x, y: compute_gradients(model, loss_fn, x, y)).get_concrete_function(
+        tf.TensorSpec([batch, seq_len], tf.int32), tf.TensorSpec([batch, seq_len], tf.int32)).graph
+    flops = sum(op_flops(op) for op in graph.get_operations())
+    print(json.dumps({"peak_bytes": peak, "resident_bytes": before, "params": params, "matmul_flops": flops}))
+
+
+if __name__ == "__main__":
+    main()

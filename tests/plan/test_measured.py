@@ -1,0 +1,82 @@
+"""`lm.plan`'s memory and FLOPs model against a real training step of `lm.model` on the CPU.
+
+Each case runs tests/plan/measure.py in a fresh process (see its docstring for the method:
+TensorFlow's BFC allocator peak over one step, and the matmul FLOPs counted from the traced
+forward+backward graph) and compares with what the planner predicts for the same config.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lm import plan
+from lm.config import GPTConfig, get_preset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SMALL = GPTConfig(n_layer=4, d_model=256, n_head=4, block_size=256, vocab_size=4096)
+TOLERANCE = 0.15
+
+CASES = {
+    "tiny": dict(config=get_preset("tiny"), batch=32, seq_len=128, recompute=False),
+    "small": dict(config=SMALL, batch=8, seq_len=256, recompute=False),
+    "small-recompute": dict(config=SMALL, batch=8, seq_len=256, recompute=True),
+}
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "training_image"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def measure(case):
+    spec = dict(case, config=case["config"].to_dict())
+    result = subprocess.run([sys.executable, os.path.join(HERE, "measure.py"), json.dumps(spec)], cwd=ROOT,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def measured(request):
+    case = CASES[request.param]
+    return case, measure(case)
+
+
+@pytest.mark.slow
+def test_predicted_peak_memory_within_15_percent_of_the_allocator_peak(measured):
+    case, result = measured
+    predicted = plan.memory(case["config"], case["batch"], case["seq_len"], "fp32", recompute=case["recompute"])
+    error = predicted["peak"] / float(result["peak_bytes"]) - 1.0
+    assert abs(error) <= TOLERANCE, "predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
+        predicted["peak"] / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error)
+
+
+@pytest.mark.slow
+def test_predicted_step_flops_equal_the_counted_graph_flops(measured):
+    case, result = measured
+    assert plan.step_flops(case["config"], case["batch"], case["seq_len"], case["recompute"]) == result["matmul_flops"]
+
+
+@pytest.mark.slow
+def test_parameter_count_equals_the_built_model(measured):
+    case, result = measured
+    config = case["config"]
+    assert plan.plan(config, "ml.g5.xlarge", seq_len=case["seq_len"])["model"]["params"] == result["params"]
+    # and the persistent state the planner charges (weights + m + v) is what stays allocated
+    state = plan.memory(config, case["batch"], case["seq_len"], "fp32")
+    assert result["resident_bytes"] >= state["weights"] + state["optimizer"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny", "gpt-1.3b"])
+def test_parameter_count_agrees_with_python_m_lm_model(preset):
+    result = subprocess.run([sys.executable, "-m", "lm.model", "--preset", preset], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    described = json.loads(result.stdout)
+    assert plan.plan(preset, "ml.p4d.24xlarge")["model"]["params"] == described["params"]

@@ -1,0 +1,306 @@
+"""Rules, arithmetic and the CLI of `lm.plan` (no TensorFlow)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lm import instances, job, plan, prices
+from lm.config import PRESETS, flops_per_token, get_preset, parameter_count
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA_PARALLEL = ("mwms", "horovod", "smddp")
+
+
+@pytest.fixture(scope="module")
+def table():
+    return plan.feasibility_table()
+
+
+def _row(table, preset, instance_type, strategy):
+    (row,) = [r for r in table if (r["preset"], r["instance_type"], r["strategy"]) == (preset, instance_type, strategy)]
+    return row
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "training_image"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_imports_without_tensorflow():
+    code = "import sys, lm.plan; lm.plan.feasibility_table(); assert 'tensorflow' not in sys.modules, sorted(sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, universal_newlines=True)
+    assert result.returncode == 0, result.stdout
+
+
+# ---- the rules the state machine gets ----
+
+def test_table_covers_every_preset_gpu_instance_and_strategy(table):
+    gpu_types = [name for name, inst in instances.INSTANCES.items() if inst.gpus]
+    assert len(table) == len(PRESETS) * len(gpu_types) * len(job.STRATEGIES)
+    assert {r["instance_type"] for r in table} == set(gpu_types)
+    for row in table:
+        assert set(row) == {"preset", "instance_type", "strategy", "ok", "recompute_required", "reason",
+                            "suggested_strategy", "suggestion"}
+        assert (row["reason"] is None) == row["ok"]
+
+
+@pytest.mark.parametrize("strategy", DATA_PARALLEL)
+def test_1_3b_plain_data_parallel_on_v100_16gb_does_not_fit_and_smp_is_suggested(table, strategy):
+    row = _row(table, "gpt-1.3b", "ml.p3.16xlarge", strategy)
+    assert not row["ok"]
+    assert "GiB" in row["reason"] and "V100" in row["reason"]
+    assert row["suggested_strategy"] == "smp"
+    assert "smp" in row["suggestion"] and "partitions=" in row["suggestion"]
+    assert _row(table, "gpt-1.3b", "ml.p3.16xlarge", "smp")["ok"]
+
+
+def test_1_3b_does_not_fit_even_one_sequence_per_gpu_on_v100_with_data_parallel():
+    # weights + gradients + AdamW alone are 16 bytes a parameter: more than a 16 GB V100 holds
+    state = 16 * parameter_count(get_preset("gpt-1.3b"))
+    assert state > plan.usable_bytes(instances.get_instance("ml.p3.16xlarge"))
+    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 2, "horovod", global_batch=16, seq_len=2048, recompute=True)
+    assert not verdict.ok and verdict.suggested_strategy == "smp"
+
+
+@pytest.mark.parametrize("strategy", ["smddp", "smp"])
+def test_smdistributed_cannot_run_on_p5(table, strategy):
+    row = _row(table, "gpt-125m", "ml.p5.48xlarge", strategy)
+    assert not row["ok"]
+    assert "runs only on" in row["reason"]
+    assert row["suggested_strategy"] == "mwms"
+
+
+def test_horovod_cannot_run_on_p5_because_its_image_predates_hopper(table):
+    row = _row(table, "gpt-125m", "ml.p5.48xlarge", "horovod")
+    assert not row["ok"]
+    assert "CUDA 11.2" in row["reason"] and "11.8" in row["reason"]
+    assert row["suggested_strategy"] == "mwms"
+    assert _row(table, "gpt-125m", "ml.p5.48xlarge", "mwms")["ok"]
+
+
+def test_cuda_versions_are_read_from_the_job_runtimes():
+    assert plan.runtime_cuda("tf211") == (11, 2)
+    assert plan.runtime_cuda("tfcurrent") == (12, 5)
+
+
+def test_gpt_125m_fits_on_every_gpu_instance(table):
+    for row in table:
+        if row["preset"] != "gpt-125m":
+            continue
+        runs = plan.cannot_run(row["strategy"], row["instance_type"]) is None
+        assert row["ok"] == runs, row
+        assert not row["recompute_required"], row
+
+
+def test_support_lists_come_from_lm_job(monkeypatch):
+    assert not plan.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
+    monkeypatch.setitem(job.STRATEGY_INSTANCE_TYPES, "smddp", job.SMDDP_INSTANCE_TYPES + ("ml.p5.48xlarge",))
+    monkeypatch.setitem(job.STRATEGY_RUNTIME, "smddp", "tfcurrent")
+    assert plan.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
+
+
+def test_too_big_for_any_strategy_names_no_strategy(table):
+    row = _row(table, "gpt-13b", "ml.g5.xlarge", "single")
+    assert not row["ok"] and row["suggested_strategy"] is None
+    assert "no strategy fits" in row["suggestion"]
+
+
+def test_single_runs_on_one_instance_only():
+    verdict = plan.check("gpt-125m", "ml.g5.xlarge", 2, "single", global_batch=4)
+    assert not verdict.ok and "instance_count=2" in verdict.reason
+
+
+def test_global_batch_smaller_than_data_parallel_size_is_rejected():
+    verdict = plan.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=8)
+    assert not verdict.ok and "smaller than the data-parallel size 16" in verdict.reason
+
+
+def test_auto_picks_the_cheapest_strategy_that_fits():
+    result = plan.plan("gpt-125m", "ml.p4d.24xlarge", 1, "auto", global_batch=64)
+    fitting = [c for c in result["candidates"] if c["ok"]]
+    assert result["chosen"]["ok"]
+    assert result["chosen"]["time"]["cost_on_demand_usd"] == min(c["time"]["cost_on_demand_usd"] for c in fitting)
+
+
+# ---- memory ----
+
+def test_state_bytes_per_parameter():
+    config = get_preset("gpt-350m")
+    p = parameter_count(config)
+    fp32 = plan.memory(config, 1, 2048, "fp32")
+    assert (fp32["weights"], fp32["gradients"], fp32["optimizer"], fp32["compute_copies"]) == (4 * p, 4 * p, 8 * p, 0)
+    assert plan.memory(config, 1, 2048, "bf16")["compute_copies"] == 2 * p
+
+
+def test_activations_grow_linearly_in_batch_and_attention_quadratically_in_length():
+    config = get_preset("gpt-125m")
+    one = plan.layer_activation_bytes(config, 1, 1024, 2)
+    assert plan.layer_activation_bytes(config, 4, 1024, 2) == 4 * one
+    u, w = 1024 * config.d_model, config.n_head * 1024 ** 2
+    assert one == plan.MEASURED_U_ELEMENTS["graph"] * u * 2 + (4 + 2) * w
+    assert plan.layer_activation_bytes(config, 1, 2048, 2) == 2 * plan.MEASURED_U_ELEMENTS["graph"] * u * 2 + 4 * 6 * w
+
+
+def test_recomputation_keeps_one_block_plus_block_inputs():
+    config = get_preset("gpt-760m")
+    full = plan.memory(config, 2, 2048, "bf16")
+    recomputed = plan.memory(config, 2, 2048, "bf16", recompute=True)
+    assert recomputed["peak"] < full["peak"]
+    u = 2 * 2048 * config.d_model
+    assert recomputed["activations_recompute"] == config.n_layer * u * 2 + plan.layer_activation_bytes(config, 2, 2048, 2)
+
+
+def test_smp_partitions_split_parameters_and_microbatches_split_activations():
+    result = plan.plan("gpt-2.7b", "ml.p4d.24xlarge", 1, "smp", global_batch=32, partitions=4, microbatches=8)
+    smp = result["chosen"]
+    config = get_preset("gpt-2.7b")
+    assert smp["mp_parameters"]["partitions"] == 4 and smp["mp_parameters"]["microbatches"] == 8
+    assert smp["data_parallel"] == 2 and smp["per_replica_batch"] == 16 and smp["micro_batch"] == 2
+    assert parameter_count(config) / 4 < smp["params_per_gpu"] < parameter_count(config) / 2
+    horovod = next(c for c in result["candidates"] if c["strategy"] == "horovod")
+    assert smp["memory_gib"]["activations"] < horovod["memory_gib"]["activations"]
+
+
+def test_smp_microbatches_must_divide_the_replica_batch():
+    verdict = plan.check("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=12, partitions=2, microbatches=4)
+    assert not verdict.ok and "does not divide into 4 microbatches" in verdict.reason
+
+
+# ---- time and cost ----
+
+def test_tokens_per_second_follow_peak_times_mfu_over_flops_per_token():
+    config = get_preset("gpt-350m")
+    result = plan.plan("gpt-350m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64, mfu=0.4)
+    timing = result["chosen"]["time"]
+    expected = 8 * prices.GPUS["A100"].peak_flops["bf16"] * 0.4 / flops_per_token(config, 2048)
+    assert timing["tokens_per_second"] == pytest.approx(expected)
+    tokens = result["settings"]["tokens"]
+    assert tokens == 20 * parameter_count(config)
+    assert timing["hours"] == pytest.approx(tokens / expected / 3600)
+    assert timing["cost_on_demand_usd"] == pytest.approx(timing["hours"] * prices.ON_DEMAND_USD_PER_HOUR["ml.p4d.24xlarge"])
+    assert timing["cost_spot_usd"] == pytest.approx(timing["cost_on_demand_usd"] * (1 - prices.SPOT_DISCOUNT))
+
+
+def test_default_mfu_is_per_gpu():
+    timing = plan.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=8)["chosen"]["time"]
+    assert timing["mfu"] == prices.DEFAULT_MFU["V100"]
+    assert timing["peak_flops_per_gpu"] == prices.GPUS["V100"].peak_flops["fp16"]
+
+
+def test_twice_the_instances_halve_the_hours_when_compute_bound():
+    one = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 2, "mwms", global_batch=1024)["chosen"]["time"]
+    two = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 4, "mwms", global_batch=1024)["chosen"]["time"]
+    assert two["hours"] == pytest.approx(one["hours"] / 2)
+    assert two["cost_on_demand_usd"] == pytest.approx(one["cost_on_demand_usd"])
+
+
+def test_warns_when_the_global_batch_is_too_small_for_the_data_parallel_size():
+    small = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32)["chosen"]
+    assert any("global batch too small" in w for w in small["warnings"])
+    assert small["time"]["allreduce_seconds"] > small["time"]["compute_seconds"]
+    large = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=4096)["chosen"]
+    assert not any("global batch too small" in w for w in large["warnings"])
+
+
+def test_recomputation_costs_time():
+    plain = plan.plan("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]
+    recomputed = plan.plan("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64, recompute=True)["chosen"]["time"]
+    assert recomputed["hours"] > plain["hours"]
+
+
+def test_estimate_for_the_execution_output():
+    estimate = plan.estimate("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=64)
+    assert estimate["strategy"] == "horovod" and estimate["ok"]
+    assert estimate["billable_instance_seconds"] == pytest.approx(2 * estimate["hours"] * 3600)
+    assert estimate["cost_spot_usd"] < estimate["cost_on_demand_usd"]
+
+
+def test_every_gpu_instance_has_a_price_a_gpu_and_a_network():
+    for name, inst in instances.INSTANCES.items():
+        assert prices.on_demand_price(name) > 0
+        assert instances.NETWORK_GBPS[name] > 0
+        if inst.gpus:
+            gpu = prices.get_gpu(inst.gpu)
+            assert gpu.default_precision in gpu.peak_flops and inst.gpu in prices.DEFAULT_MFU
+
+
+# ---- bad input ----
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="gpt-9b"), "unknown preset 'gpt-9b'; allowed: tiny"),
+    (dict(instance_type="ml.p9.large"), "unknown instance type 'ml.p9.large'; allowed:"),
+    (dict(strategy="deepspeed"), "strategy must be one of auto, single"),
+    (dict(precision="bf16", instance_type="ml.p3.16xlarge"), "precision 'bf16' is not supported on ml.p3.16xlarge"),
+    (dict(precision="int8"), "precision must be one of auto, fp32, fp16, bf16"),
+    (dict(instance_count=0), "instance_count must be a positive integer"),
+    (dict(seq_len=4096), "seq_len 4096 exceeds the model's block_size 2048"),
+    (dict(mfu=1.5), "mfu must be in (0, 1]"),
+])
+def test_bad_input_names_the_field(kwargs, message):
+    args = dict(model="gpt-125m", instance_type="ml.g5.xlarge", instance_count=1, strategy="auto")
+    args.update(kwargs)
+    with pytest.raises(ValueError) as error:
+        plan.plan(args.pop("model"), args.pop("instance_type"), args.pop("instance_count"), args.pop("strategy"),
+                  **args)
+    assert message in str(error.value)
+
+
+def test_global_batch_in_tokens_or_sequences():
+    assert plan.parse_global_batch("64", 2048) == 64
+    assert plan.parse_global_batch("1M", 2048) == 512
+    assert plan.parse_global_batch("512K", 1024) == 512
+    with pytest.raises(ValueError, match="global batch"):
+        plan.parse_global_batch("lots", 2048)
+    assert plan.parse_tokens("26B") == 26 * 10 ** 9
+
+
+# ---- the CLI ----
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "lm.plan"] + list(args), cwd=ROOT, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+
+
+def test_cli_json():
+    result = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "2",
+                  "--global-batch", "512K", "--tokens", "2.5B", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["ok"] and out["settings"]["global_batch"] == 256 and out["settings"]["tokens"] == 2500000000
+    assert out["model"]["params"] == parameter_count(get_preset("gpt-125m"))
+    assert {c["strategy"] for c in out["candidates"]} == set(job.STRATEGIES)
+    memory = out["chosen"]["memory_gib"]
+    for key in ("weights", "gradients", "optimizer", "activations", "activations_recompute", "peak"):
+        assert memory[key] > 0
+    assert out["chosen"]["time"]["cost_spot_usd"] < out["chosen"]["time"]["cost_on_demand_usd"]
+
+
+def test_cli_table_and_exit_code_when_it_cannot_fit():
+    result = _cli("--preset", "gpt-1.3b", "--instance-type", "ml.p3.16xlarge", "--strategy", "horovod")
+    assert result.returncode == 1
+    assert "CANNOT" in result.stdout and "suggested strategy: smp" in result.stdout
+
+
+def test_cli_bad_input_is_a_usage_error():
+    result = _cli("--preset", "gpt-9b", "--instance-type", "ml.g5.xlarge")
+    assert result.returncode == 2 and "unknown preset 'gpt-9b'" in result.stderr
+
+
+def test_chart_is_a_png_of_time_and_cost_against_instance_count(tmp_path):
+    path = tmp_path / "plan.png"
+    points = plan.chart("gpt-125m", "ml.p4d.24xlarge", str(path), "mwms", counts=[1, 2, 4], global_batch=256)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p[0] for p in points] == [1, 2, 4]
+    hours = [p[1] for p in points]
+    assert hours[0] > hours[1] > hours[2]
+
+
+def test_cli_writes_the_chart(tmp_path):
+    path = tmp_path / "chart.png"
+    result = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--chart", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert path.stat().st_size > 1000 and json.loads(result.stdout)["chart"] == str(path)

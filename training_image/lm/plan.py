@@ -1,0 +1,637 @@
+"""Memory, strategy, time and cost of a training run, before a dollar is spent.
+
+    python -m lm.plan --preset gpt-1.3b --instance-type ml.p4d.24xlarge --instance-count 2
+
+Pure Python, no TensorFlow: the CDK app calls `feasibility_table()` at synth time to turn
+"cannot fit" and "cannot run" into input-validation rules, and `estimate()` for the
+execution output. Strategy constraints come from `lm.job`, hardware from `lm.instances`,
+FLOP/s, MFU and prices from `lm.prices`.
+
+Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activation element
+(4 fp32, 2 fp16/bf16), u = micro_batch * seq_len * d_model, w = micro_batch * n_head * seq_len^2,
+z = micro_batch * seq_len * padded_vocab:
+- weights 4P (variables stay float32 under mixed precision), gradients 4P (float32),
+  optimizer 8P (AdamW m and v, float32), plus 2P under mixed precision for the float16
+  copies `lm.model` casts every kernel to and keeps for the backward pass.
+- activations one block keeps for its backward pass. Korthikanti et al. 2022 ("Reducing
+  Activation Recomputation in Large Transformer Models", eq. 1 without tensor or sequence
+  parallelism) count 34 u + 5 w bytes at 16 bit with dropout, i.e. 17 u elements: LayerNorm
+  inputs 2u, QKV input u, q and k 2u, v u, projection input u, first MLP matmul input u,
+  GELU input 4u, second MLP matmul input 4u, dropout masks. Adapted to `lm.model` and TF:
+  * TF materializes the [b, h, t, t] scores; the softmax output is kept in float32 (4w)
+    and, under mixed precision, again as the cast copy the value matmul reads (c w).
+  * run op by op (no XLA), Keras LayerNormalization also keeps the normalized value and the
+    tanh GELU its intermediates (x, tanh, 0.5 x, 1 + tanh: four 4u tensors, not one):
+    MEASURED_U_ELEMENTS["graph"] = 34 u elements per block, measured (tests/plan); with
+    XLA (measured on the CPU backend; GPU XLA fuses at least as much) 26 u.
+  * ReLU (the seed's block) keeps its output only: 16 u fewer (not measured).
+  * dropout > 0: 1-byte masks on the probabilities and both sublayer outputs, plus the
+    dropped probabilities (c w + w + 2u).
+  Recomputation (`tf.recompute_grad` per block) keeps each block's input (u c) and rebuilds
+  one block at a time in the backward pass.
+- the loss: float32 logits and the cross-entropy gradient (8z), alive together at the end
+  of the forward pass, plus the final LayerNorm (2 u c). Under recomputation the float32
+  logits gradient (4z) is still alive while the last block is rebuilt.
+- peak = weights + optimizer + max(kept activations + the larger of the two loss-time peaks
+  + float16 copies, gradients): the backward pass frees activations as it creates gradients.
+- headroom: RESERVED_GIB per GPU for the CUDA context and cuBLAS/cuDNN workspaces, and a
+  FRAGMENTATION share of the rest for the allocator.
+Checked against TensorFlow's allocator peak on the CPU in tests/plan/test_measured.py
+(float32; the mixed-precision terms cannot be measured without a GPU).
+
+Time: tokens/s = GPUs x peak FLOP/s x MFU / flops_per_token (`lm.config`, the MFU
+convention), times the pipeline efficiency m / (m + p - 1) under SMP; the gradient
+all-reduce between hosts (ring, 2 (H-1)/H of the float32 gradients through each host's
+network at NETWORK_EFFICIENCY) is assumed to overlap the backward pass, so a step takes the
+longer of the two.
+"""
+import argparse
+import collections
+import json
+import math
+import re
+import sys
+
+from lm import instances, job, prices
+from lm.config import PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset, parameter_count
+
+GIB = 2 ** 30
+RESERVED_GIB = 1.0
+FRAGMENTATION = 0.10
+NETWORK_EFFICIENCY = 0.7
+TOKENS_PER_PARAMETER = 20  # Chinchilla (Hoffmann et al. 2022)
+TABLE_SEQ_LEN = 2048
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# u-sized activation elements one pre-LN GELU block keeps (module docstring; tests/plan).
+MEASURED_U_ELEMENTS = {"graph": 34, "xla": 26}
+SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
+DEFAULT_GLOBAL_BATCH = job.HYPERPARAMETERS["global_batch_size"].default
+
+
+def _field_error(field, allowed, value):
+    return ValueError("%s must be one of %s, got %r" % (field, ", ".join(str(a) for a in allowed), value))
+
+
+def resolve_config(preset_or_config):
+    return preset_or_config if isinstance(preset_or_config, GPTConfig) else get_preset(preset_or_config)
+
+
+def runtime_cuda(runtime):
+    """CUDA version (major, minor) of a `lm.job` runtime, read from its DLC tag ("-cu112-")."""
+    found = re.search(r"-cu(\d+)(\d)-", job.RUNTIMES[runtime])
+    return int(found.group(1)), int(found.group(2))
+
+
+def resolve_precision(precision, instance):
+    if precision not in PRECISIONS:
+        raise _field_error("precision", PRECISIONS, precision)
+    if not instance.gpus:
+        if precision not in ("auto", "fp32"):
+            raise ValueError("precision %r needs a GPU; %s has none (use fp32 or auto)" % (precision, instance.name))
+        return "fp32"
+    gpu = prices.get_gpu(instance.gpu)
+    if precision == "auto":
+        return gpu.default_precision
+    if precision not in gpu.peak_flops:
+        raise ValueError("precision %r is not supported on %s (%s); allowed there: %s" % (
+            precision, instance.name, gpu.name, ", ".join(sorted(gpu.peak_flops))))
+    return precision
+
+
+def cannot_run(strategy, instance_type, instance_count=1):
+    """Why `strategy` cannot run on this instance type and count, or None when it can."""
+    if strategy not in job.STRATEGIES:
+        raise _field_error("strategy", job.STRATEGIES, strategy)
+    instance = instances.get_instance(instance_type)
+    allowed = job.STRATEGY_INSTANCE_TYPES.get(strategy)
+    if allowed is not None and instance_type not in allowed:
+        return "%s runs only on %s (SageMaker's support list; the SDK refuses smdistributed jobs elsewhere)" % (
+            strategy, ", ".join(allowed))
+    if strategy == "single" and instance_count != 1:
+        return "single runs one process on one instance, got instance_count=%d" % instance_count
+    if strategy == "smp" and instance.gpus < 2:
+        return "smp splits the model over the GPUs of a host; %s has %d" % (instance_type, instance.gpus)
+    if instance.gpus:
+        runtime = job.STRATEGY_RUNTIME[strategy]
+        have, need = runtime_cuda(runtime), prices.get_gpu(instance.gpu).min_cuda
+        if have < need:
+            return "%s needs the %s image (CUDA %d.%d); %s GPUs (%s) need CUDA %d.%d or newer" % (
+                strategy, job.RUNTIMES[runtime], have[0], have[1], instance_type, instance.gpu, need[0], need[1])
+    return None
+
+
+# ---- memory ----
+
+def layer_activation_bytes(config, micro_batch, seq_len, compute_bytes, xla=False):
+    """Bytes one block keeps for its backward pass (see the module docstring)."""
+    u = micro_batch * seq_len * config.d_model
+    w = micro_batch * config.n_head * seq_len * seq_len
+    elements_u = MEASURED_U_ELEMENTS["xla" if xla else "graph"] - (16 if config.activation == "relu" else 0)
+    scores = 4 * w + (compute_bytes * w if compute_bytes != 4 else 0)
+    total = elements_u * u * compute_bytes + scores
+    if config.dropout:
+        total += compute_bytes * w + w + 2 * u
+    return total
+
+
+def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1):
+    """Peak bytes on one GPU (the busiest pipeline stage under SMP), by component."""
+    c = COMPUTE_BYTES[precision]
+    layers = -(-config.n_layer // partitions)
+    embedding = parameter_count(config) - config.n_layer * block_parameter_count(config)
+    params = embedding + layers * block_parameter_count(config) if partitions > 1 else parameter_count(config)
+    u = micro_batch * seq_len * config.d_model
+    z = micro_batch * seq_len * config.padded_vocab_size
+    per_layer = layer_activation_bytes(config, micro_batch, seq_len, c, xla)
+    full = in_flight * layers * per_layer
+    kept_inputs = in_flight * layers * u * c
+    loss = 8 * z + 2 * u * c
+    parts = collections.OrderedDict([
+        ("params", params),
+        ("weights", 4 * params),
+        ("gradients", 4 * params),
+        ("optimizer", 8 * params),
+        ("compute_copies", 2 * params if c != 4 else 0),
+        ("activations", full),
+        ("activations_recompute", kept_inputs + per_layer),
+        ("loss", loss),
+    ])
+    at_peak = kept_inputs + max(loss, per_layer + 4 * z) if recompute else full + loss
+    parts["peak"] = parts["weights"] + parts["optimizer"] + max(
+        at_peak + parts["compute_copies"], parts["gradients"])
+    return parts
+
+
+def step_flops(config, batch, seq_len, recompute=False):
+    """Matmul FLOPs one training step of `lm.model` executes on `batch` sequences: forward
+    (the projections, the full [t, t] attention products, the tied output layer) and a backward
+    pass of twice that, plus one more forward of the blocks under recomputation. Unlike the MFU
+    convention `flops_per_token` it counts the output layer."""
+    tokens = batch * seq_len
+    inner = config.n_head * config.attention_head_dim
+    d = config.d_model
+    blocks = config.n_layer * (2 * tokens * (4 * d * inner + 8 * d * d) + 4 * batch * seq_len * seq_len * inner)
+    head = 2 * tokens * config.padded_vocab_size * d
+    return 3 * (blocks + head) + (blocks if recompute else 0)
+
+
+def usable_bytes(instance):
+    if not instance.gpus:
+        return instance.memory_gib * GIB * (1 - FRAGMENTATION)
+    return (instance.gpu_memory_gib - RESERVED_GIB) * GIB * (1 - FRAGMENTATION)
+
+
+# ---- one strategy on one instance type ----
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _layout(strategy, instance, instance_count, partitions):
+    """(GPUs doing work, data-parallel size)."""
+    gpus = max(instance.gpus, 1)
+    if strategy == "single":
+        return 1, 1
+    total = gpus * instance_count
+    if strategy == "smp":
+        return total, total // partitions
+    return total, total
+
+
+def _evaluate(config, instance, instance_count, strategy, global_batch, seq_len, precision, recompute, xla,
+              partitions=1, microbatches=1, pipeline="interleaved"):
+    gpus_used, dp = _layout(strategy, instance, instance_count, partitions)
+    per_replica = global_batch // dp
+    micro_batch = max(per_replica // microbatches, 1)
+    in_flight = 1
+    if strategy == "smp":
+        in_flight = min(microbatches, partitions) if pipeline == "interleaved" else microbatches
+    mem = memory(config, micro_batch, seq_len, precision, recompute=recompute, xla=xla,
+                 partitions=partitions, in_flight=in_flight)
+    return {"gpus_used": gpus_used, "data_parallel": dp, "per_replica_batch": per_replica,
+            "micro_batch": micro_batch, "partitions": partitions, "microbatches": microbatches,
+            "memory": mem, "fits": mem["peak"] <= usable_bytes(instance)}
+
+
+def _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute, xla,
+                partitions=None, microbatches=None, pipeline="interleaved"):
+    """The smallest partition count that fits, then the fewest microbatches that fit (at
+    least 2 x partitions when the batch allows, so the pipeline bubble stays under a third).
+    When nothing fits: the layout that needs the least memory."""
+    tried = []
+    for p in ([partitions] if partitions else [d for d in _divisors(instance.gpus) if d >= 2]):
+        per_replica = global_batch // (instance.gpus * instance_count // p)
+        fitting = []
+        for m in ([microbatches] if microbatches else _divisors(max(per_replica, 1))):
+            result = _evaluate(config, instance, instance_count, "smp", global_batch, seq_len, precision,
+                               recompute, xla, p, m, pipeline)
+            tried.append(result)
+            if result["fits"] and per_replica >= 1:
+                fitting.append(result)
+        if fitting:
+            wide = [r for r in fitting if r["microbatches"] >= 2 * p]
+            return wide[0] if wide else fitting[-1]
+    return min(tried, key=lambda r: r["memory"]["peak"])
+
+
+def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, tokens, mfu):
+    gpu = prices.get_gpu(instance.gpu) if instance.gpus else None
+    if gpu is None:
+        return None
+    mfu = prices.DEFAULT_MFU[gpu.name] if mfu is None else mfu
+    flops = flops_per_token(config, seq_len)
+    efficiency = 1.0
+    if strategy == "smp":
+        m, p = layout["microbatches"], layout["partitions"]
+        efficiency = m / float(m + p - 1)
+    if recompute:  # the blocks' forward runs twice
+        efficiency *= step_flops(config, 1, seq_len) / float(step_flops(config, 1, seq_len, recompute=True))
+    tokens_per_s = layout["gpus_used"] * gpu.peak_flops[precision] * mfu * efficiency / flops
+    step_tokens = layout["per_replica_batch"] * layout["data_parallel"] * seq_len
+    compute_s = step_tokens / tokens_per_s
+    allreduce_s = 0.0
+    if instance_count > 1 and layout["data_parallel"] > 1:
+        bandwidth = instances.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
+        allreduce_s = 2.0 * (instance_count - 1) / instance_count * 4 * parameter_count(config) / bandwidth
+    step_s = max(compute_s, allreduce_s)
+    hours = tokens / (step_tokens / step_s) / 3600.0
+    on_demand = hours * instance_count * prices.on_demand_price(instance.name)
+    return collections.OrderedDict([
+        ("mfu", mfu), ("peak_flops_per_gpu", gpu.peak_flops[precision]), ("flops_per_token", flops),
+        ("pipeline_efficiency", efficiency), ("tokens_per_second", step_tokens / step_s),
+        ("step_seconds", step_s), ("compute_seconds", compute_s), ("allreduce_seconds", allreduce_s),
+        ("steps", int(math.ceil(tokens / float(step_tokens)))), ("hours", hours),
+        ("cost_on_demand_usd", on_demand), ("cost_spot_usd", on_demand * (1 - prices.SPOT_DISCOUNT)),
+    ])
+
+
+def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
+         precision="auto", recompute=False, xla=False, tokens=None, mfu=None, spot=False,
+         partitions=None, microbatches=None, pipeline="interleaved"):
+    """Everything `python -m lm.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
+    `global_batch` in sequences (default lm.job's), `tokens` the training budget (default 20 per
+    parameter); strategy "auto" picks the cheapest strategy that fits."""
+    config = resolve_config(model)
+    instance = instances.get_instance(instance_type)
+    if not isinstance(instance_count, int) or isinstance(instance_count, bool) or instance_count < 1:
+        raise ValueError("instance_count must be a positive integer, got %r" % (instance_count,))
+    if strategy != "auto" and strategy not in job.STRATEGIES:
+        raise _field_error("strategy", ("auto",) + job.STRATEGIES, strategy)
+    if pipeline not in SMP_PIPELINES:
+        raise _field_error("pipeline", SMP_PIPELINES, pipeline)
+    seq_len = config.block_size if not seq_len else seq_len
+    if seq_len > config.block_size:
+        raise ValueError("seq_len %d exceeds the model's block_size %d" % (seq_len, config.block_size))
+    global_batch = DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch
+    if global_batch < 1:
+        raise ValueError("global_batch must be at least 1 sequence, got %r" % (global_batch,))
+    if mfu is not None and not 0.0 < mfu <= 1.0:
+        raise ValueError("mfu must be in (0, 1], got %r" % (mfu,))
+    precision = resolve_precision(precision, instance)
+    params = parameter_count(config)
+    tokens = TOKENS_PER_PARAMETER * params if tokens is None else tokens
+
+    def one(name, recompute):
+        reason = cannot_run(name, instance_type, instance_count)
+        runnable = reason is None
+        if name == "smp" and reason is None and partitions and (partitions < 2 or instance.gpus % partitions):
+            reason = "partitions must be a divisor of the %d GPUs per host, at least 2; got %d" % (
+                instance.gpus, partitions)
+        if name == "smp" and reason is None:
+            layout = _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute,
+                                 xla, partitions, microbatches, pipeline)
+        else:
+            layout = _evaluate(config, instance, instance_count, name, global_batch, seq_len, precision,
+                               recompute, xla)
+        warnings = []
+        if reason is None and layout["per_replica_batch"] < 1:
+            reason = "global_batch %d is smaller than the data-parallel size %d" % (
+                global_batch, layout["data_parallel"])
+        elif reason is None and name == "smp" and layout["per_replica_batch"] % layout["microbatches"]:
+            reason = "the per-replica batch %d does not divide into %d microbatches" % (
+                layout["per_replica_batch"], layout["microbatches"])
+        if reason is None and not layout["fits"]:
+            reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
+                layout["memory"]["peak"] / GIB, instance_type, usable_bytes(instance) / GIB,
+                instance.gpu_memory_gib or instance.memory_gib, instance.gpu or "host memory")
+        if global_batch % layout["data_parallel"]:
+            warnings.append("global_batch %d is not a multiple of the data-parallel size %d: each step uses %d" % (
+                global_batch, layout["data_parallel"], layout["per_replica_batch"] * layout["data_parallel"]))
+        if name == "single" and instance.gpus > 1:
+            warnings.append("single uses 1 of the %d GPUs of %s" % (instance.gpus, instance_type))
+        timing = None
+        if layout["per_replica_batch"] >= 1:
+            timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
+                             tokens, mfu)
+        if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
+            needed = int(math.ceil(global_batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
+            warnings.append(
+                "global batch too small for %d data-parallel replicas on %d hosts: the all-reduce (%.2f s) "
+                "outlasts the compute (%.2f s) of a step; use a global batch of at least %d sequences" % (
+                    layout["data_parallel"], instance_count, timing["allreduce_seconds"],
+                    timing["compute_seconds"], needed))
+        result = collections.OrderedDict([("strategy", name), ("ok", reason is None), ("reason", reason),
+                                          ("runnable", runnable), ("recompute", recompute),
+                                          ("runtime", job.STRATEGY_RUNTIME[name])])
+        result.update((key, layout[key]) for key in ("gpus_used", "data_parallel", "per_replica_batch",
+                                                     "micro_batch", "fits"))
+        if name == "smp":
+            result["mp_parameters"] = collections.OrderedDict([
+                ("partitions", layout["partitions"]), ("microbatches", layout["microbatches"]),
+                ("pipeline", pipeline)])
+        result["memory_gib"] = collections.OrderedDict(
+            (key, value / GIB) for key, value in layout["memory"].items() if key != "params")
+        result["params_per_gpu"] = layout["memory"]["params"]
+        result["usable_gib"] = usable_bytes(instance) / GIB
+        result["time"] = timing
+        result["warnings"] = warnings
+        return result
+
+    candidates = [one(name, recompute) for name in job.STRATEGIES]
+    # What recomputation would make possible, so a suggestion can include it.
+    alternatives = [] if recompute else [one(name, True) for name in job.STRATEGIES]
+    suggestion = _cheapest(candidates) or _cheapest(alternatives)
+    if strategy == "auto":
+        # Nothing fits: show the runnable strategy closest to fitting, and why it does not fit.
+        runnable = [c for c in candidates if c["runnable"]]
+        chosen = suggestion or min(runnable or candidates, key=lambda c: c["memory_gib"]["peak"])
+    else:
+        chosen = next(c for c in candidates if c["strategy"] == strategy)
+    out = collections.OrderedDict([
+        ("model", collections.OrderedDict([
+            ("params", params), ("n_layer", config.n_layer), ("d_model", config.d_model),
+            ("n_head", config.n_head), ("vocab", config.padded_vocab_size),
+            ("flops_per_token", flops_per_token(config, seq_len)),
+            ("step_flops", step_flops(config, global_batch, seq_len, recompute))])),
+        ("instance", collections.OrderedDict([
+            ("type", instance_type), ("count", instance_count), ("gpus_per_host", instance.gpus),
+            ("gpu", instance.gpu), ("gpu_memory_gib", instance.gpu_memory_gib),
+            ("interconnect", instance.interconnect), ("network_gbps", instances.NETWORK_GBPS.get(instance_type)),
+            ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
+            ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])),
+        ("settings", collections.OrderedDict([
+            ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
+            ("precision", precision), ("recompute", recompute), ("xla", xla), ("tokens", tokens),
+            ("spot", spot)])),
+        ("chosen", chosen),
+        ("ok", chosen["ok"]),
+        ("suggested_strategy", suggestion["strategy"] if suggestion else None),
+        ("suggested_recompute", suggestion["recompute"] if suggestion else None),
+        ("suggested", suggestion),
+        ("fits_with_recompute", chosen["ok"] or any(
+            c["ok"] for c in alternatives if c["strategy"] == chosen["strategy"])),
+        ("candidates", candidates),
+    ])
+    return out
+
+
+def _cheapest(candidates):
+    fitting = [c for c in candidates if c["ok"] and c["time"] is not None]
+    if fitting:
+        return min(fitting, key=lambda c: (c["time"]["cost_on_demand_usd"], job.STRATEGIES.index(c["strategy"])))
+    ok = [c for c in candidates if c["ok"]]
+    return ok[0] if ok else None
+
+
+# ---- what the state machine and the execution output use ----
+
+Verdict = collections.namedtuple("Verdict", "ok reason suggested_strategy suggestion plan")
+
+
+def check(preset, instance_type, instance_count=1, strategy="auto", **settings):
+    """Can this run fit and run? A Verdict: ok, reason (None when ok), the cheapest strategy
+    that fits (None if none does), a one-line suggestion, and the full plan."""
+    result = plan(preset, instance_type, instance_count, strategy, **settings)
+    chosen, best = result["chosen"], result["suggested"]
+    suggested = best["strategy"] if best else None
+    if result["ok"]:
+        return Verdict(True, None, suggested, None, result)
+    reason = "%s on %d x %s: %s" % (chosen["strategy"], instance_count, instance_type, chosen["reason"])
+    if best is None:
+        hint = "no strategy fits on %s: use a GPU with more memory or a smaller global batch" % instance_type
+    else:
+        hints = []
+        if suggested != chosen["strategy"]:
+            hints.append("use strategy %s" % suggested)
+            if suggested == "smp":
+                hints[-1] += " with partitions=%(partitions)d, microbatches=%(microbatches)d" % best["mp_parameters"]
+        if best["recompute"] and not result["settings"]["recompute"]:
+            hints.append("set recompute=true")
+        hint = " and ".join(hints)
+    return Verdict(False, reason, suggested, hint, result)
+
+
+def gpu_instance_types():
+    return [name for name, instance in instances.INSTANCES.items() if instance.gpus]
+
+
+def feasibility_table(seq_len=TABLE_SEQ_LEN):
+    """One row per preset x GPU instance type x strategy: can the smallest possible run fit and
+    run (one instance, one sequence of `seq_len` tokens per data-parallel replica, precision
+    auto, recomputation allowed)? A combination that fails here fails for every batch size, so
+    the state machine can reject it before any job exists.
+
+    Row keys: preset, instance_type, strategy, ok, recompute_required (fits only with
+    recompute=true), reason (None when ok), suggested_strategy (when not ok: the cheapest
+    strategy that fits on this instance type, None when none does), suggestion (a sentence)."""
+    rows = []
+    for preset in PRESETS:
+        length = min(seq_len, get_preset(preset).block_size)
+        for instance_type in gpu_instance_types():
+            gpus = instances.get_instance(instance_type).gpus
+            for strategy in job.STRATEGIES:
+                # One sequence per replica: one per GPU under data parallelism (SMP searches its
+                # own partitions and microbatches for that batch).
+                batch = 1 if strategy == "single" else gpus
+                verdict = check(preset, instance_type, 1, strategy, global_batch=batch, seq_len=length)
+                fits_with_recompute = verdict.plan["fits_with_recompute"]
+                ok = verdict.ok or fits_with_recompute
+                best = verdict.plan["suggested"]
+                rows.append(collections.OrderedDict([
+                    ("preset", preset), ("instance_type", instance_type), ("strategy", strategy),
+                    ("ok", ok), ("recompute_required", not verdict.ok and fits_with_recompute),
+                    ("reason", None if ok else verdict.reason),
+                    ("suggested_strategy", None if ok or best is None else best["strategy"]),
+                    ("suggestion", None if ok else verdict.suggestion)]))
+    return rows
+
+
+def estimate(preset, instance_type, instance_count=1, strategy="auto", **settings):
+    """The plan's headline for the execution output: hours, on-demand and spot $, tokens/s."""
+    result = plan(preset, instance_type, instance_count, strategy, **settings)
+    timing = result["chosen"]["time"] or {}
+    return collections.OrderedDict([
+        ("strategy", result["chosen"]["strategy"]), ("ok", result["ok"]),
+        ("hours", timing.get("hours")), ("seconds", timing["hours"] * 3600 if timing else None),
+        ("billable_instance_seconds", timing["hours"] * 3600 * instance_count if timing else None),
+        ("cost_on_demand_usd", timing.get("cost_on_demand_usd")), ("cost_spot_usd", timing.get("cost_spot_usd")),
+        ("tokens_per_second", timing.get("tokens_per_second")), ("tokens", result["settings"]["tokens"]),
+        ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])
+
+
+# ---- CLI ----
+
+def parse_global_batch(text, seq_len):
+    """"64" is 64 sequences; "512K" or "1M" (a K/M suffix) is tokens, converted to sequences."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmM]?)\s*", str(text))
+    if not match:
+        raise ValueError("global batch must be sequences (64) or tokens with K/M (512K, 1M), got %r" % (text,))
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if not unit:
+        if not number.is_integer():
+            raise ValueError("global batch in sequences must be an integer, got %r" % (text,))
+        return int(number)
+    sequences = int(number * {"k": 2 ** 10, "m": 2 ** 20}[unit] // seq_len)
+    if sequences < 1:
+        raise ValueError("global batch %r is less than one sequence of %d tokens" % (text, seq_len))
+    return sequences
+
+
+def parse_tokens(text):
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*", str(text))
+    if not match:
+        raise ValueError("tokens must be a number with an optional K/M/B/T suffix, got %r" % (text,))
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
+def _gib(value):
+    return "%.2f" % value
+
+
+def format_table(result):
+    chosen = result["chosen"]
+    lines = ["model: %(params)d parameters, %(n_layer)d layers, d_model %(d_model)d, vocab %(vocab)d"
+             % result["model"]]
+    inst = result["instance"]
+    lines.append("instance: %d x %s (%d x %s %s GiB, %s, %s Gbit/s), $%s/h on demand (%s, %s)" % (
+        inst["count"], inst["type"], inst["gpus_per_host"], inst["gpu"], inst["gpu_memory_gib"],
+        inst["interconnect"], inst["network_gbps"], inst["on_demand_usd_per_hour"], inst["price_region"],
+        inst["price_date"]))
+    s = result["settings"]
+    lines.append("settings: global batch %d x %d tokens, %s, recompute %s, %d training tokens" % (
+        s["global_batch"], s["seq_len"], s["precision"], s["recompute"], s["tokens"]))
+    lines.append("")
+    header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+        "strategy", "ok", "weights", "grads", "optim", "acts", "acts_rc", "peak", "usable", "hours",
+        "on-demand$", "spot$")
+    lines.append(header)
+    lines.append("-" * len(header))
+    for c in result["candidates"]:
+        m, t = c["memory_gib"], c["time"] or {}
+        lines.append("%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+            c["strategy"], "yes" if c["ok"] else "no", _gib(m["weights"]), _gib(m["gradients"]),
+            _gib(m["optimizer"]), _gib(m["activations"]), _gib(m["activations_recompute"]), _gib(m["peak"]),
+            _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
+            "%.0f" % t["cost_on_demand_usd"] if t else "-", "%.0f" % t["cost_spot_usd"] if t else "-"))
+    lines.append("(GiB per GPU; acts_rc: activations with recomputation)")
+    lines.append("")
+    lines.append("chosen: %s%s" % (chosen["strategy"], "" if chosen["ok"] else " - CANNOT: %s" % chosen["reason"]))
+    if chosen.get("mp_parameters"):
+        lines.append("  mp_parameters: %s" % json.dumps(chosen["mp_parameters"]))
+    t = chosen["time"]
+    if t:
+        cost = t["cost_spot_usd"] if s["spot"] else t["cost_on_demand_usd"]
+        lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%.0f %s" % (
+            t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], cost,
+            "spot" if s["spot"] else "on demand"))
+    if result["suggested_strategy"] and result["suggested_strategy"] != chosen["strategy"]:
+        lines.append("  suggested strategy: %s" % result["suggested_strategy"])
+    if not chosen["ok"] and result["fits_with_recompute"]:
+        lines.append("  fits with recompute=true")
+    for warning in chosen["warnings"]:
+        lines.append("  warning: %s" % warning)
+    return "\n".join(lines)
+
+
+def chart(model, instance_type, path, strategy="auto", counts=None, **settings):
+    """PNG of training hours and cost (on demand and spot) against instance count, each point
+    labelled with its strategy. Returns the points: (count, hours, on-demand $, spot $, label)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    counts = counts or [1, 2, 4, 8, 16, 32]
+    points = []
+    for count in counts:
+        if strategy == "single" and count > 1:
+            break
+        chosen = plan(model, instance_type, count, strategy, **settings)["chosen"]
+        timing = chosen["time"]
+        if timing:
+            points.append((count, timing["hours"], timing["cost_on_demand_usd"], timing["cost_spot_usd"],
+                           chosen["strategy"] + ("" if chosen["ok"] else " (does not fit)")))
+    if not points:
+        raise ValueError("no time estimate for %s (an instance type without GPUs?)" % instance_type)
+    xs = [p[0] for p in points]
+    figure, hours_axis = pyplot.subplots(figsize=(7, 4.5))
+    hours_axis.plot(xs, [p[1] for p in points], "o-", color="tab:blue", label="hours")
+    hours_axis.set_xlabel("instance count (%s)" % instance_type)
+    hours_axis.set_ylabel("training hours", color="tab:blue")
+    hours_axis.set_xscale("log", base=2)
+    hours_axis.set_xticks(xs)
+    hours_axis.set_xticklabels([str(x) for x in xs])
+    for count, hours, _, _, label in points:
+        hours_axis.annotate(label, (count, hours), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    cost_axis = hours_axis.twinx()
+    cost_axis.plot(xs, [p[2] for p in points], "s-", color="tab:red", label="on-demand $")
+    cost_axis.plot(xs, [p[3] for p in points], "s--", color="tab:orange", label="spot $")
+    cost_axis.set_ylabel("cost, USD (%s, %s)" % (prices.PRICE_REGION, prices.PRICE_DATE), color="tab:red")
+    cost_axis.legend(loc="upper right")
+    name = model if isinstance(model, str) else "custom model"
+    hours_axis.set_title("%s: time and cost against instance count" % name)
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=100)
+    pyplot.close(figure)
+    return points
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m lm.plan", description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(PRESETS))
+    parser.add_argument("--config", default=None, help="a GPTConfig as JSON (instead of --preset)")
+    parser.add_argument("--instance-type", required=True, help="one of: %s" % ", ".join(instances.INSTANCES))
+    parser.add_argument("--instance-count", type=int, default=1)
+    parser.add_argument("--tokens", default=None, help="training tokens (e.g. 26B); default 20 per parameter")
+    parser.add_argument("--seq-len", type=int, default=0, help="default: the model's block size")
+    parser.add_argument("--global-batch", default=str(DEFAULT_GLOBAL_BATCH),
+                        help="sequences (64) or tokens with a K/M suffix (512K, 1M)")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS)
+    parser.add_argument("--strategy", default="auto", choices=("auto",) + job.STRATEGIES)
+    parser.add_argument("--recompute", action="store_true", help="recompute activations in the backward pass")
+    parser.add_argument("--xla", action="store_true", help="count activations as XLA-fused (less memory)")
+    parser.add_argument("--partitions", type=int, default=None, help="SMP partitions (default: searched)")
+    parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
+    parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
+    parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if bool(args.preset) == bool(args.config):
+            raise ValueError("give exactly one of --preset or --config")
+        model = args.preset if args.preset else GPTConfig.from_dict(json.loads(args.config))
+        config = resolve_config(model)
+        seq_len = args.seq_len or config.block_size
+        settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
+                        precision=args.precision, recompute=args.recompute, xla=args.xla,
+                        tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
+                        partitions=args.partitions, microbatches=args.microbatches)
+        result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
+        if args.chart:
+            chart(model, args.instance_type, args.chart, args.strategy, **settings)
+            result["chart"] = args.chart
+    except ValueError as error:
+        parser.error(str(error))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
