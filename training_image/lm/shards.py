@@ -59,6 +59,8 @@ class Manifest:
     # input file -> {"documents", "tokens", "text_bytes", "rejected": {kind: count}}
     inputs: Dict[str, dict] = dataclasses.field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    # how `lm.prepare` made it: records_per_shard, val_fraction, complete, part (see there)
+    prepare: Dict[str, object] = dataclasses.field(default_factory=dict)
 
     @property
     def record_bytes(self):
