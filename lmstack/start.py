@@ -1,0 +1,332 @@
+"""`python -m lmstack.start`: start a training run on the deployed state machine.
+
+With your own AWS credentials (boto3's default chain: environment, profile, SSO, instance
+role; `--profile` picks a named profile) it reads the state machine ARN from the stack's
+CloudFormation outputs, builds the execution input from a preset and flags, checks it
+locally against the state machine's own input schema (`stacks.state_machine.inputs`, made
+from the `lm.job` tables) so a mistake starts nothing, starts the execution, prints its
+console URL and, with `--watch`, follows
+it with a one-line status until it ends. Exit status 0 only when the execution succeeded
+(or, without `--watch`, was started).
+
+    python -m lmstack.start --preset gpt-125m --instance-type ml.g5.2xlarge --hp max_steps=200 --watch
+"""
+import argparse
+import collections
+import datetime
+import json
+import os
+import re
+import sys
+import time
+import uuid
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lm.config import ALL_PRESETS
+from lm.job import (HYPERPARAMETERS, PREPARE_RUNTIME, SERVING_RUNTIME, STRATEGIES, STRATEGY_INSTANCE_TYPES,
+                    STRATEGY_RUNTIME, validate_hyperparameters)
+from stacks.config import CONTEXT_KEY, Settings, SettingsError
+from stacks.state_machine import inputs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATE_MACHINE_OUTPUT = "StateMachineArn"
+# Step Functions execution names: 1-80 characters; letters, digits, '-' and '_' keep the
+# names of the jobs derived from it valid too.
+EXECUTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
+FINAL_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+
+
+class StartError(Exception):
+    """A problem the user can fix; the message says which flag or resource."""
+
+
+# ---- the execution input ----
+
+def parse_hyperparameter(item):
+    """`key=value` with the value JSON-decoded (`max_steps=200`, `xla=false`), else kept as a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise StartError("--hp expects key=value, got %r" % item)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def build_input(args):
+    """The execution input: `--input` overlaid with the flags that were given; the state machine
+    fills in the rest from its defaults."""
+    try:
+        execution_input = json.loads(args.input, object_pairs_hook=collections.OrderedDict) if args.input else {}
+    except ValueError as error:
+        raise StartError("--input is not valid JSON: %s" % error)
+    if not isinstance(execution_input, dict):
+        raise StartError("--input must be a JSON object, got %s" % args.input)
+    for key, value in (("preset", args.preset), ("strategy", args.strategy), ("instance_type", args.instance_type),
+                       ("instance_count", args.instance_count), ("max_runtime_seconds", args.max_runtime),
+                       ("spot", args.spot), ("data_directory", args.dataset), ("min_quality", args.min_quality)):
+        if value is not None:
+            execution_input[key] = value
+    if args.hp:
+        hyperparameters = execution_input.setdefault("hyperparameters", collections.OrderedDict())
+        if not isinstance(hyperparameters, dict):
+            raise StartError("--input: hyperparameters must be a JSON object")
+        hyperparameters.update(parse_hyperparameter(item) for item in args.hp)
+    for stage, enabled, extra in (("prepare", args.prepare, {}),
+                                  ("deploy", args.deploy, {"endpoint_name": args.endpoint_name})):
+        extra = {key: value for key, value in extra.items() if value is not None}
+        if enabled or extra:
+            section = execution_input.setdefault(stage, collections.OrderedDict())
+            if not isinstance(section, dict):
+                raise StartError("--input: %s must be a JSON object" % stage)
+            if enabled:
+                section["enabled"] = True
+            section.update(extra)
+    return execution_input
+
+
+def _check_value(field, value, label):
+    if field.type is dict:
+        if not isinstance(value, dict):
+            raise StartError("%s must be a JSON object, got %s" % (label, json.dumps(value)))
+        _check_object(field.fields, value, label + ".")
+    elif value is None and field.nullable:
+        return
+    elif field.type is bool:
+        if not isinstance(value, bool):
+            raise StartError("%s must be true or false, got %s" % (label, json.dumps(value)))
+    elif field.type is str:
+        if not isinstance(value, str):
+            raise StartError("%s must be a string, got %s" % (label, json.dumps(value)))
+        if field.choices and value not in field.choices:
+            raise StartError("%s must be one of %s, got %r" % (label, ", ".join(field.choices), value))
+        if field.prefix and not value.startswith(field.prefix):
+            raise StartError("%s must start with %s, got %r" % (label, field.prefix, value))
+    else:
+        kind = "an integer" if field.type is int else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                field.type is int and not float(value).is_integer()):
+            raise StartError("%s must be %s, got %s" % (label, kind, json.dumps(value)))
+        if (field.minimum is not None and value < field.minimum) or (
+                field.maximum is not None and value > field.maximum):
+            raise StartError("%s must be %s, got %s" % (label, _bounds(field), json.dumps(value)))
+
+
+def _bounds(field):
+    if field.maximum is None:
+        return "at least %s" % field.minimum
+    if field.minimum is None:
+        return "at most %s" % field.maximum
+    return "between %s and %s" % (field.minimum, field.maximum)
+
+
+def _check_object(fields, value, prefix=""):
+    known = collections.OrderedDict((field.name, field) for field in fields)
+    unknown = [name for name in value if name not in known]
+    if unknown:
+        raise StartError("unknown field %s; allowed%s: %s" % (
+            ", ".join(prefix + name for name in unknown), " in " + prefix[:-1] if prefix else "", ", ".join(known)))
+    for name, item in value.items():
+        _check_value(known[name], item, prefix + name)
+
+
+def _defaults(fields):
+    return collections.OrderedDict(
+        (field.name, _defaults(field.fields) if field.type is dict else field.default) for field in fields)
+
+
+def _merged(defaults, given):
+    merged = collections.OrderedDict(defaults)
+    for key, value in given.items():
+        merged[key] = _merged(defaults[key], value) if isinstance(defaults.get(key), dict) else value
+    return merged
+
+
+def validate_input(execution_input, settings):
+    """Raise StartError naming the first bad field. The fields, types, bounds and choices are the
+    state machine's own schema (`stacks.state_machine.inputs`, generated from `lm.job`); the rules
+    between fields are checked with `lm.job` as its validation states do."""
+    fields = inputs.schema(settings)
+    _check_object(fields, execution_input)
+    config = _merged(_defaults(fields), execution_input)
+    strategy, instance_type = config["strategy"], config["instance_type"]
+    try:
+        validate_hyperparameters(dict(execution_input.get("hyperparameters", {}), preset=config["preset"],
+                                      strategy=strategy))
+    except ValueError as error:
+        raise StartError(str(error))
+    runtime = STRATEGY_RUNTIME[strategy]
+    if runtime not in settings.runtimes:
+        raise StartError("strategy %s needs the %s image, which this deployment does not build (runtimes: %s)"
+                         % (strategy, runtime, ", ".join(settings.runtimes)))
+    allowed = STRATEGY_INSTANCE_TYPES.get(strategy)
+    if allowed and instance_type not in allowed:
+        raise StartError("strategy %s runs only on instance_type %s, got %s" % (strategy, ", ".join(allowed),
+                                                                               instance_type))
+    if strategy == "single" and config["instance_count"] > 1:
+        raise StartError("strategy single runs on one instance: set instance_count to 1 or choose one of %s"
+                         % ", ".join(name for name in STRATEGIES if name != "single"))
+    for stage, stage_runtime in (("deploy", SERVING_RUNTIME), ("prepare", PREPARE_RUNTIME)):
+        if config[stage]["enabled"] and stage_runtime not in settings.runtimes:
+            raise StartError("%s needs the %s image, which this deployment does not build (runtimes: %s)"
+                             % (stage, stage_runtime, ", ".join(settings.runtimes)))
+
+
+def execution_name(given, execution_input, now):
+    if given is not None:
+        if not EXECUTION_NAME.match(given):
+            raise StartError("--name must be 1-80 letters, digits, '-' or '_', starting with a letter or digit; "
+                             "got %r" % given)
+        return given
+    preset = re.sub(r"[^A-Za-z0-9]+", "-", str(execution_input.get("preset", "run")))
+    return "%s-%s-%s" % (preset, now.strftime("%Y%m%d-%H%M%S"), uuid.uuid4().hex[:6])
+
+
+# ---- AWS ----
+
+def load_settings(cdk_json):
+    """The app's settings as `cdk deploy` saw them: the `lmstack` context of cdk.json (defaults if absent)."""
+    try:
+        with open(cdk_json) as handle:
+            context = json.load(handle).get("context", {})
+    except FileNotFoundError:
+        context = {}
+    except (OSError, ValueError) as error:
+        raise StartError("cannot read %s: %s" % (cdk_json, error))
+    try:
+        return Settings.from_context({key: value for key, value in context.items()
+                                      if key == CONTEXT_KEY or key.startswith(CONTEXT_KEY + ":")})
+    except SettingsError as error:
+        raise StartError("%s: %s" % (cdk_json, error))
+
+
+def state_machine_arn(cloudformation, stack_name):
+    try:
+        stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as error:
+        raise StartError("cannot read stack %r: %s (deploy it with `npx cdk deploy --all`, or pass --stack-name)"
+                         % (stack_name, error.response["Error"].get("Message", error)))
+    outputs = {output["OutputKey"]: output["OutputValue"] for output in stacks[0].get("Outputs", [])}
+    if STATE_MACHINE_OUTPUT not in outputs:
+        raise StartError("stack %r has no output %s; its outputs: %s"
+                         % (stack_name, STATE_MACHINE_OUTPUT, ", ".join(sorted(outputs)) or "none"))
+    return outputs[STATE_MACHINE_OUTPUT]
+
+
+def console_url(execution_arn):
+    region = execution_arn.split(":")[3]
+    return "https://%s.console.aws.amazon.com/states/home?region=%s#/v2/executions/details/%s" % (
+        region, region, execution_arn)
+
+
+def current_state(stepfunctions, execution_arn):
+    """The state the execution entered last, from the newest page of its history (by event id,
+    whatever order the page comes in)."""
+    events = stepfunctions.get_execution_history(
+        executionArn=execution_arn, reverseOrder=True, maxResults=100)["events"]
+    entered = [event for event in events if "stateEnteredEventDetails" in event]
+    if not entered:
+        return None
+    return max(entered, key=lambda event: event["id"])["stateEnteredEventDetails"]["name"]
+
+
+def _elapsed(seconds):
+    seconds = int(max(0, seconds))
+    return "%d:%02d:%02d" % (seconds // 3600, seconds % 3600 // 60, seconds % 60)
+
+
+def watch(stepfunctions, execution_arn, poll_seconds, out, sleep=time.sleep):
+    """Print one status line per poll until the execution ends; return its describe result."""
+    line_end = "\r" if out.isatty() else "\n"
+    previous = None
+    while True:
+        execution = stepfunctions.describe_execution(executionArn=execution_arn)
+        status = execution["status"]
+        end = execution.get("stopDate") or datetime.datetime.now(datetime.timezone.utc)
+        line = "%-9s %-40s elapsed %s" % (status, current_state(stepfunctions, execution_arn) or "-",
+                                          _elapsed((end - execution["startDate"]).total_seconds()))
+        if line != previous:
+            out.write(line.ljust(len(previous or "")) + line_end)
+            out.flush()
+            previous = line
+        if status in FINAL_STATUSES:
+            if line_end == "\r":
+                out.write("\n")
+            return execution
+        sleep(poll_seconds)
+
+
+def report_end(execution, out):
+    if execution["status"] == "SUCCEEDED":
+        out.write("output: %s\n" % execution.get("output", "{}"))
+    else:
+        out.write("%s: %s\n%s\n" % (execution["status"], execution.get("error", ""), execution.get("cause", "")))
+
+
+# ---- command line ----
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m lmstack.start", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cdk-json", default=os.path.join(ROOT, "cdk.json"),
+                        help="the app's cdk.json, for the stack name, region and defaults it was deployed with")
+    parser.add_argument("--stack-name", help="CloudFormation stack (default: name_prefix in cdk.json)")
+    parser.add_argument("--region", help="AWS region (default: region in cdk.json)")
+    parser.add_argument("--profile", help="named AWS profile (default: boto3's credential chain)")
+    parser.add_argument("--input", metavar="JSON", help="a whole or partial execution input; flags override it")
+    parser.add_argument("--preset", help="model shape: %s" % ", ".join(ALL_PRESETS))
+    parser.add_argument("--strategy", help="distribution strategy: %s" % ", ".join(STRATEGIES))
+    parser.add_argument("--instance-type", help="SageMaker instance type, e.g. ml.p4d.24xlarge")
+    parser.add_argument("--instance-count", type=int)
+    parser.add_argument("--max-runtime", type=int, help="seconds before SageMaker stops the job")
+    parser.add_argument("--spot", action="store_true", default=None, help="managed spot training")
+    parser.add_argument("--dataset", help="dataset directory on the EFS file system")
+    parser.add_argument("--hp", action="append", metavar="KEY=VALUE",
+                        help="a training hyperparameter, value JSON-decoded; repeatable; names: %s"
+                             % ", ".join(name for name in HYPERPARAMETERS if name not in ("preset", "strategy")))
+    parser.add_argument("--prepare", action="store_true", default=None,
+                        help="prepare the dataset first (skipped when it exists)")
+    parser.add_argument("--deploy", action="store_true", default=None, help="deploy an endpoint after training")
+    parser.add_argument("--endpoint-name", help="endpoint name after '<name_prefix>-' (an existing one is updated)")
+    parser.add_argument("--min-quality", type=float, help="deploy only if the final validation loss is at most this")
+    parser.add_argument("--name", help="execution name (default: generated)")
+    parser.add_argument("--watch", action="store_true", help="follow the execution until it ends")
+    parser.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between status polls")
+    parser.add_argument("--dry-run", action="store_true", help="print the input and start nothing")
+    return parser.parse_args(argv)
+
+
+def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = load_settings(args.cdk_json)
+        execution_input = build_input(args)
+        validate_input(execution_input, settings)
+        name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
+        if args.dry_run:
+            out.write(json.dumps(execution_input, indent=2) + "\n")
+            return 0
+        if session is None:
+            import boto3
+            session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
+        arn = state_machine_arn(session.client("cloudformation"), args.stack_name or settings.name_prefix)
+        stepfunctions = session.client("stepfunctions")
+        started = stepfunctions.start_execution(stateMachineArn=arn, name=name, input=json.dumps(execution_input))
+    except StartError as error:
+        sys.stderr.write("error: %s\n" % error)
+        return 2
+    except (BotoCoreError, ClientError) as error:
+        sys.stderr.write("error: AWS refused: %s\n" % error)
+        return 2
+    execution_arn = started["executionArn"]
+    out.write("started %s\ninput: %s\nconsole: %s\n" % (name, json.dumps(execution_input), console_url(execution_arn)))
+    if not args.watch:
+        return 0
+    execution = watch(stepfunctions, execution_arn, args.poll_seconds, out, sleep=sleep)
+    report_end(execution, out)
+    return 0 if execution["status"] == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

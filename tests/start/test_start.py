@@ -1,0 +1,253 @@
+"""`python -m lmstack.start` against moto: a CloudFormation stack whose outputs name a Step
+Functions state machine, both created in moto, the machine executed by moto's engine."""
+import io
+import json
+import time
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from lmstack import start
+from stacks.config import Settings
+
+REGION = "us-east-1"
+ROLE = "arn:aws:iam::123456789012:role/lmstack-states"
+# The stack only has to carry the output; the machine itself is created with the Step
+# Functions API (moto executes only machines made that way).
+STACK_TEMPLATE = {
+    "Parameters": {"Arn": {"Type": "String"}},
+    "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+    "Outputs": {"StateMachineArn": {"Value": {"Ref": "Arn"}}, "ArtifactBucket": {"Value": "lmstack-artifacts"}},
+}
+
+
+def _definition(last_state, wait_seconds):
+    return json.dumps({"StartAt": "ValidateInput", "States": {
+        "ValidateInput": {"Type": "Pass", "Next": "MonitorTraining"},
+        "MonitorTraining": {"Type": "Wait", "Seconds": wait_seconds, "Next": last_state["Name"]},
+        last_state["Name"]: last_state["State"],
+    }})
+
+
+SUCCEEDS = {"Name": "Done", "State": {"Type": "Pass", "Result": {"model": "s3://bucket/model.tar.gz"}, "End": True}}
+FAILS = {"Name": "TrainingFailed", "State": {"Type": "Fail", "Error": "TrainingJobFailed",
+                                             "Cause": "CUDA out of memory"}}
+
+
+@pytest.fixture
+def aws():
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        yield boto3.Session(region_name=REGION)
+
+
+def deploy_stack(session, last_state=SUCCEEDS, stack_name="lmstack", outputs=True, wait_seconds=1):
+    arn = session.client("stepfunctions").create_state_machine(
+        name="%s-training" % stack_name, definition=_definition(last_state, wait_seconds),
+        roleArn=ROLE)["stateMachineArn"]
+    template = dict(STACK_TEMPLATE)
+    if not outputs:
+        template["Outputs"] = {"ArtifactBucket": STACK_TEMPLATE["Outputs"]["ArtifactBucket"]}
+    session.client("cloudformation").create_stack(
+        StackName=stack_name, TemplateBody=json.dumps(template),
+        Parameters=[{"ParameterKey": "Arn", "ParameterValue": arn}])
+    return arn
+
+
+@pytest.fixture(autouse=True)
+def cdk_json(tmp_path, monkeypatch):
+    """The app settings the stack was deployed with (a cdk.json of our own, not the repo's)."""
+    path = tmp_path / "cdk.json"
+    path.write_text(json.dumps({"app": "python app.py", "context": {"lmstack": {
+        "name_prefix": "lmstack", "region": REGION, "runtimes": ["tf211", "tfcurrent"]}}}))
+    monkeypatch.setattr(start, "ROOT", str(tmp_path))
+    return path
+
+
+def run(session, argv):
+    out = io.StringIO()
+    code = start.main(argv, session=session, out=out)
+    return code, out.getvalue()
+
+
+def executions(session, arn):
+    return session.client("stepfunctions").list_executions(stateMachineArn=arn)["executions"]
+
+
+FULL_FLAGS = ["--preset", "gpt-125m", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
+              "--instance-count", "2", "--max-runtime", "7200", "--spot", "--dataset", "/datasets/pile",
+              "--hp", "max_steps=50", "--hp", "learning_rate=0.0003", "--hp", "xla=false",
+              "--hp", "precision=fp16", "--prepare", "--deploy", "--endpoint-name", "gpt-small",
+              "--min-quality", "3.5"]
+
+
+def test_started_execution_carries_the_input_built_from_the_flags(aws):
+    arn = deploy_stack(aws)
+    code, out = run(aws, FULL_FLAGS + ["--name", "smoke-1"])
+    assert code == 0, out
+    [execution] = executions(aws, arn)
+    assert execution["name"] == "smoke-1"
+    described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
+    assert json.loads(described["input"]) == {
+        "preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2,
+        "max_runtime_seconds": 7200, "spot": True, "data_directory": "/datasets/pile", "min_quality": 3.5,
+        "hyperparameters": {"max_steps": 50, "learning_rate": 0.0003, "xla": False, "precision": "fp16"},
+        "prepare": {"enabled": True}, "deploy": {"enabled": True, "endpoint_name": "gpt-small"},
+    }
+    assert start.console_url(execution["executionArn"]) in out
+    assert "region=us-east-1#/v2/executions/details/" + execution["executionArn"] in out
+
+
+def test_flags_override_a_given_input(aws):
+    arn = deploy_stack(aws)
+    given = {"preset": "tiny", "strategy": "smddp", "instance_type": "ml.p4d.24xlarge", "instance_count": 4,
+             "hyperparameters": {"max_steps": 10}}
+    assert run(aws, ["--input", json.dumps(given), "--preset", "gpt-1.3b", "--hp", "seed=3"])[0] == 0
+    [execution] = executions(aws, arn)
+    described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
+    assert json.loads(described["input"]) == dict(given, preset="gpt-1.3b", hyperparameters={"max_steps": 10, "seed": 3})
+
+
+def test_the_example_input_of_the_state_machine_passes():
+    from stacks.state_machine import EXAMPLE_INPUT
+
+    start.validate_input(EXAMPLE_INPUT, Settings())
+
+
+def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
+    arn = deploy_stack(aws)
+    assert run(aws, ["--preset", "tiny"])[0] == 0
+    [execution] = executions(aws, arn)
+    described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
+    assert json.loads(described["input"]) == {"preset": "tiny"}
+    assert execution["name"].startswith("tiny-")
+    assert start.EXECUTION_NAME.match(execution["name"])
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--hp", "nonsense=1"], "hyperparameters.nonsense"),
+    (["--hp", "max_steps=0"], "hyperparameters.max_steps must be between 1"),
+    (["--hp", "max_steps=2.5"], "hyperparameters.max_steps must be an integer"),
+    (["--hp", "xla=maybe"], "hyperparameters.xla must be true or false"),
+    (["--hp", "max_steps"], "--hp expects key=value"),
+    (["--hp", "preset=tiny"], "hyperparameters.preset"),
+    (["--preset", "gpt-9000"], "preset must be one of"),
+    (["--preset", "rnn-tiny"], "not a preset of model gpt"),
+    (["--strategy", "zero3"], "strategy must be one of"),
+    (["--instance-type", "ml.x1.huge"], "instance_type must be one of"),
+    (["--strategy", "smddp", "--instance-type", "ml.g5.2xlarge"], "strategy smddp runs only on instance_type"),
+    (["--strategy", "smp", "--instance-type", "ml.p4d.24xlarge"], "needs the tf26 image"),
+    (["--strategy", "single", "--instance-count", "2"], "strategy single runs on one instance"),
+    (["--instance-count", "0"], "instance_count must be between 1"),
+    (["--max-runtime", "0"], "max_runtime_seconds must be between 1"),
+    (["--min-quality", "-1"], "min_quality must be at least 0"),
+    (["--dataset", "datasets"], "data_directory must start with /"),
+    (["--input", '{"deploy": {"enabled": true, "size": 3}}'], "deploy.size"),
+    (["--input", '{"prepare": true}'], "prepare must be a JSON object"),
+    (["--input", "[1]"], "--input must be a JSON object"),
+    (["--input", "{bad"], "--input is not valid JSON"),
+    (["--name", "has spaces"], "--name"),
+])
+def test_invalid_input_names_the_field_and_starts_nothing(aws, capsys, flags, named):
+    arn = deploy_stack(aws)
+    code, out = run(aws, flags)
+    assert code == 2
+    assert named in capsys.readouterr().err
+    assert executions(aws, arn) == []
+    assert "started" not in out
+
+
+def test_missing_stack_is_a_clear_error(aws, capsys):
+    code, _ = run(aws, ["--stack-name", "nowhere"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "cdk deploy" in err
+
+
+def test_stack_without_the_output_lists_what_it_has(aws, capsys):
+    deploy_stack(aws, outputs=False)
+    code, _ = run(aws, [])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "StateMachineArn" in err and "ArtifactBucket" in err
+
+
+def test_stack_name_and_region_come_from_cdk_json(aws, cdk_json):
+    cdk_json.write_text(json.dumps({"context": {"lmstack": {"name_prefix": "team-a", "region": "us-west-2"}}}))
+    west = boto3.Session(region_name="us-west-2")
+    arn = deploy_stack(west, stack_name="team-a")
+    assert run(west, ["--preset", "tiny"])[0] == 0
+    assert len(executions(west, arn)) == 1
+    settings = start.load_settings(str(cdk_json))
+    assert (settings.name_prefix, settings.region) == ("team-a", "us-west-2")
+
+
+def test_a_bad_cdk_json_is_a_clear_error(aws, cdk_json, capsys):
+    cdk_json.write_text(json.dumps({"context": {"lmstack": {"runtimes": ["tf99"]}}}))
+    assert run(aws, ["--preset", "tiny"])[0] == 2
+    assert "runtimes" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_input_and_calls_nothing(capsys):
+    class NoAws(object):
+        def client(self, name):
+            raise AssertionError("a dry run must not call AWS")
+
+    out = io.StringIO()
+    assert start.main(["--preset", "tiny", "--hp", "max_steps=5", "--dry-run"], session=NoAws(), out=out) == 0
+    assert json.loads(out.getvalue()) == {"preset": "tiny", "hyperparameters": {"max_steps": 5}}
+
+
+def test_watch_follows_the_states_until_success(aws):
+    deploy_stack(aws, SUCCEEDS)
+    code, out = run(aws, ["--preset", "tiny", "--watch", "--poll-seconds", "0.05"])
+    assert code == 0, out
+    lines = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in
+             ("RUNNING", "SUCCEEDED")]
+    assert lines[-1][0] == "SUCCEEDED" and lines[-1][1] == "Done"
+    # Which states a poll catches depends on timing; whatever it caught comes in definition order.
+    order = ["-", "ValidateInput", "MonitorTraining", "Done"]
+    seen = [order.index(line[1]) for line in lines]
+    assert seen == sorted(seen)
+    assert all(line[2] == "elapsed" and line[3].count(":") == 2 for line in lines)
+    assert 's3://bucket/model.tar.gz' in out
+
+
+def test_watch_shows_the_state_the_execution_is_in_and_an_abort(aws):
+    arn = deploy_stack(aws, {"Name": "Done", "State": {"Type": "Succeed"}}, wait_seconds=3600)
+    stepfunctions = aws.client("stepfunctions")
+    execution_arn = stepfunctions.start_execution(stateMachineArn=arn, name="long", input="{}")["executionArn"]
+    for _ in range(600):  # moto's engine runs the execution in a thread: wait until it is in the Wait state
+        if start.current_state(stepfunctions, execution_arn) == "MonitorTraining":
+            break
+        time.sleep(0.05)
+    out = io.StringIO()
+    start.watch(stepfunctions, execution_arn, 0.05, out, sleep=lambda seconds: stepfunctions.stop_execution(
+        executionArn=execution_arn, error="Stopped", cause="stopped by the test"))
+    lines = [line.split() for line in out.getvalue().splitlines()]
+    assert [line[:2] for line in lines] == [["RUNNING", "MonitorTraining"], ["ABORTED", "MonitorTraining"]]
+
+
+def test_watch_exits_non_zero_with_the_failure_cause(aws):
+    deploy_stack(aws, FAILS)
+    code, out = run(aws, ["--preset", "tiny", "--watch", "--poll-seconds", "0.05"])
+    assert code == 1
+    last = [line for line in out.splitlines() if line.startswith("FAILED ")][-1]
+    assert last.split()[1] == "TrainingFailed"
+    assert "TrainingJobFailed" in out and "CUDA out of memory" in out
+
+
+def test_status_line_rewrites_itself_on_a_terminal(aws):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    deploy_stack(aws, SUCCEEDS)
+    execution_arn = aws.client("stepfunctions").start_execution(
+        stateMachineArn=start.state_machine_arn(aws.client("cloudformation"), "lmstack"), name="tty",
+        input="{}")["executionArn"]
+    out = Terminal()
+    result = start.watch(aws.client("stepfunctions"), execution_arn, 0.05, out)
+    assert result["status"] == "SUCCEEDED"
+    text = out.getvalue()
+    assert "\r" in text and text.endswith("\n") and text.count("\n") == 1
