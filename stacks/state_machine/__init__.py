@@ -1,0 +1,38 @@
+"""The Step Functions definitions (Amazon States Language, JSONPath) as plain JSON documents.
+
+Pure Python, no CDK: the CDK app passes the documents to `DefinitionBody.from_string` with
+`definition_substitutions`; the tests execute the very same documents on moto's engine.
+
+- `build_training_definition(settings)`: the main (Standard) machine: validate the input
+  and apply defaults, [prepare], train (create + monitor loop), [deploy].
+- `build_stop_definition(settings)`: started by an EventBridge rule on the main machine's
+  ABORTED / TIMED_OUT status change; stops that execution's running jobs.
+- `training_substitutions(settings)` / `stop_substitutions(settings)`: every `${Name}`
+  placeholder each definition uses (fixed names in TRAINING_SUBSTITUTIONS /
+  STOP_SUBSTITUTIONS, plus `Subnet<i>` for i < az_count and `Image_<runtime>` per enabled
+  runtime). `render(definition, values)` fills them (tests; the CDK does it at deploy).
+- `EXAMPLE_INPUT`: a small execution input.
+- `REQUIRED_ACTIONS`: the IAM actions each definition calls and the resource each targets.
+"""
+from stacks.state_machine.names import (
+    REQUIRED_ACTIONS,
+    STOP_SUBSTITUTIONS,
+    TRAINING_SUBSTITUTIONS,
+    render,
+    stop_substitutions,
+    training_substitutions,
+)
+from stacks.state_machine.training import EXAMPLE_INPUT, build_training_definition
+from stacks.state_machine.stop import build_stop_definition
+
+__all__ = [
+    "EXAMPLE_INPUT",
+    "REQUIRED_ACTIONS",
+    "STOP_SUBSTITUTIONS",
+    "TRAINING_SUBSTITUTIONS",
+    "build_stop_definition",
+    "build_training_definition",
+    "render",
+    "stop_substitutions",
+    "training_substitutions",
+]

@@ -1,0 +1,141 @@
+"""The optional deploy stage: quality gate, model, endpoint config, create or update, wait.
+
+- Gate: with `min_quality` set, deploy only when the job's final `validation:loss` (from
+  DescribeTrainingJob FinalMetricDataList) is at most that; otherwise the execution
+  succeeds with `deploy.skipped` saying why (a job that reported no validation loss fails the
+  gate too).
+- Names: model and endpoint config `<prefix>-<md5 of the execution ARN>` (one per
+  execution), endpoint `<prefix>-<deploy.endpoint_name>`. An endpoint that exists (and is
+  not failed) is updated to the new config, otherwise created.
+- Wait: DescribeEndpoint every POLL_SECONDS, at most MAX_POLLS times, until InService with
+  our config (an update that rolled back is InService with the old config: a failure), or
+  Failed; failures carry FailureReason, are notified and fail the execution.
+"""
+import collections
+
+from lm import job
+from stacks.state_machine import asl
+from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
+from stacks.state_machine.names import image_placeholder
+
+POLL_SECONDS = 60
+MAX_POLLS = 120
+VARIANT_NAME = "AllTraffic"
+MODEL_SERVER_WORKERS = "2"
+NOT_FOUND_PATTERN = "*Could not find endpoint*"
+
+
+def states(settings, first, next_state):
+    """Entered at `first`; leaves `$.deploy_result` and goes to `next_state`."""
+    d = "Deploy"
+    result = collections.OrderedDict()
+    names = "$.deploy"
+    failure = d + ".Failure"
+    catch = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.deploy_error", "Next": d + ".CallFailed"}]
+
+    result[first] = asl.choice([
+        asl.rule({"Variable": "$.config.deploy.enabled", "BooleanEquals": False}, d + ".NotEnabled"),
+        asl.rule({"Variable": "$.config.min_quality", "IsNull": True}, d + ".Names"),
+    ], d + ".Gate")
+    result[d + ".NotEnabled"] = asl.pass_state(next_state, result={"skipped": "deploy.enabled is false"},
+                                               result_path="$.deploy_result")
+    result[d + ".Gate"] = {
+        "Type": "Map", "ItemsPath": TRAIN.slot + ".metrics",
+        "ItemSelector": {"name.$": "$$.Map.Item.Value.name", "value.$": "$$.Map.Item.Value.value",
+                         "limit.$": "$.config.min_quality"},
+        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": "Vote", "States": {
+            "Vote": asl.choice([
+                asl.rule(asl.all_of({"Variable": "$.name", "StringEquals": "validation:loss"},
+                                    {"Variable": "$.value", "NumericLessThanEqualsPath": "$.limit"}), "Pass"),
+                asl.rule({"Variable": "$.name", "StringEquals": "validation:loss"}, "Fail"),
+            ], "Other"),
+            "Pass": {"Type": "Pass", "Result": "pass", "End": True},
+            "Fail": {"Type": "Pass", "Result": "fail", "End": True},
+            "Other": {"Type": "Pass", "Result": "other", "End": True},
+        }},
+        "ResultSelector": {"passed.$": "States.ArrayContains($, 'pass')"},
+        "ResultPath": "$.deploy_gate", "Next": d + ".GateCheck"}
+    result[d + ".GateCheck"] = asl.choice(
+        [asl.rule({"Variable": "$.deploy_gate.passed", "BooleanEquals": True}, d + ".Names")], d + ".Gated")
+    result[d + ".Gated"] = asl.pass_state(d + ".GatedNotify", {"skipped.$": asl.fmt(
+        "final validation:loss is above min_quality {} or was not reported", asl.to_json("$.config.min_quality"))},
+        result_path="$.deploy_result")
+    result[d + ".GatedNotify"] = asl.publish("${TopicArn}", asl.fmt(
+        "model of {} not deployed: {}", TRAIN.slot + ".name", "$.deploy_result.skipped"), next_state)
+
+    resource = asl.fmt("%s-{}" % settings.name_prefix, "$.run.id")
+    result[d + ".Names"] = asl.pass_state(d + ".Model", {
+        "model.$": resource, "config.$": resource,
+        "endpoint.$": asl.fmt("%s-{}" % settings.name_prefix, "$.config.deploy.endpoint_name"),
+        "polls": 0}, result_path=names)
+    result[d + ".Model"] = asl.task(asl.sdk("sagemaker", "createModel"), {
+        "ModelName.$": names + ".model",
+        "PrimaryContainer": {
+            "Image": "${%s}" % image_placeholder(job.SERVING_RUNTIME),
+            "ModelDataUrl.$": TRAIN.slot + ".result.model_artifacts",
+            "Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}},
+        "ExecutionRoleArn": "${ExecutionRoleArn}",
+        "VpcConfig": vpc_config(settings),
+        "EnableNetworkIsolation": False,
+        "Tags": tags("model")}, d + ".Config", catch=catch)
+    result[d + ".Config"] = asl.task(asl.sdk("sagemaker", "createEndpointConfig"), {
+        "EndpointConfigName.$": names + ".config",
+        "ProductionVariants": [{
+            "VariantName": VARIANT_NAME, "ModelName.$": names + ".model",
+            "InstanceType.$": "$.config.deploy.instance_type",
+            "InitialInstanceCount.$": "$.config.deploy.instance_count", "InitialVariantWeight": 1}],
+        "Tags": tags("endpoint-config")}, d + ".Exists", catch=catch)
+    result[d + ".Exists"] = asl.task(
+        asl.sdk("sagemaker", "describeEndpoint"), {"EndpointName.$": names + ".endpoint"}, d + ".ExistingStatus",
+        result_selector={"status.$": "$.EndpointStatus"}, result_path="$.deploy_existing",
+        catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.deploy_error", "Next": d + ".Missing"}])
+    result[d + ".Missing"] = asl.choice([asl.rule(
+        {"Variable": "$.deploy_error.Cause", "StringMatches": NOT_FOUND_PATTERN}, d + ".Create")], d + ".CallFailed")
+    result[d + ".ExistingStatus"] = asl.choice([asl.rule(
+        {"Variable": "$.deploy_existing.status", "StringEquals": "Failed"}, d + ".Replace")], d + ".Update")
+    result[d + ".Replace"] = asl.pass_state(d + ".CallFailed", result={
+        "Error": "EndpointFailed", "Cause": "the endpoint exists in status Failed; delete it, then run again"},
+        result_path="$.deploy_error")
+    result[d + ".Create"] = asl.task(asl.sdk("sagemaker", "createEndpoint"), {
+        "EndpointName.$": names + ".endpoint", "EndpointConfigName.$": names + ".config",
+        "Tags": tags("endpoint")}, d + ".Wait", catch=catch)
+    result[d + ".Update"] = asl.task(asl.sdk("sagemaker", "updateEndpoint"), {
+        "EndpointName.$": names + ".endpoint", "EndpointConfigName.$": names + ".config"}, d + ".Wait", catch=catch)
+    result[d + ".Wait"] = {"Type": "Wait", "Seconds": POLL_SECONDS, "Next": d + ".Describe"}
+    result[d + ".Describe"] = asl.task(
+        asl.sdk("sagemaker", "describeEndpoint"), {"EndpointName.$": names + ".endpoint"}, d + ".Check",
+        result_selector={"status.$": "$.EndpointStatus", "config.$": "$.EndpointConfigName"},
+        result_path="$.deploy_status", retry=RETRY)
+    result[d + ".Check"] = asl.choice([
+        asl.rule(asl.all_of({"Variable": "$.deploy_status.status", "StringEquals": "InService"},
+                            {"Variable": "$.deploy_status.config", "StringEqualsPath": names + ".config"}), d + ".Done"),
+        asl.rule(asl.any_of({"Variable": "$.deploy_status.status", "StringEquals": "Failed"},
+                            {"Variable": "$.deploy_status.status", "StringEquals": "InService"}), d + ".Failed"),
+        asl.rule({"Variable": names + ".polls", "NumericGreaterThanEquals": MAX_POLLS}, d + ".TimedOut"),
+    ], d + ".Count")
+    result[d + ".Count"] = asl.pass_state(d + ".Wait", {
+        "model.$": names + ".model", "config.$": names + ".config", "endpoint.$": names + ".endpoint",
+        "polls.$": "States.MathAdd(%s.polls, 1)" % names}, result_path=names)
+    result[d + ".Failed"] = asl.task(
+        asl.sdk("sagemaker", "describeEndpoint"), {"EndpointName.$": names + ".endpoint"}, d + ".FailedDefaults",
+        result_path="$.scratch", retry=RETRY)
+    result[d + ".FailedDefaults"] = with_defaults("failed_endpoint", d + ".FailureReason")
+    result[d + ".FailureReason"] = asl.pass_state(failure, {"reason.$": asl.fmt(
+        "endpoint {} is {} with config {}: {}", names + ".endpoint", "$.deploy_status.status",
+        "$.deploy_status.config", "$.scratch.job.FailureReason")}, result_path="$.deploy_failure")
+    result[d + ".TimedOut"] = asl.pass_state(failure, {"reason.$": asl.fmt(
+        "endpoint {} not InService after %d checks %d s apart (status {})" % (MAX_POLLS, POLL_SECONDS),
+        names + ".endpoint", "$.deploy_status.status")}, result_path="$.deploy_failure")
+    result[d + ".CallFailed"] = asl.pass_state(failure, {"reason.$": asl.fmt(
+        "deploying to {} failed: {}: {}", names + ".endpoint", "$.deploy_error.Error", "$.deploy_error.Cause")},
+        result_path="$.deploy_failure")
+    result[failure] = asl.publish("${TopicArn}", "$.deploy_failure.reason", d + ".Fail")
+    result[d + ".Fail"] = asl.fail("DeployFailed", "$.deploy_failure.reason")
+    result[d + ".Done"] = asl.pass_state(d + ".Succeeded", {
+        "endpoint_name.$": names + ".endpoint", "endpoint_config_name.$": names + ".config",
+        "model_name.$": names + ".model", "status": "InService",
+        "console_url.$": asl.fmt("https://%s.console.aws.amazon.com/sagemaker/home?region=%s#/endpoints/{}" % (
+            settings.region, settings.region), names + ".endpoint")}, result_path="$.deploy_result")
+    result[d + ".Succeeded"] = asl.publish("${TopicArn}", asl.fmt(
+        "endpoint {} is InService with model {}", names + ".endpoint", names + ".model"), next_state)
+    return result

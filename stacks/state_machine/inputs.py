@@ -1,0 +1,307 @@
+"""The execution input: its fields (generated from the seam tables) and the states that check it.
+
+Every value is checked in Choice states before any job exists; a bad value ends the
+execution with error `InvalidInput` and a cause that names the field, what it allows and
+what it got. Defaults come from the app settings and the `lm.job` tables.
+
+An unknown field is found by comparing the input object, merged over the object rebuilt from
+the known fields, with the rebuilt object (`States.JsonToString` of both): the merge keeps the
+rebuilt object's key order and appends what it does not know. The cause then lists the
+allowed fields and echoes the object that was given (no intrinsic can list an object's keys).
+"""
+import collections
+import dataclasses
+from typing import Any, Optional, Tuple
+
+from lm import job
+from lm.instances import INSTANCES
+from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
+from stacks.state_machine import asl, plan_gate
+
+ERROR = "InvalidInput"
+TOP = "top"
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    type: Any  # str, int, float, bool, dict (an object of `fields`), or object (any JSON, unchecked)
+    default: Any = None
+    minimum: Any = None
+    maximum: Any = None
+    choices: Optional[Tuple[str, ...]] = None
+    nullable: bool = False
+    prefix: Optional[str] = None  # a str must start with it
+    fields: Tuple["Field", ...] = ()
+    help: str = ""
+
+
+def _from_table(table, skip=()):
+    return tuple(Field(spec.name, spec.type, spec.default, spec.minimum, spec.maximum, spec.choices, help=spec.help)
+                 for name, spec in table.items() if name not in skip)
+
+
+def _mp_fields():
+    fields = []
+    for name, default in job.SMP_DEFAULTS.items():
+        kind = type(default)
+        fields.append(Field(name, kind, default, minimum=1 if kind is int else None,
+                            choices=job.SMP_CHOICES.get(name)))
+    return tuple(fields)
+
+
+# Top-level fields that are hyperparameters too: given once, at the top.
+TOP_LEVEL_HYPERPARAMETERS = ("preset", "strategy")
+DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
+
+
+def schema(settings):
+    """The execution input's fields, with this deployment's defaults."""
+    instance_types = tuple(INSTANCES)
+    return (
+        Field("preset", str, settings.default_preset, choices=job.HYPERPARAMETERS["preset"].choices,
+              help="model shape"),
+        Field("strategy", str, settings.default_strategy, choices=job.STRATEGIES, help="distribution strategy"),
+        Field("instance_type", str, settings.default_instance_type, choices=instance_types),
+        Field("instance_count", int, settings.default_instance_count, 1, MAX_INSTANCE_COUNT),
+        Field("max_runtime_seconds", int, settings.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS),
+        Field("spot", bool, settings.spot, help="managed spot training (checkpoints resume the job)"),
+        Field("data_directory", str, settings.dataset_directory, prefix="/",
+              help="dataset directory on the EFS file system (manifest.json and shards)"),
+        Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS),
+              help="overrides of lm.train's hyperparameters"),
+        Field("mp_parameters", dict, fields=_mp_fields(), help="SMP v1 parameters (strategy smp)"),
+        Field("prepare", dict, fields=(
+            Field("enabled", bool, False, help="run lm.prepare into data_directory before training"),
+            Field("force", bool, False, help="run it even when a prepare job already completed for this dataset"),
+            Field("raw_directory", str, "/raw", prefix="/", help="raw Pile files on the EFS file system"),
+            Field("instance_type", str, job.PREPARE_INSTANCE_TYPE, choices=instance_types),
+            Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
+            Field("max_runtime_seconds", int, 6 * 3600, 1, MAX_RUNTIME_SECONDS),
+            Field("hyperparameters", dict, fields=_from_table(job.PREPARE_HYPERPARAMETERS)),
+        )),
+        Field("deploy", dict, fields=(
+            Field("enabled", bool, False, help="deploy the trained model to a SageMaker endpoint"),
+            Field("endpoint_name", str, "default",
+                  help="endpoint name after '<name_prefix>-'; an existing endpoint is updated"),
+            Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=instance_types),
+            Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
+        )),
+        Field("min_quality", float, None, 0.0, None, nullable=True,
+              help="deploy only if the final validation loss is at most this"),
+        # The machine cannot run lm.plan (no multiplication in intrinsics, no Lambda): a client
+        # that did (python -m lmstack.start) passes its estimate, which the output shows
+        # next to the job's billable seconds.
+        Field("plan_estimate", object, None, help="lm.plan.estimate(...) of this run, echoed in the output"),
+    )
+
+
+def object_paths(fields, path=()):
+    """Every object in the input, outermost first: (path, fields)."""
+    found = [(path, fields)]
+    for field in fields:
+        if field.type is dict:
+            found.extend(object_paths(field.fields, path + (field.name,)))
+    return found
+
+
+def _key(path):
+    return "_".join(path) if path else TOP
+
+
+def _label(path, name):
+    return ".".join(path + (name,))
+
+
+# ---- states ----
+
+def states(settings, first, next_state):
+    """The validation states, entered at `first`, leaving a clean `$.config` for `next_state`."""
+    fields = schema(settings)
+    paths = object_paths(fields)
+    result = collections.OrderedDict()
+    depths = sorted({len(path) for path, _ in paths})
+
+    shallow = {_key(path): collections.OrderedDict(
+        (field.name, {} if field.type is dict else field.default) for field in object_fields)
+        for path, object_fields in paths}
+    result[first] = asl.pass_state("%s.Merge0" % first, {"input.$": "$", "defaults": shallow})
+    merged = {"%s.$" % TOP: "States.JsonMerge($.defaults.%s, $.input, false)" % TOP}
+    result["%s.Merge0" % first] = asl.pass_state(
+        "%s.Objects1" % first if len(depths) > 1 else "%s.Rebuild" % first,
+        {"defaults.$": "$.defaults", "merged": merged})
+    for depth in depths[1:]:
+        level = [(path, object_fields) for path, object_fields in paths if len(path) == depth]
+        after = "%s.Objects%d" % (first, depth + 1) if depth + 1 in depths else "%s.Rebuild" % first
+        rules = []
+        for path, _ in level:
+            value = "$.merged.%s.%s" % (_key(path[:-1]), path[-1])
+            name = "Invalid.%s" % ".".join(path)
+            rules.append(asl.rule(asl.any_of(*[{"Variable": value, test: True} for test in (
+                "IsString", "IsNumeric", "IsBoolean", "IsNull")]), name))
+            result[name] = asl.fail(ERROR, asl.fmt("%s must be a JSON object, got {}" % ".".join(path),
+                                                   asl.to_json(value)))
+        result["%s.Objects%d" % (first, depth)] = asl.choice(rules, "%s.Merge%d" % (first, depth))
+        merged = {"%s.$" % _key(path): "$.merged.%s" % _key(path) for path, _ in paths if len(path) < depth}
+        for path, _ in level:
+            merged["%s.$" % _key(path)] = "States.JsonMerge($.defaults.%s, $.merged.%s.%s, false)" % (
+                _key(path), _key(path[:-1]), path[-1])
+        result["%s.Merge%d" % (first, depth)] = asl.pass_state(
+            after, {"defaults.$": "$.defaults", "merged": merged})
+
+    def rebuilt(path, object_fields):
+        return collections.OrderedDict(
+            (field.name, rebuilt(path + (field.name,), field.fields)) if field.type is dict
+            else ("%s.$" % field.name, "$.merged.%s.%s" % (_key(path), field.name))
+            for field in object_fields)
+
+    result["%s.Rebuild" % first] = asl.pass_state(
+        "%s.Texts" % first, {"merged.$": "$.merged", "config": rebuilt((), fields)})
+
+    texts = collections.OrderedDict()
+    for path, object_fields in paths:
+        config = _config_path(path)
+        texts["known_%s.$" % _key(path)] = asl.to_json(config)
+        texts["all_%s.$" % _key(path)] = asl.to_json(
+            "States.JsonMerge($.merged.%s, %s, false)" % (_key(path), config))
+        for field in object_fields:
+            if field.type is int:
+                texts["int_%s_%s.$" % (_key(path), field.name)] = asl.to_json("%s.%s" % (config, field.name))
+    result["%s.Texts" % first] = asl.pass_state("%s.Check" % first, texts, result_path="$.checks")
+
+    rules = []
+    for path, object_fields in paths:
+        label = ".".join(path) if path else "the input"
+        name = "Invalid.%s.unknown" % (".".join(path) if path else "input")
+        rules.append(asl.rule(asl.negate({"Variable": "$.checks.all_%s" % _key(path),
+                                          "StringEqualsPath": "$.checks.known_%s" % _key(path)}), name))
+        allowed = ", ".join(field.name for field in object_fields)
+        given = "$.merged.%s" % _key(path) if path else "$.merged.%s" % TOP
+        result[name] = asl.fail(ERROR, asl.fmt(
+            "%s has an unknown field; allowed: %s; got {}" % (label, allowed), asl.to_json(given)))
+    for path, object_fields in paths:
+        for field in object_fields:
+            if field.type is not dict:
+                for condition, message, kind in _field_rules(path, field):
+                    name = "Invalid.%s.%s" % (_label(path, field.name), kind)
+                    rules.append(asl.rule(condition, name))
+                    result[name] = asl.fail(ERROR, asl.fmt(
+                        "%s %s, got {}" % (_label(path, field.name), message),
+                        asl.to_json("%s.%s" % (_config_path(path), field.name))))
+    result["%s.Check" % first] = asl.choice(rules, "%s.Clean" % first)
+    result["%s.Clean" % first] = asl.pass_state("%s.Plan" % first, {"config.$": "$.config"})
+    result.update(plan_gate.states("%s.Plan" % first, "%s.Rules" % first))
+    result.update(_cross_field_states(settings, "%s.Rules" % first, "%s.Hosts" % first))
+    result.update(_host_states("%s.Hosts" % first, next_state))
+    return result
+
+
+def _config_path(path):
+    return "$.config" + "".join(".%s" % part for part in path)
+
+
+def _field_rules(path, field):
+    """(condition, message, kind) for one scalar field, in the order they must be tried."""
+    value = "%s.%s" % (_config_path(path), field.name)
+
+    def when_set(condition):
+        return asl.all_of({"Variable": value, "IsNull": False}, condition) if field.nullable else condition
+
+    rules = []
+    if field.type is object:
+        return rules
+    if field.type is bool:
+        rules.append((asl.negate({"Variable": value, "IsBoolean": True}), "must be true or false", "type"))
+    elif field.type is str:
+        rules.append((asl.negate({"Variable": value, "IsString": True}), "must be a string", "type"))
+        if field.choices:
+            rules.append((asl.negate(asl.string_in(value, field.choices)),
+                          "must be one of %s" % ", ".join(field.choices), "choice"))
+        if field.prefix:
+            rules.append((asl.negate({"Variable": value, "StringMatches": field.prefix + "*"}),
+                          "must start with %s" % field.prefix, "prefix"))
+    else:
+        kind = "an integer" if field.type is int else "a number"
+        if field.nullable:
+            kind += " or null"
+        rules.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), "must be %s" % kind, "type"))
+        if field.type is int:
+            text = "$.checks.int_%s_%s" % (_key(path), field.name)
+            # Integral numbers written as floats (2.0) pass, as in `HyperParameter.validate`.
+            rules.append((asl.any_of(
+                asl.all_of({"Variable": text, "StringMatches": "*.*"},
+                           asl.negate({"Variable": text, "StringMatches": "*.0"})),
+                {"Variable": text, "StringMatches": "*e-*"}, {"Variable": text, "StringMatches": "*E-*"}),
+                "must be %s" % kind, "integer"))
+        bounds = []
+        if field.minimum is not None:
+            bounds.append({"Variable": value, "NumericLessThan": field.minimum})
+        if field.maximum is not None:
+            bounds.append({"Variable": value, "NumericGreaterThan": field.maximum})
+        if bounds:
+            if field.maximum is None:
+                message = "must be at least %s" % field.minimum
+            elif field.minimum is None:
+                message = "must be at most %s" % field.maximum
+            else:
+                message = "must be between %s and %s" % (field.minimum, field.maximum)
+            rules.append((when_set(asl.any_of(*bounds)), message, "range"))
+    return rules
+
+
+def _cross_field_states(settings, name, next_state):
+    """Rules that relate fields: families and presets, strategies and their images and instances."""
+    states_ = collections.OrderedDict()
+    rules = []
+
+    def reject(kind, condition, message):
+        state = "Invalid.%s" % kind
+        rules.append(asl.rule(condition, state))
+        states_[state] = asl.fail(ERROR, asl.fmt(message))
+
+    for family, spec in job.FAMILIES.items():
+        reject("preset.family.%s" % family, asl.all_of(
+            {"Variable": "$.config.hyperparameters.model", "StringEquals": family},
+            asl.negate(asl.string_in("$.config.preset", spec.presets))),
+            "preset must be one of the presets of model %s: %s" % (family, ", ".join(spec.presets)))
+    for strategy in job.STRATEGIES:
+        runtime = job.STRATEGY_RUNTIME[strategy]
+        if runtime not in settings.runtimes:
+            reject("strategy.%s.runtime" % strategy, {"Variable": "$.config.strategy", "StringEquals": strategy},
+                   "strategy %s needs the %s image, which this deployment does not build (runtimes: %s)" % (
+                       strategy, runtime, ", ".join(settings.runtimes)))
+    for strategy, instance_types in job.STRATEGY_INSTANCE_TYPES.items():
+        reject("strategy.%s.instance_type" % strategy, asl.all_of(
+            {"Variable": "$.config.strategy", "StringEquals": strategy},
+            asl.negate(asl.string_in("$.config.instance_type", instance_types))),
+            "strategy %s runs only on instance_type %s" % (strategy, ", ".join(instance_types)))
+    reject("strategy.single.instance_count", asl.all_of(
+        {"Variable": "$.config.strategy", "StringEquals": "single"},
+        {"Variable": "$.config.instance_count", "NumericGreaterThan": 1}),
+        "strategy single runs on one instance: set instance_count to 1 or choose one of %s" % ", ".join(
+            strategy for strategy in job.STRATEGIES if strategy != "single"))
+    for stage, runtime in (("deploy", job.SERVING_RUNTIME), ("prepare", job.PREPARE_RUNTIME)):
+        if runtime not in settings.runtimes:
+            reject("%s.runtime" % stage, {"Variable": "$.config.%s.enabled" % stage, "BooleanEquals": True},
+                   "%s needs the %s image, which this deployment does not build (runtimes: %s)" % (
+                       stage, runtime, ", ".join(settings.runtimes)))
+    states_[name] = asl.choice(rules, next_state)
+    states_.move_to_end(name, last=False)
+    return states_
+
+
+def _host_states(name, next_state):
+    """`$.hosts.processes_per_host`: one MPI process per GPU (at least one), from the instance table."""
+    groups = collections.OrderedDict()
+    for instance_type, instance in INSTANCES.items():
+        groups.setdefault(job.processes_per_host("horovod", instance.gpus), []).append(instance_type)
+    states_ = collections.OrderedDict()
+    rules = []
+    for processes, instance_types in groups.items():
+        state = "%s.%d" % (name, processes)
+        if processes != 1:
+            rules.append(asl.rule(asl.string_in("$.config.instance_type", instance_types), state))
+        states_[state] = asl.pass_state(next_state, result={"processes_per_host": processes}, result_path="$.hosts")
+    states_[name] = asl.choice(rules, "%s.1" % name)
+    states_.move_to_end(name, last=False)
+    return states_

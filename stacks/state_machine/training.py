@@ -1,0 +1,106 @@
+"""The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs.
+
+Extension points: a stage is a dict of states entered at one name and leaving to the next;
+`build_training_definition` chains them, so a new stage is one more entry in that chain.
+
+The prepare stage runs when `prepare.enabled`. It is skipped when a prepare job of an
+earlier execution completed for the same dataset key: the MD5 of data_directory, tokenizer,
+train_tokenizer, vocab_size and seq_len, kept as the job's tag `lmstack:dataset-key` and
+found with SageMaker Search. (The machine cannot look into EFS itself; `prepare.force`
+runs it regardless, e.g. after the directory was emptied.)
+"""
+import collections
+
+from stacks.state_machine import asl, deploy, inputs, jobs
+
+VALIDATE = "Validate"
+RUN = "Run"
+PREPARE = "Prepare"
+DEPLOY = "Deploy"
+OUTPUTS = "Outputs"
+
+EXAMPLE_INPUT = {
+    "preset": "gpt-125m",
+    "strategy": "horovod",
+    "instance_type": "ml.p3.16xlarge",
+    "instance_count": 2,
+    "max_runtime_seconds": 86400,
+    "hyperparameters": {"global_batch_size": 256, "max_steps": 20000},
+    "deploy": {"enabled": True, "endpoint_name": "gpt-125m"},
+    "min_quality": 3.5,
+}
+
+DATASET_KEY_FIELDS = ("$.config.data_directory", "$.config.prepare.hyperparameters.tokenizer",
+                      "$.config.prepare.hyperparameters.train_tokenizer",
+                      "$.config.prepare.hyperparameters.vocab_size", "$.config.prepare.hyperparameters.seq_len")
+
+
+def _run_state(next_state):
+    return asl.pass_state(next_state, {
+        "id.$": "States.Hash($$.Execution.Id, 'MD5')",
+        "dataset_key.$": "States.Hash(%s, 'MD5')" % asl.fmt("|".join(["{}"] * len(DATASET_KEY_FIELDS)),
+                                                            *DATASET_KEY_FIELDS),
+        "defaults": jobs.DESCRIBE_DEFAULTS,
+    }, result_path="$.run")
+
+
+def _prepare_states(settings, first, next_state):
+    states = collections.OrderedDict()
+    states[first] = asl.choice([
+        asl.rule({"Variable": "$.config.prepare.enabled", "BooleanEquals": False}, first + ".NotEnabled"),
+        asl.rule({"Variable": "$.config.prepare.force", "BooleanEquals": True}, jobs.PREPARE.state + ".Start"),
+    ], first + ".Search")
+    states[first + ".NotEnabled"] = asl.pass_state(next_state, result={"skipped": "prepare.enabled is false"},
+                                                   result_path="$.prepare_result")
+    states[first + ".Search"] = asl.task(asl.sdk("sagemaker", "search"), {
+        "Resource": "TrainingJob",
+        "SearchExpression": {"Filters": [
+            {"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "Completed"},
+            {"Name": "Tags.%s" % jobs.DATASET_KEY_TAG, "Operator": "Equals", "Value.$": "$.run.dataset_key"},
+        ]},
+        "MaxResults": 1,
+    }, first + ".Prepared", result_path="$.prepare_search", result_selector={"count.$": "States.ArrayLength($.Results)"})
+    states[first + ".Prepared"] = asl.choice([asl.rule(
+        {"Variable": "$.prepare_search.count", "NumericGreaterThan": 0}, first + ".AlreadyDone")],
+        jobs.PREPARE.state + ".Start")
+    states[first + ".AlreadyDone"] = asl.pass_state(next_state, {"skipped.$": asl.fmt(
+        "a prepare job already completed for dataset key {} (set prepare.force to run it again)",
+        "$.run.dataset_key")}, result_path="$.prepare_result")
+    states.update(jobs.job_states(jobs.PREPARE, settings, first + ".Done"))
+    states[first + ".Done"] = asl.pass_state(next_state, {
+        "job_name.$": jobs.PREPARE.slot + ".name", "billable_seconds.$": jobs.PREPARE.slot + ".result.billable_seconds",
+        "console_url.$": jobs.PREPARE.slot + ".result.console_url", "dataset_key.$": "$.run.dataset_key"},
+        result_path="$.prepare_result")
+    return states
+
+
+def _outputs_state():
+    train = jobs.TRAIN.slot
+    return asl.pass_state(None, collections.OrderedDict([
+        ("job_name.$", train + ".name"),
+        ("model_artifacts.$", train + ".result.model_artifacts"),
+        ("billable_seconds.$", train + ".result.billable_seconds"),
+        ("plan_estimate.$", "$.config.plan_estimate"),
+        ("training_seconds.$", train + ".result.training_seconds"),
+        ("console_url.$", train + ".result.console_url"),
+        ("attempts.$", train + ".attempt"),
+        ("final_metrics.$", train + ".metrics"),
+        ("prepare.$", "$.prepare_result"),
+        ("deploy.$", "$.deploy_result"),
+    ]))
+
+
+def build_training_definition(settings):
+    states = collections.OrderedDict()
+    states.update(inputs.states(settings, VALIDATE, RUN))
+    states[RUN] = _run_state(PREPARE)
+    states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
+    states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
+    states.update(deploy.states(settings, DEPLOY, OUTPUTS))
+    states[OUTPUTS] = _outputs_state()
+    return {
+        "Comment": "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
+                   % settings.name_prefix,
+        "StartAt": VALIDATE,
+        "States": states,
+    }

@@ -1,0 +1,124 @@
+"""Prepare and deploy stages, executed on moto (issue 5)."""
+import json
+
+import pytest
+from state_machine.harness import EXECUTION_ROLE, invalid_sagemaker_requests
+
+from stacks.state_machine import EXAMPLE_INPUT
+
+# moto accepts only its own (older) list of hosting instance types: no ml.g5.*.
+DEPLOY = {"enabled": True, "endpoint_name": "gpt", "instance_type": "ml.g4dn.12xlarge"}
+
+
+def _failure(run):
+    return run.description.get("error"), run.description.get("cause"), run.states_entered()[-6:]
+
+
+def _actions(run):
+    return [action for _, action, _ in run.calls() if action != "publish"]
+
+
+@pytest.mark.slow
+def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(deployment):
+    prepare = {"enabled": True, "raw_directory": "/raw/pile", "hyperparameters": {"seq_len": 1024, "workers": 8}}
+    first = deployment.run({"prepare": prepare}, name="prep-1")
+    assert first.status == "SUCCEEDED", _failure(first)
+    (_, _, request), _ = first.calls("createTrainingJob")
+    assert request["TrainingJobName"].startswith("lmstack-prep-")
+    assert request["HyperParameters"]["sagemaker_program"] == '"prepare.py"'
+    assert request["HyperParameters"]["seq_len"] == "1024"
+    assert "model_dir" not in request["HyperParameters"]
+    channels = {channel["ChannelName"]: channel["DataSource"]["FileSystemDataSource"]
+                for channel in request["InputDataConfig"]}
+    assert channels["raw"]["DirectoryPath"] == "/raw/pile" and channels["raw"]["FileSystemAccessMode"] == "ro"
+    assert channels["dataset"]["DirectoryPath"] == "/datasets/sample"
+    assert channels["dataset"]["FileSystemAccessMode"] == "rw"
+    assert first.output["prepare"]["job_name"] == request["TrainingJobName"]
+    assert invalid_sagemaker_requests(first) == []
+
+    again = deployment.run({"prepare": prepare}, name="prep-2")
+    assert again.status == "SUCCEEDED", _failure(again)
+    assert [request["TrainingJobName"][:13] for _, _, request in again.calls("createTrainingJob")] == ["lmstack-train"]
+    assert "already completed" in again.output["prepare"]["skipped"]
+    assert invalid_sagemaker_requests(again) == []
+
+    other = deployment.run({"prepare": dict(prepare, hyperparameters={"seq_len": 2048})}, name="prep-3")
+    forced = deployment.run({"prepare": dict(prepare, force=True)}, name="prep-4")
+    for run in (other, forced):
+        assert run.status == "SUCCEEDED", _failure(run)
+        assert run.calls("createTrainingJob")[0][2]["TrainingJobName"].startswith("lmstack-prep-")
+
+
+@pytest.mark.slow
+def test_deploy_creates_model_config_endpoint_and_waits(deployment, waits):
+    run = deployment.run({"deploy": DEPLOY, "min_quality": 3.5})
+    assert run.status == "SUCCEEDED", _failure(run)
+    actions = _actions(run)
+    deploy = actions[actions.index("createModel"):]
+    assert deploy == ["createModel", "createEndpointConfig", "describeEndpoint", "createEndpoint",
+                      "describeEndpoint", "describeEndpoint"]
+    (_, _, model), = run.calls("createModel")
+    assert model["PrimaryContainer"]["ModelDataUrl"] == run.output["model_artifacts"]
+    assert model["PrimaryContainer"]["Image"].endswith("/lmstack:tfcurrent")
+    assert model["ExecutionRoleArn"] == EXECUTION_ROLE
+    (_, _, config), = run.calls("createEndpointConfig")
+    assert config["ProductionVariants"][0]["InstanceType"] == "ml.g4dn.12xlarge"
+    assert "DataCaptureConfig" not in config
+    endpoint = deployment.sagemaker.describe_endpoint(EndpointName="lmstack-gpt")
+    assert endpoint["EndpointConfigName"] == config["EndpointConfigName"]
+    assert run.output["deploy"]["endpoint_name"] == "lmstack-gpt"
+    assert run.output["deploy"]["status"] == "InService"
+    assert 60 in waits[-2:]
+    assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.slow
+def test_min_quality_gates_deploy_off(deployment):
+    run = deployment.run({"deploy": DEPLOY, "min_quality": 3.0})
+    assert run.status == "SUCCEEDED", _failure(run)
+    assert "min_quality" in run.output["deploy"]["skipped"]
+    assert run.calls("createModel") == []
+    assert any("not deployed" in message for message in deployment.notifications())
+
+
+@pytest.mark.slow
+def test_endpoint_failure_fails_and_notifies(deployment):
+    reason = "The primary container for production variant AllTraffic did not pass the ping health check."
+    deployment.jobs.endpoint_script = [("Creating", {}), ("Failed", {"FailureReason": reason})]
+    run = deployment.run({"deploy": DEPLOY})
+    assert run.status == "FAILED"
+    assert run.description["error"] == "DeployFailed"
+    assert reason in run.description["cause"]
+    assert any(reason in message for message in deployment.notifications())
+    assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.slow
+def test_existing_endpoint_is_updated_not_duplicated(deployment):
+    sagemaker = deployment.sagemaker
+    sagemaker.create_model(ModelName="lmstack-old", ExecutionRoleArn=EXECUTION_ROLE,
+                           PrimaryContainer={"Image": "image", "ModelDataUrl": "s3://lmstack-artifacts/old.tar.gz"})
+    sagemaker.create_endpoint_config(EndpointConfigName="lmstack-old", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": "lmstack-old", "InstanceType": "ml.g4dn.12xlarge",
+        "InitialInstanceCount": 1}])
+    sagemaker.create_endpoint(EndpointName="lmstack-gpt", EndpointConfigName="lmstack-old")
+    deployment.jobs.endpoint_script = [("InService", {})]
+    sagemaker.describe_endpoint(EndpointName="lmstack-gpt")
+    deployment.jobs.endpoint_script = [("Updating", {}), ("InService", {})]
+    run = deployment.run({"deploy": DEPLOY})
+    assert run.status == "SUCCEEDED", _failure(run)
+    assert run.calls("createEndpoint") == []
+    (_, _, update), = run.calls("updateEndpoint")
+    assert sagemaker.describe_endpoint(EndpointName="lmstack-gpt")["EndpointConfigName"] == update["EndpointConfigName"]
+    assert [endpoint["EndpointName"] for endpoint in sagemaker.list_endpoints()["Endpoints"]] == ["lmstack-gpt"]
+    assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.slow
+def test_example_input_runs_the_whole_lifecycle(deployment):
+    example = json.loads(json.dumps(EXAMPLE_INPUT))
+    example["deploy"]["instance_type"] = DEPLOY["instance_type"]
+    run = deployment.run(example)
+    assert run.status == "SUCCEEDED", _failure(run)
+    assert run.output["deploy"]["status"] == "InService"
+    assert invalid_sagemaker_requests(run) == []

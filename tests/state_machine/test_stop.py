@@ -1,0 +1,60 @@
+"""The stop-on-abort machine stops the aborted execution's running job, and only that one."""
+import json
+import time
+
+from state_machine.harness import invalid_sagemaker_requests
+
+RUNNING = [("InProgress", "Starting", {}), ("InProgress", "Training", {})]
+
+
+def _status_change_event(deployment, execution_arn, status):
+    """The EventBridge "Step Functions Execution Status Change" event the rule forwards."""
+    return {"version": "0", "id": "6a7e8feb-b491-4cf7-a9f1-bf3703467718",
+            "detail-type": "Step Functions Execution Status Change", "source": "aws.states",
+            "account": "123456789012", "time": "2026-12-02T18:00:00Z", "region": "us-east-1",
+            "resources": [execution_arn],
+            "detail": {"executionArn": execution_arn, "stateMachineArn": deployment.machine,
+                       "name": execution_arn.split(":")[-1], "status": status,
+                       "startDate": 1764698400000, "stopDate": 1764698460000,
+                       "input": "{}", "output": None}}
+
+
+def _wait_for_jobs(deployment, count, timeout=60):
+    deadline = time.time() + timeout
+    while len(deployment.jobs.created) < count and time.time() < deadline:
+        time.sleep(0.1)
+    return list(deployment.jobs.created)
+
+
+def test_abort_stops_that_executions_job_only(deployment):
+    deployment.jobs.default = RUNNING
+    aborted = deployment.start({}, name="to-abort")
+    first = _wait_for_jobs(deployment, 1)
+    kept = deployment.start({}, name="to-keep")
+    created = _wait_for_jobs(deployment, 2)
+    assert len(created) == 2
+    deployment.sfn.stop_execution(executionArn=aborted, error="UserAbort", cause="test")
+    ended = deployment.wait(aborted)
+    assert ended["status"] == "ABORTED", (ended.get("error"), ended.get("cause"))
+
+    run = deployment.run(_status_change_event(deployment, aborted, "ABORTED"), name="stop-1",
+                         machine=deployment.stop_machine)
+    assert run.status == "SUCCEEDED", (run.description.get("cause"), run.states_entered())
+    assert run.output["stopped"] == first
+    assert deployment.jobs.stopped == first
+    statuses = {name: deployment.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"]
+                for name in created}
+    assert statuses[first[0]] == "Stopped"
+    assert statuses[[name for name in created if name != first[0]][0]] == "InProgress"
+    assert invalid_sagemaker_requests(run) == []
+    assert any("to-abort" in message and "ABORTED" in message for message in deployment.notifications())
+    deployment.sfn.stop_execution(executionArn=kept)
+
+
+def test_nothing_to_stop_is_fine(deployment):
+    run = deployment.run(_status_change_event(
+        deployment, "arn:aws:states:us-east-1:123456789012:execution:lmstack-training:gone", "TIMED_OUT"),
+        name="stop-2", machine=deployment.stop_machine)
+    assert run.status == "SUCCEEDED", run.description.get("cause")
+    assert run.output["stopped"] == []
+    assert json.loads(run.description["input"])["detail"]["status"] == "TIMED_OUT"

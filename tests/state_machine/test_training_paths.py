@@ -1,0 +1,134 @@
+"""The main machine executed on moto: success, job failure, capacity retry, bounded history."""
+import json
+
+import pytest
+
+from state_machine.harness import COMPLETED_EXTRA, SUCCESS, invalid_sagemaker_requests
+
+from stacks.state_machine import jobs
+
+
+def _failure(run):
+    return run.description.get("error"), run.description.get("cause"), run.states_entered()[-5:]
+
+
+def test_success_path_outputs_and_requests(deployment):
+    estimate = {"hours": 0.5, "cost_on_demand_usd": 1.2, "seconds": 1800.0}
+    run = deployment.run({"hyperparameters": {"max_steps": 50}, "plan_estimate": estimate})
+    assert run.status == "SUCCEEDED", _failure(run)
+    output = run.output
+    assert output["plan_estimate"] == estimate
+    name = output["job_name"]
+    assert name.startswith("lmstack-train-") and name.endswith("-1") and len(name) <= 63
+    assert output["model_artifacts"] == "s3://lmstack-artifacts/output/%s/output/model.tar.gz" % name
+    assert output["billable_seconds"] == COMPLETED_EXTRA["BillableTimeInSeconds"]
+    assert output["console_url"] == (
+        "https://us-east-1.console.aws.amazon.com/sagemaker/home?region=us-east-1#/jobs/" + name)
+    assert output["final_metrics"] == [{"name": "train:loss", "value": 3.1}, {"name": "validation:loss", "value": 3.3}]
+    assert output["attempts"] == 1
+    assert output["deploy"] == {"skipped": "deploy.enabled is false"}
+    assert output["prepare"] == {"skipped": "prepare.enabled is false"}
+    assert invalid_sagemaker_requests(run) == []
+
+    (_, _, request), = run.calls("createTrainingJob")
+    hyperparameters = request["HyperParameters"]
+    assert hyperparameters["max_steps"] == "50"
+    assert hyperparameters["preset"] == '"tiny"'
+    assert hyperparameters["sagemaker_job_name"] == json.dumps(name)
+    assert hyperparameters["sagemaker_program"] == '"train.py"'
+    assert request["AlgorithmSpecification"]["TrainingImage"].endswith("/lmstack:tfcurrent")
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == jobs.job.METRIC_DEFINITIONS
+    assert request["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"] == {
+        "FileSystemId": "fs-0123456789abcdef0", "FileSystemAccessMode": "ro", "FileSystemType": "EFS",
+        "DirectoryPath": "/datasets/sample"}
+    assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-0123456789abcdef0"],
+                                    "Subnets": ["subnet-0000000000000000", "subnet-0000000000000001"]}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
+    assert request["EnableManagedSpotTraining"] is False
+    assert request["EnableInterContainerTrafficEncryption"] is True
+    assert request["CheckpointConfig"] == {"S3Uri": "s3://lmstack-artifacts/checkpoints/run-1/",
+                                           "LocalPath": "/opt/ml/checkpoints"}
+    assert [rule["RuleParameters"]["rule_to_invoke"] for rule in request["ProfilerRuleConfigurations"]] == [
+        "LowGPUUtilization", "IOBottleneck"]
+    assert {"Key": "lmstack:execution", "Value": "run-1"} in request["Tags"]
+
+    messages = deployment.notifications()
+    phases = [message.split(": ")[1] for message in messages if ": " in message and "completed" not in message]
+    assert phases == ["Starting (InProgress)", "Downloading (InProgress)", "Training (InProgress)",
+                      "Uploading (InProgress)"]
+    assert any("completed" in message for message in messages)
+
+
+def test_spot_sets_max_wait(deployment):
+    run = deployment.run({"spot": True, "max_runtime_seconds": 7200})
+    assert run.status == "SUCCEEDED", _failure(run)
+    (_, _, request), = run.calls("createTrainingJob")
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
+    assert invalid_sagemaker_requests(run) == []
+
+
+def test_poll_interval_backs_off_and_restarts_on_phase_change(deployment, waits):
+    deployment_jobs = SUCCESS[:3] + [("InProgress", "Training", {})] * 8 + SUCCESS[-1:]
+    deployment.jobs.scripts.append(deployment_jobs)
+    run = deployment.run({})
+    assert run.status == "SUCCEEDED", _failure(run)
+    # The first wait, then one after each new phase (Starting, Downloading, Training) at the
+    # minimum; then it doubles while the phase stays, up to the cap.
+    assert waits[:4] == [60, 60, 60, 60]
+    assert waits[4:11] == [120, 240, 480, 960, 1920, 3840, 3840]
+
+
+def test_job_failure_fails_with_reason_and_notifies(deployment):
+    reason = "AlgorithmError: loss is NaN at step 1200"
+    deployment.jobs.scripts.append(SUCCESS[:3] + [("Failed", "Failed", {"FailureReason": reason})])
+    run = deployment.run({})
+    assert run.status == "FAILED"
+    assert run.description["error"] == "TrainJobFailed"
+    assert reason in run.description["cause"]
+    assert deployment.jobs.created == [deployment.jobs.created[0]]  # not retried: not a capacity error
+    assert any(reason in message for message in deployment.notifications())
+    assert invalid_sagemaker_requests(run) == []
+
+
+def test_stopped_job_fails_with_secondary_status(deployment):
+    deployment.jobs.scripts.append(SUCCESS[:3] + [("Stopped", "MaxRuntimeExceeded", {})])
+    run = deployment.run({})
+    assert run.status == "FAILED"
+    assert run.description["error"] == "TrainJobFailed"
+    assert "stopped (MaxRuntimeExceeded)" in run.description["cause"]
+
+
+def test_capacity_error_on_create_is_retried_with_a_new_name(deployment, waits):
+    deployment.jobs.create_errors.append(("ResourceLimitExceeded", "The account-level service limit is 0 Instances"))
+    run = deployment.run({})
+    assert run.status == "SUCCEEDED", _failure(run)
+    creates = [request["TrainingJobName"] for _, _, request in run.calls("createTrainingJob")]
+    assert len(creates) == 2 and creates[0].endswith("-1") and creates[1].endswith("-2")
+    assert deployment.jobs.created == [creates[1]]
+    assert run.output["job_name"] == creates[1] and run.output["attempts"] == 2
+    assert jobs.CAPACITY_RETRY_SECONDS in waits
+    assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.slow
+def test_capacity_failure_of_the_job_is_retried_then_gives_up(deployment):
+    capacity = [("InProgress", "Starting", {}),
+                ("Failed", "Failed", {"FailureReason": "CapacityError: Unable to provision requested ML compute capacity"})]
+    deployment.jobs.default = capacity
+    run = deployment.run({})
+    assert run.status == "FAILED"
+    assert "CapacityError" in run.description["cause"]
+    assert len(deployment.jobs.created) == jobs.MAX_ATTEMPTS
+    assert len(set(deployment.jobs.created)) == jobs.MAX_ATTEMPTS
+
+
+def test_history_stays_far_below_the_limit_for_a_30_day_job(deployment):
+    """Count the events one steady monitor iteration writes on the engine, then extrapolate."""
+    deployment.jobs.scripts.append(SUCCESS[:3] + [("InProgress", "Training", {})] * 10 + SUCCESS[-1:])
+    run = deployment.run({})
+    assert run.status == "SUCCEEDED", _failure(run)
+    waits = [index for index, event in enumerate(run.events) if event["type"] == "WaitStateEntered"]
+    per_iteration = waits[-1] - waits[-2]
+    iterations = 30 * 86400 // jobs.POLL_MAX_SECONDS + 10
+    assert per_iteration * iterations + len(run.events) < 25000 * 0.3

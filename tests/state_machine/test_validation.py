@@ -1,0 +1,91 @@
+"""Bad input fails in the validation states, naming the field, before any job exists."""
+import pytest
+from state_machine.harness import StandInSettings
+
+CASES = [
+    # (input, field named in the cause, what the cause must also say)
+    ({"presett": "tiny"}, "the input has an unknown field", "presett"),
+    ({"hyperparameters": {"learning_rte": 0.1}}, "hyperparameters has an unknown field", "learning_rte"),
+    ({"hyperparameters": {"preset": "tiny"}}, "hyperparameters has an unknown field", "preset"),
+    ({"hyperparameters": {"max_steps": "100"}}, "hyperparameters.max_steps must be an integer", '"100"'),
+    ({"hyperparameters": {"max_steps": 10.5}}, "hyperparameters.max_steps must be an integer", "10.5"),
+    ({"hyperparameters": {"learning_rate": 2.0}}, "hyperparameters.learning_rate must be between 0.0 and 1.0", "2.0"),
+    ({"hyperparameters": {"xla": "yes"}}, "hyperparameters.xla must be true or false", '"yes"'),
+    ({"hyperparameters": {"precision": "fp8"}}, "hyperparameters.precision must be one of auto, fp32, fp16, bf16",
+     '"fp8"'),
+    ({"hyperparameters": 3}, "hyperparameters must be a JSON object", "3"),
+    ({"instance_count": 0}, "instance_count must be between 1 and", "0"),
+    ({"strategy": "deepspeed"}, "strategy must be one of single, mwms, horovod, smddp, smp", '"deepspeed"'),
+    ({"instance_type": "ml.p9.large"}, "instance_type must be one of", '"ml.p9.large"'),
+    ({"preset": "gpt-1t"}, "preset must be one of", '"gpt-1t"'),
+    ({"data_directory": "datasets"}, "data_directory must start with /", '"datasets"'),
+    ({"mp_parameters": {"pipeline": "fast"}}, "mp_parameters.pipeline must be one of simple, interleaved", '"fast"'),
+    ({"deploy": {"enabled": True, "instance_count": -1}}, "deploy.instance_count must be between 1 and", "-1"),
+    ({"prepare": {"hyperparameters": {"seq_len": 0}}}, "prepare.hyperparameters.seq_len must be between 1 and 65536",
+     "0"),
+    ({"min_quality": "low"}, "min_quality must be a number or null", '"low"'),
+    ({"strategy": "smddp", "instance_type": "ml.m5.4xlarge", "instance_count": 2},
+     "strategy smddp runs only on instance_type ml.p3.16xlarge", ""),
+    ({"strategy": "single", "instance_count": 2}, "strategy single runs on one instance", ""),
+]
+
+
+@pytest.mark.slow
+def test_each_kind_of_bad_input_names_the_field(deployment):
+    for index, (execution_input, field, detail) in enumerate(CASES):
+        run = deployment.run(execution_input, name="bad-%d" % index)
+        assert run.status == "FAILED", execution_input
+        assert run.description["error"] == "InvalidInput", (execution_input, run.description.get("cause"))
+        cause = run.description["cause"]
+        assert field in cause and detail in cause, (execution_input, cause)
+        assert not [call for call in run.calls() if "sagemaker" in call[0]], execution_input
+    assert deployment.sagemaker.list_training_jobs()["TrainingJobSummaries"] == []
+    assert deployment.jobs.created == []
+
+
+@pytest.mark.slow
+def test_a_strategy_whose_image_is_not_built_is_rejected(make_deployment):
+    deployment = make_deployment(StandInSettings(runtimes=("tfcurrent",)))
+    run = deployment.run({"strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2})
+    assert run.status == "FAILED"
+    assert run.description["error"] == "InvalidInput"
+    assert "strategy horovod needs the tf211 image" in run.description["cause"]
+    assert deployment.jobs.created == []
+
+
+def test_valid_overrides_of_every_type_pass(deployment):
+    run = deployment.run({"preset": "gpt-125m", "instance_type": "ml.p3.16xlarge", "strategy": "horovod",
+                          "instance_count": 2, "min_quality": 4,
+                          "hyperparameters": {"learning_rate": 0.001, "max_steps": 2.0, "xla": False,
+                                              "precision": "fp16"}})
+    assert run.status == "SUCCEEDED", (run.description.get("cause"), run.states_entered()[-5:])
+    (_, _, request), = run.calls("createTrainingJob")
+    hyperparameters = request["HyperParameters"]
+    assert hyperparameters["learning_rate"] == "0.001" and hyperparameters["xla"] == "false"
+    assert hyperparameters["sagemaker_mpi_num_of_processes_per_host"] == "8"
+    assert request["ResourceConfig"]["InstanceCount"] == 2
+
+
+@pytest.mark.slow
+def test_plan_gate_rejects_what_cannot_fit_or_run(deployment):
+    too_big = deployment.run({"preset": "gpt-1.3b", "strategy": "horovod", "instance_type": "ml.p3.16xlarge",
+                              "instance_count": 2}, name="plan-1")
+    assert too_big.status == "FAILED"
+    assert too_big.description["error"] == "PlanRejected"
+    assert "16 GiB V100" in too_big.description["cause"] and "use strategy smp" in too_big.description["cause"]
+
+    cannot_run = deployment.run({"preset": "gpt-125m", "strategy": "smddp", "instance_type": "ml.p5.48xlarge",
+                                 "instance_count": 2}, name="plan-2")
+    assert cannot_run.status == "FAILED"
+    assert cannot_run.description["error"] == "PlanRejected"
+    assert "smddp runs only on" in cannot_run.description["cause"]
+    assert "suggestion: use strategy" in cannot_run.description["cause"]
+    assert deployment.jobs.created == []
+
+    smp = {"preset": "gpt-1.3b", "strategy": "smp", "instance_type": "ml.p3.16xlarge", "instance_count": 2,
+           "mp_parameters": {"partitions": 8, "microbatches": 1}}
+    without_recompute = deployment.run(smp, name="plan-3")
+    assert without_recompute.description["error"] == "PlanRejected"
+    assert "set hyperparameters.recompute to true" in without_recompute.description["cause"]
+    fits = deployment.run(dict(smp, hyperparameters={"recompute": True}), name="plan-4")
+    assert fits.status == "SUCCEEDED", fits.description.get("cause")
