@@ -23,7 +23,8 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lm.config import ALL_PRESETS
+from lm import plan
+from lm.config import ALL_PRESETS, PRESETS
 from lm.job import (HYPERPARAMETERS, PREPARE_RUNTIME, SERVING_RUNTIME, STRATEGIES, STRATEGY_INSTANCE_TYPES,
                     STRATEGY_RUNTIME, validate_hyperparameters)
 from stacks.config import CONTEXT_KEY, Settings, SettingsError
@@ -174,6 +175,21 @@ def validate_input(execution_input, settings):
                              % (stage, stage_runtime, ", ".join(settings.runtimes)))
 
 
+def plan_estimate(execution_input, settings):
+    """`lm.plan.estimate` of this run, for the execution output (the state machine cannot compute
+    it: intrinsic functions have no arithmetic). None for a model family the planner does not know."""
+    config = _merged(_defaults(inputs.schema(settings)), execution_input)
+    if config["preset"] not in PRESETS:
+        return None
+    hyperparameters = validate_hyperparameters(
+        dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
+    seq_len = hyperparameters["seq_len"] or PRESETS[config["preset"]].block_size
+    batch = hyperparameters["global_batch_size"]
+    return plan.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
+                         global_batch=batch, seq_len=seq_len, tokens=hyperparameters["max_steps"] * batch * seq_len,
+                         recompute=hyperparameters["recompute"], spot=config["spot"])
+
+
 def execution_name(given, execution_input, now):
     if given is not None:
         if not EXECUTION_NAME.match(given):
@@ -303,6 +319,8 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         settings = load_settings(args.cdk_json)
         execution_input = build_input(args)
         validate_input(execution_input, settings)
+        if "plan_estimate" not in execution_input:
+            execution_input["plan_estimate"] = plan_estimate(execution_input, settings)
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
         if args.dry_run:
             out.write(json.dumps(execution_input, indent=2) + "\n")

@@ -8,6 +8,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from lm import job
+from lm.config import PRESETS
 from lmstack import start
 from stacks.config import Settings
 
@@ -88,7 +90,11 @@ def test_started_execution_carries_the_input_built_from_the_flags(aws):
     [execution] = executions(aws, arn)
     assert execution["name"] == "smoke-1"
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
-    assert json.loads(described["input"]) == {
+    sent = json.loads(described["input"])
+    estimate = sent.pop("plan_estimate")
+    assert estimate["strategy"] == "horovod" and estimate["hours"] > 0
+    assert estimate["tokens"] == 50 * job.HYPERPARAMETERS["global_batch_size"].default * 2048
+    assert sent == {
         "preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2,
         "max_runtime_seconds": 7200, "spot": True, "data_directory": "/datasets/pile", "min_quality": 3.5,
         "hyperparameters": {"max_steps": 50, "learning_rate": 0.0003, "xla": False, "precision": "fp16"},
@@ -105,7 +111,13 @@ def test_flags_override_a_given_input(aws):
     assert run(aws, ["--input", json.dumps(given), "--preset", "gpt-1.3b", "--hp", "seed=3"])[0] == 0
     [execution] = executions(aws, arn)
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
-    assert json.loads(described["input"]) == dict(given, preset="gpt-1.3b", hyperparameters={"max_steps": 10, "seed": 3})
+    sent = json.loads(described["input"])
+    assert sent.pop("plan_estimate")["strategy"] == "smddp"
+    assert sent == dict(given, preset="gpt-1.3b", hyperparameters={"max_steps": 10, "seed": 3})
+
+
+def test_the_plan_estimate_is_left_out_for_a_family_the_planner_does_not_know():
+    assert start.plan_estimate({"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}, Settings()) is None
 
 
 def test_the_example_input_of_the_state_machine_passes():
@@ -119,7 +131,9 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     assert run(aws, ["--preset", "tiny"])[0] == 0
     [execution] = executions(aws, arn)
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
-    assert json.loads(described["input"]) == {"preset": "tiny"}
+    sent = json.loads(described["input"])
+    assert set(sent.pop("plan_estimate")) >= {"hours", "cost_on_demand_usd", "billable_instance_seconds"}
+    assert sent == {"preset": "tiny"}
     assert execution["name"].startswith("tiny-")
     assert start.EXECUTION_NAME.match(execution["name"])
 
@@ -195,7 +209,10 @@ def test_dry_run_prints_the_input_and_calls_nothing(capsys):
 
     out = io.StringIO()
     assert start.main(["--preset", "tiny", "--hp", "max_steps=5", "--dry-run"], session=NoAws(), out=out) == 0
-    assert json.loads(out.getvalue()) == {"preset": "tiny", "hyperparameters": {"max_steps": 5}}
+    printed = json.loads(out.getvalue())
+    tiny_block = PRESETS["tiny"].block_size
+    assert printed.pop("plan_estimate")["tokens"] == 5 * job.HYPERPARAMETERS["global_batch_size"].default * tiny_block
+    assert printed == {"preset": "tiny", "hyperparameters": {"max_steps": 5}}
 
 
 def test_watch_follows_the_states_until_success(aws):
