@@ -1,0 +1,1 @@
+"""FAKE `smdistributed.dataparallel` (see tests/fakes/README.md)."""

@@ -1,0 +1,1 @@
+"""FAKE `smdistributed.modelparallel` (see tests/fakes/README.md)."""

@@ -1,0 +1,96 @@
+"""Shared by the tests of the SMDDP and SMP adapters (which run against fakes)."""
+from lm.compat import tf
+
+
+def sequence_loss(labels, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+
+
+def token_batch(batch, seq_len=16, seed=0, vocab=512):
+    tokens = tf.random.stateless_uniform([batch, seq_len + 1], seed=[seed, 1], maxval=vocab, dtype=tf.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def build_tiny():
+    """The `tiny` GPT with the same initial weights on every call."""
+    from lm.compat import keras
+    from lm.model import PRESETS, build_model
+    keras.utils.set_random_seed(7)
+    return build_model(PRESETS["tiny"])
+
+
+def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
+    """`steps` train steps of a fresh tiny GPT on fixed batches; returns (model, losses)."""
+    from lm.optim import AdamW
+    model = strategy.build_model(build_tiny)
+    with strategy.scope():
+        # epsilon 1e-4: the attention key biases get gradients that are zero up to rounding (softmax
+        # ignores a per-query constant); a tiny epsilon would blow that rounding up to +-lr steps.
+        optimizer = AdamW(model.trainable_variables, lambda step: learning_rate, epsilon=1e-4)
+    train_step = strategy.build_train_step(model, optimizer, sequence_loss, grad_clip=grad_clip)
+    losses = []
+    for index in range(steps):
+        metrics = train_step(*token_batch(batch))  # one batch, so the loss must fall
+        if index == 0:
+            strategy.broadcast_initial_state(model, optimizer)
+        losses.append(float(metrics["loss"]))
+    return model, optimizer, losses
+
+
+def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, shard_records=150):
+    """A train split of random tokens in the lm.shards format (rows unique, so overlaps show)."""
+    import os
+
+    import numpy as np
+
+    from lm import shards
+    tokenizer_file = os.path.join(directory, "tokenizer.json")
+    with open(tokenizer_file, "w") as handle:
+        handle.write("{}")
+    dtype = shards.dtype_for_vocab(vocab_size)
+    rows = np.random.RandomState(0).randint(1, vocab_size, size=(records, seq_len + 1)).astype("<u2")
+    manifest = shards.Manifest(dtype=dtype, seq_len=seq_len, vocab_size=vocab_size, eod_token_id=0,
+                               tokenizer_file="tokenizer.json", tokenizer_sha256=shards.sha256_file(tokenizer_file))
+    os.makedirs(os.path.join(directory, "train"))
+    for index, start in enumerate(range(0, records, shard_records)):
+        part = rows[start:start + shard_records]
+        relative = "train/%05d.bin" % index
+        shards.write_atomically(os.path.join(directory, relative), part.tobytes())
+        manifest.shards.append(shards.Shard(path=relative, split="train", records=len(part), bytes=part.nbytes,
+                                            sha256=shards.sha256_file(os.path.join(directory, relative))))
+    shards.save_manifest(directory, manifest)
+    return directory
+
+
+def run_train(data_dir, out_dir, strategy, env, steps=3, **hyperparameters):
+    """`python -m lm.train` in a subprocess with the FAKES first on PYTHONPATH; returns
+    (exit status, output, recorded fake calls)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from lm import job
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(tests)
+    log = os.path.join(out_dir, "calls.jsonl")
+    environ = {name: value for name, value in os.environ.items()
+               if not name.startswith(("SM_", "FAKE_")) and name not in ("TF_CONFIG", "LM_CHECKPOINT_DIR")}
+    environ.update(PYTHONPATH=os.pathsep.join([os.path.join(tests, "fakes"), os.path.join(root, "training_image")]),
+                   FAKE_SMDIST_LOG=log, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
+                   TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS="1")
+    environ.update(env)
+    values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02,
+                  warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
+    values.update(hyperparameters)
+    args = [sys.executable, "-m", "lm.train", "--data-dir", data_dir,
+            "--checkpoint-dir", os.path.join(out_dir, "ckpt"), "--export-dir", os.path.join(out_dir, "model")]
+    for name, value in job.encode_hyperparameters(values).items():
+        args += ["--" + name, value]
+    result = subprocess.run(args, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True, timeout=600)
+    calls = []
+    if os.path.exists(log):
+        with open(log) as handle:
+            calls = [json.loads(line) for line in handle]
+    return result.returncode, result.stdout, calls

@@ -1,0 +1,196 @@
+"""The SMP v1 adapter against the FAKE smdistributed.modelparallel (tests/fakes)."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+from lm.compat import tf
+from lm.config import PRESETS, parameter_count
+from lm.distributed import get_strategy
+from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
+
+
+def _mp_parameters(monkeypatch, **values):
+    monkeypatch.setenv("SM_HP_MP_PARAMETERS", json.dumps(values))
+
+
+@pytest.mark.parametrize("raw, message", [
+    (None, "SM_HP_MP_PARAMETERS is not set"),
+    ("{partitions: 2}", "SM_HP_MP_PARAMETERS is not valid JSON"),
+    ("[2]", "mp_parameters must be a JSON object"),
+    ('{"microbatches": 4}', "mp_parameters.partitions is required"),
+    ('{"partitions": 0}', "mp_parameters.partitions must be a positive integer, got 0"),
+    ('{"partitions": 2, "microbatches": "4"}', "mp_parameters.microbatches must be a positive integer, got '4'"),
+    ('{"partitions": 2, "microbatches": true}', "mp_parameters.microbatches must be a positive integer, got True"),
+    ('{"partitions": 2, "pipeline": "fast"}', "mp_parameters.pipeline must be one of simple, interleaved, got 'fast'"),
+    ('{"partitions": 2, "optimize": "size"}', "mp_parameters.optimize must be one of speed, memory, got 'size'"),
+    ('{"partitions": 2, "placement_strategy": "x"}', "mp_parameters.placement_strategy must be one of spread, cluster"),
+    ('{"partitions": 2, "horovod": "yes"}', "mp_parameters.horovod must be true or false, got 'yes'"),
+])
+def test_bad_mp_parameters_fail_before_init_naming_the_field(fake_smdist, monkeypatch, raw, message):
+    if raw is not None:
+        monkeypatch.setenv("SM_HP_MP_PARAMETERS", raw)
+    with pytest.raises(ValueError) as error:
+        get_strategy("smp").setup()
+    assert message in str(error.value)
+    assert fake_smdist.names() == []
+
+
+def test_several_replicas_need_horovod(fake_smdist, monkeypatch):
+    _mp_parameters(monkeypatch, partitions=2, microbatches=2, horovod=False)
+    monkeypatch.setenv("FAKE_SMP_SIZE", "4")
+    with pytest.raises(ValueError, match=r"mp_parameters.horovod must be true with 2 model replicas"):
+        get_strategy("smp").setup()
+
+
+def _setup_rank(fake_smdist, monkeypatch, rank, size=4, **values):
+    import smdistributed.modelparallel.tensorflow as smp
+    smp.reset()
+    monkeypatch.setenv("FAKE_SMP_RANK", str(rank))
+    monkeypatch.setenv("FAKE_SMP_SIZE", str(size))
+    _mp_parameters(monkeypatch, **values)
+    return get_strategy("smp").setup()
+
+
+def test_ranks_and_checkpoint_writers(fake_smdist, monkeypatch):
+    layout = []
+    for rank in range(4):
+        s = _setup_rank(fake_smdist, monkeypatch, rank, partitions=2, microbatches=2, horovod=True)
+        layout.append((s.mp_rank, s.data_parallel_rank, s.data_parallel_size, s.writes_checkpoints,
+                       s.checkpoint_tag, s.is_chief))
+    # The fake puts one replica's partitions on consecutive ranks.
+    assert layout == [(0, 0, 2, True, "mp0", True), (1, 0, 2, True, "mp1", False),
+                      (0, 1, 2, False, "mp0", False), (1, 1, 2, False, "mp1", False)]
+    assert fake_smdist.names().count("smp.init") == 4
+
+
+@pytest.fixture
+def random_dataset(tmp_path):
+    return write_random_dataset(str(tmp_path))
+
+
+def _rows(strategy, directory, steps=3, global_batch=8):
+    from lm.data import TokenStream
+    stream = TokenStream(directory, "train", global_batch_size=global_batch, dp_rank=strategy.data_parallel_rank,
+                         dp_size=strategy.data_parallel_size, seed=1234)
+    return [inputs.numpy() for inputs, _ in itertools.islice(stream.batches(), steps)]
+
+
+def test_data_is_sharded_by_dp_rank(fake_smdist, monkeypatch, random_dataset):
+    seen = [_rows(_setup_rank(fake_smdist, monkeypatch, rank, partitions=2, microbatches=2, horovod=True),
+                  random_dataset) for rank in range(4)]
+    for step in range(3):
+        # The two partitions of a replica (same dp_rank) see the same batch ...
+        np.testing.assert_array_equal(seen[0][step], seen[1][step])
+        np.testing.assert_array_equal(seen[2][step], seen[3][step])
+        # ... the two replicas disjoint halves of the global batch.
+        replica_0 = {row.tobytes() for row in seen[0][step]}
+        replica_1 = {row.tobytes() for row in seen[2][step]}
+        assert len(replica_0) == 4 and len(replica_1) == 4 and not replica_0 & replica_1
+    whole = _rows(get_strategy("single").setup(), random_dataset)
+    for step in range(3):
+        np.testing.assert_array_equal(np.concatenate([seen[0][step], seen[2][step]]), whole[step])
+
+
+def test_batch_must_divide_into_microbatches(fake_smdist, monkeypatch):
+    _mp_parameters(monkeypatch, partitions=2, microbatches=4)
+    strategy = get_strategy("smp").setup()
+    with pytest.raises(ValueError, match=r"per-replica batch of 6 sequences .* mp_parameters.microbatches=4"):
+        train(strategy, steps=1, batch=6)
+
+
+def _spy(monkeypatch, module, name, log):
+    original = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        log.append((name, args, kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+
+
+@pytest.mark.slow
+def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
+    import horovod.tensorflow as hvd
+    import smdistributed.modelparallel.tensorflow as smp
+
+    hvd_calls = []
+    for name in ("init", "allreduce", "broadcast_variables"):
+        _spy(monkeypatch, hvd, name, hvd_calls)
+
+    _mp_parameters(monkeypatch, partitions=2, microbatches=4, horovod=True)
+    strategy = get_strategy("smp").setup()
+    model, optimizer, losses = train(strategy, steps=3, batch=8)
+
+    # Forward and backward ran in smp.step on a quarter of the batch per call.
+    steps = [details for name, details in fake_smdist.calls if name == "smp.step"]
+    assert steps and all(d["microbatches"] == 4 for d in steps)
+    assert steps[0]["shapes"] == {"inputs": [2, 16], "labels": [2, 16]}
+    # Horovod: initialized by the library only; gradients (then the loss) all-reduced; state
+    # broadcast from rank 0 after the first step: model first, then the optimizer.
+    names = [name for name, _, _ in hvd_calls]
+    assert names.count("init") == 1 and names.index("init") == 0
+    assert names.count("allreduce") == len(model.trainable_variables) + 1
+    broadcasts = [(len(list(args[0])), kwargs) for name, args, kwargs in hvd_calls if name == "broadcast_variables"]
+    assert broadcasts == [(len(model.variables), {"root_rank": 0}), (len(optimizer.variables), {"root_rank": 0})]
+
+    # The same run with one microbatch (the whole batch per call) ends with the same weights.
+    smp.reset()
+    _mp_parameters(monkeypatch, partitions=2, microbatches=1, horovod=True)
+    whole_model, _, whole_losses = train(get_strategy("smp").setup(), steps=3, batch=8)
+    np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
+    for ours, reference in zip(model.get_weights(), whole_model.get_weights()):
+        np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
+
+    # And the first step's loss and gradient norm are those of a plain tape on the full batch.
+    smp.reset()
+    _mp_parameters(monkeypatch, partitions=2, microbatches=4, horovod=True)
+    first = get_strategy("smp").setup()
+    probe = first.build_model(build_tiny)
+    from lm.optim import AdamW
+    probe_step = first.build_train_step(probe, AdamW(probe.trainable_variables, lambda step: 0.0), sequence_loss)
+    reference = build_tiny()
+    inputs, labels = token_batch(8, seed=0)
+    with tf.GradientTape() as tape:
+        loss = sequence_loss(labels, reference(inputs, training=True))
+    grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, reference.trainable_variables)]
+    metrics = probe_step(inputs, labels)
+    np.testing.assert_allclose(float(metrics["loss"]), float(loss), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(tf.linalg.global_norm(grads)), rtol=1e-4)
+    assert losses[-1] < losses[0]
+
+
+def test_model_is_one_distributed_model_called_only_in_steps(fake_smdist, monkeypatch):
+    import smdistributed.modelparallel.tensorflow as smp
+    _mp_parameters(monkeypatch, partitions=2)
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    assert isinstance(model, smp.DistributedModel)
+    assert model.count_params() == model.gpt.count_params() == parameter_count(PRESETS["tiny"])
+    with pytest.raises(RuntimeError, match="outside smp.step"):
+        model(tf.zeros([1, 4], tf.int32))
+    assert os.environ["SM_HP_MP_PARAMETERS"]
+
+
+def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypatch):
+    """The FAKE's smp.step itself: what the adapter tests rely on."""
+    import smdistributed.modelparallel.tensorflow as smp
+    _mp_parameters(monkeypatch, partitions=1, microbatches=4)
+    smp.init()
+    seen = []
+
+    @smp.step(non_split_inputs=["scale"])
+    def double(x, scale):
+        seen.append(x.shape[0])
+        return x * scale, tf.reduce_sum(x)
+
+    x = tf.reshape(tf.range(8, dtype=tf.float32), [8, 1])
+    doubled, sums = double(x, tf.constant(2.0))
+    assert seen == [2]  # traced once: every microbatch has the same shape
+    np.testing.assert_array_equal(doubled.merge().numpy(), 2 * x.numpy())
+    assert [float(v) for v in sums.outputs] == [1.0, 5.0, 9.0, 13.0]
+    assert float(sums.reduce_mean()) == float(sums.accumulate()) == 7.0
+    with pytest.raises(ValueError, match="not divisible by microbatches=4"):
+        double(tf.zeros([6, 1]), tf.constant(1.0))

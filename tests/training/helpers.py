@@ -1,0 +1,79 @@
+"""Run `lm.train` as a subprocess and read back its metric lines."""
+import os
+import re
+import subprocess
+import sys
+
+from lm import job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAINING_IMAGE = os.path.join(ROOT, "training_image")
+
+TINY = {"preset": "tiny", "global_batch_size": 8, "max_steps": 12, "learning_rate": 0.02, "warmup_steps": 3,
+        "log_every": 1, "eval_every": 0, "eval_batches": 2, "checkpoint_every": 0, "seed": 7}
+
+
+def environment(**extra):
+    env = dict(os.environ)
+    for name in list(env):
+        if name.startswith("SM_") or name in ("TF_CONFIG", "SAGEMAKER_BASE_DIR", "LM_CHECKPOINT_DIR"):
+            del env[name]
+    env.update(PYTHONPATH=TRAINING_IMAGE, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_NUM_INTRAOP_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def cli_args(data_dir, tmp, **hyperparameters):
+    """`lm.train`'s arguments, values JSON-encoded as SageMaker's toolkit passes them."""
+    values = dict(TINY, **hyperparameters)
+    args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(tmp, "ckpt"),
+            "--export-dir", os.path.join(tmp, "model")]
+    for name, value in values.items():
+        args += ["--" + name, job.encode_hyperparameters({name: value})[name]]
+    return args
+
+
+def train_args(data_dir, tmp, **hyperparameters):
+    return [sys.executable, "-m", "lm.train"] + cli_args(data_dir, tmp, **hyperparameters)
+
+
+def run_in_process(capsys, data_dir, tmp, **hyperparameters):
+    """(exit status, stdout + stderr) of `lm.train.main` in this process (no TF start-up per run)."""
+    from lm import train
+
+    capsys.readouterr()
+    status = train.main(cli_args(data_dir, tmp, **hyperparameters))
+    captured = capsys.readouterr()
+    return status, captured.out + captured.err
+
+
+def run_training(data_dir, tmp, env=None, timeout=300, **hyperparameters):
+    result = subprocess.run(train_args(data_dir, tmp, **hyperparameters), env=env or environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                            timeout=timeout)
+    return result
+
+
+# horovodrun prefixes each line of a rank with "[rank]<stdout>:".
+RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+
+
+def lines(output):
+    return [RANK_PREFIX.sub("", line) for line in output.splitlines()]
+
+
+def losses(output):
+    """{step: loss} from the [train] lines."""
+    found = {}
+    for line in lines(output):
+        if line.startswith(job.TRAIN_LOG_PREFIX):
+            metrics = job.parse_metrics(line)
+            step = int(line.split("step=")[1].split()[0])
+            found[step] = metrics["train:loss"]
+    return found
+
+
+def val_losses(output):
+    return [job.parse_metrics(line)["validation:loss"] for line in lines(output)
+            if line.startswith(job.EVAL_LOG_PREFIX)]

@@ -1,0 +1,132 @@
+"""lm.data: disjoint rank slices whose union is the global batch, seeded order, exact resume, clear errors."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from lm import shards
+from lm.data import TokenStream
+
+from .conftest import write_dataset
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    """Records whose first token is their index in the dataset (train records start at 1000)."""
+    directory = str(tmp_path_factory.mktemp("numbered"))
+    seq_len, count = 8, 1000 + 3 * 160
+    tokens = np.zeros((count, seq_len + 1), np.int64)
+    tokens[:, 0] = np.arange(count) % 65536
+    tokens[:, 1:] = np.arange(1, seq_len + 1)
+    tokenizer = os.path.join(directory, "tokenizer.json")
+    with open(tokenizer, "w") as handle:
+        handle.write("{}")
+    write_dataset(directory, tokens.reshape(-1), seq_len, 512, tokenizer, val_records=1000, shard_records=160)
+    return directory
+
+
+def first_tokens(stream, start_step, steps):
+    batches = stream.batches(start_step)
+    out = [next(batches)[0].numpy()[:, 0] for _ in range(steps)]
+    batches.close()
+    return np.stack(out)
+
+
+def test_inputs_and_labels_are_shifted_by_one(numbered):
+    inputs, labels = next(TokenStream(numbered, "train", global_batch_size=4, block_records=4).batches())
+    assert inputs.shape == labels.shape == (4, 8)
+    assert inputs.dtype.name == labels.dtype.name == "int32"
+    np.testing.assert_array_equal(inputs.numpy()[:, 1:], labels.numpy()[:, :-1])
+    np.testing.assert_array_equal(labels.numpy()[:, -1], np.full(4, 8))
+
+
+@pytest.mark.parametrize("dp_size", [2, 4])
+def test_ranks_read_disjoint_slices_that_make_the_global_batch(numbered, dp_size):
+    whole = first_tokens(TokenStream(numbered, "train", global_batch_size=8, seed=3, block_records=4), 0, 10)
+    parts = [first_tokens(TokenStream(numbered, "train", global_batch_size=8, seed=3, block_records=4,
+                                      dp_rank=rank, dp_size=dp_size), 0, 10) for rank in range(dp_size)]
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), whole)
+    seen = np.concatenate([part.reshape(-1) for part in parts])
+    assert len(set(seen.tolist())) == len(seen)
+
+
+def test_one_epoch_visits_every_block_once_in_a_seeded_order(numbered):
+    stream = TokenStream(numbered, "train", global_batch_size=8, seed=3, block_records=4)
+    assert stream.steps_per_epoch == 480 // 8
+    epoch0 = first_tokens(stream, 0, stream.steps_per_epoch).reshape(-1)
+    assert sorted(epoch0.tolist()) == list(range(1000, 1480))
+    epoch1 = first_tokens(stream, stream.steps_per_epoch, stream.steps_per_epoch).reshape(-1)
+    assert sorted(epoch1.tolist()) == list(range(1000, 1480))
+    assert not np.array_equal(epoch0, epoch1)
+    again = TokenStream(numbered, "train", global_batch_size=8, seed=3, block_records=4)
+    np.testing.assert_array_equal(first_tokens(again, 0, 5).reshape(-1), epoch0[:40])
+    other_seed = TokenStream(numbered, "train", global_batch_size=8, seed=4, block_records=4)
+    assert not np.array_equal(first_tokens(other_seed, 0, 5).reshape(-1), epoch0[:40])
+
+
+def test_resuming_at_a_step_gives_the_same_batches_across_an_epoch_boundary(numbered):
+    stream = TokenStream(numbered, "train", global_batch_size=8, seed=3, block_records=4)
+    straight = first_tokens(stream, 0, stream.steps_per_epoch + 5)
+    resumed = first_tokens(stream, stream.steps_per_epoch - 3, 8)
+    np.testing.assert_array_equal(resumed, straight[-8:])
+
+
+def test_blocks_are_contiguous_runs_of_records(numbered):
+    batch = first_tokens(TokenStream(numbered, "train", global_batch_size=8, seed=3, block_records=4), 0, 1)[0]
+    for start in range(0, 8, 4):
+        run = batch[start:start + 4]
+        np.testing.assert_array_equal(np.diff(run), np.ones(3))
+
+
+def test_unshuffled_stream_is_in_file_order(numbered):
+    stream = TokenStream(numbered, "val", global_batch_size=10, shuffle=False, block_records=4)
+    np.testing.assert_array_equal(first_tokens(stream, 0, 2).reshape(-1), np.arange(20))
+
+
+@pytest.fixture()
+def copy(numbered, tmp_path):
+    target = str(tmp_path / "copy")
+    shutil.copytree(numbered, target)
+    return target
+
+
+def test_truncated_shard_is_an_error_naming_the_file(copy):
+    path = os.path.join(copy, "train", "00001.bin")
+    with open(path, "r+b") as handle:
+        handle.truncate(100)
+    with pytest.raises(shards.ShardError, match="00001.bin"):
+        TokenStream(copy, "train", global_batch_size=8)
+
+
+def test_corrupt_shard_fails_its_checksum(copy):
+    path = os.path.join(copy, "train", "00002.bin")
+    with open(path, "r+b") as handle:
+        handle.write(b"\xff\xff")
+    with pytest.raises(shards.ShardError, match="00002.bin.*sha256"):
+        TokenStream(copy, "train", global_batch_size=8)
+
+
+def test_model_mismatches_are_errors_naming_the_manifest(copy):
+    with pytest.raises(shards.ShardError, match="manifest.json.*seq_len 8 does not match the model's 16"):
+        TokenStream(copy, "train", global_batch_size=8, seq_len=16)
+    with pytest.raises(shards.ShardError, match="manifest.json.*vocab_size 512 exceeds the model's 256"):
+        TokenStream(copy, "train", global_batch_size=8, vocab_size=256)
+
+
+def test_too_small_a_split_for_one_batch_is_an_error(copy):
+    with pytest.raises(shards.ShardError, match="fewer than one global batch"):
+        TokenStream(copy, "train", global_batch_size=1024)
+
+
+def test_missing_manifest_is_an_error(tmp_path):
+    with pytest.raises(shards.ShardError, match="manifest.json"):
+        TokenStream(str(tmp_path), "train", global_batch_size=8)
+
+
+def test_bad_arguments_name_the_field():
+    with pytest.raises(ValueError, match="divisible by the data-parallel size"):
+        TokenStream("unused", "train", global_batch_size=9, dp_size=2)
+    with pytest.raises(ValueError, match="split must be one of train, val"):
+        TokenStream("unused", "test", global_batch_size=8)
+

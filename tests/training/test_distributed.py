@@ -1,0 +1,115 @@
+"""Horovod over Gloo and MWMS over gRPC, two processes on loopback, against one process.
+
+Same global batch and seed: both ranks must end with bit-identical weights, and those must
+match the single-process run up to float rounding (the all-reduce sums in another order).
+"""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lm.distributed.mwms import tf_config_from_sagemaker, worker_rank
+
+from . import helpers
+
+STEPS = {"max_steps": 5, "global_batch_size": 8}
+DIGEST = re.compile(r"rank (\d+)/(\d+) weights sha256 ([0-9a-f]{64})")
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def digests(output):
+    return {int(rank): digest for rank, size, digest in DIGEST.findall(output)}
+
+
+@pytest.fixture(scope="module")
+def single_run(text_dataset, tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("single"))
+    result = helpers.run_training(text_dataset, tmp, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"),
+                                  xla=False, **STEPS)
+    assert result.returncode == 0, result.stdout
+    return tmp, result.stdout
+
+
+def assert_matches_single(tmp, output, single_run):
+    single_tmp, single_output = single_run
+    found = digests(output)
+    assert sorted(found) == [0, 1], output
+    assert found[0] == found[1], "the two ranks ended with different weights"
+    ours = np.load(os.path.join(tmp, "model", "weights.npz"))
+    reference = np.load(os.path.join(single_tmp, "model", "weights.npz"))
+    assert ours.files == reference.files
+    for key in ours.files:
+        np.testing.assert_allclose(ours[key], reference[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    ours_losses, reference_losses = helpers.losses(output), helpers.losses(single_output)
+    assert sorted(ours_losses) == sorted(reference_losses) == list(range(1, STEPS["max_steps"] + 1))
+    for step, loss in reference_losses.items():
+        assert ours_losses[step] == pytest.approx(loss, abs=2e-4)
+
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod is not installed in this environment")
+def test_horovod_gloo_two_processes_match_one(text_dataset, tmp_path, single_run):
+    tmp = str(tmp_path)
+    command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo"] + \
+        helpers.train_args(text_dataset, tmp, strategy="horovod", xla=False, **STEPS)
+    result = subprocess.run(command, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, universal_newlines=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    assert_matches_single(tmp, result.stdout, single_run)
+
+
+@pytest.mark.slow
+def test_mwms_two_workers_on_loopback_match_one(text_dataset, tmp_path, single_run):
+    tmp = str(tmp_path)
+    workers = ["127.0.0.1:%d" % port for port in free_ports(2)]
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = helpers.environment(LM_REPORT_WEIGHT_DIGEST="1", TF_CONFIG=json.dumps(tf_config))
+        # Each worker its own checkpoint directory: only the chief may write, the other must not.
+        args = helpers.train_args(text_dataset, os.path.join(tmp, "w%d" % index), strategy="mwms", xla=False,
+                                  **STEPS)
+        processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          universal_newlines=True))
+    outputs = [process.communicate(timeout=600)[0] for process in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output
+    assert not os.path.exists(os.path.join(tmp, "w1", "model")), "only the chief exports"
+    other_checkpoints = os.path.join(tmp, "w1", "ckpt")
+    assert not os.path.isdir(other_checkpoints) or not os.listdir(other_checkpoints), "only the chief saves"
+    assert "[train]" not in outputs[1], "only the chief logs metrics"
+    assert_matches_single(os.path.join(tmp, "w0"), outputs[0] + outputs[1], single_run)
+
+
+def test_tf_config_is_built_from_the_sagemaker_hosts():
+    environ = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2"}
+    assert tf_config_from_sagemaker(environ) == {
+        "cluster": {"worker": ["algo-1:2222", "algo-2:2222"]}, "task": {"type": "worker", "index": 1}}
+    environ["LM_HOST_ADDRESSES"] = '{"algo-1": "127.0.0.1:5001", "algo-2": "127.0.0.1:5002"}'
+    assert tf_config_from_sagemaker(environ)["cluster"]["worker"] == ["127.0.0.1:5001", "127.0.0.1:5002"]
+    assert tf_config_from_sagemaker({}) is None
+    with pytest.raises(ValueError, match="SM_CURRENT_HOST 'algo-3' is not in SM_HOSTS"):
+        tf_config_from_sagemaker({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-3"})
+
+
+def test_worker_rank_counts_a_chief_task_first():
+    cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    assert worker_rank({"cluster": cluster, "task": {"type": "chief", "index": 0}}) == (0, 3)
+    assert worker_rank({"cluster": cluster, "task": {"type": "worker", "index": 1}}) == (2, 3)

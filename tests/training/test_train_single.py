@@ -1,0 +1,133 @@
+"""lm.train on one device: learns real text, deterministic, exact resume after SIGTERM, clear errors."""
+import collections
+import math
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from lm import shards
+
+from . import helpers
+
+
+def unigram_entropy(directory):
+    manifest = shards.load_manifest(directory)
+    counts = collections.Counter()
+    for shard in manifest.split_shards("train"):
+        tokens = np.fromfile(os.path.join(directory, shard.path), "<u2").reshape(-1, manifest.seq_len + 1)
+        counts.update(tokens[:, 1:].reshape(-1).tolist())
+    total = sum(counts.values())
+    return -sum(n / total * math.log(n / total) for n in counts.values())
+
+
+@pytest.mark.slow
+def test_tiny_learns_real_text_below_the_unigram_entropy(text_dataset, tmp_path, capsys):
+    status, output = helpers.run_in_process(
+        capsys, text_dataset, str(tmp_path), max_steps=300, global_batch_size=16, learning_rate=0.03,
+        warmup_steps=30, log_every=50, eval_batches=4, xla=False)
+    assert status == 0, output
+    entropy = unigram_entropy(text_dataset)
+    final = helpers.val_losses(output)[-1]
+    train = helpers.losses(output)
+    assert train[50] > train[300]
+    # Clearly below what a model that ignores context can reach.
+    assert final < entropy - 0.5, (final, entropy)
+    assert os.path.isfile(os.path.join(str(tmp_path), "model", "model.json"))
+
+
+@pytest.mark.slow
+def test_same_seed_same_losses_and_weights_other_seed_differs(text_dataset, tmp_path, capsys):
+    runs = [helpers.run_in_process(capsys, text_dataset, str(tmp_path / name), seed=seed, max_steps=6)
+            for name, seed in (("a", 7), ("b", 7), ("c", 8))]
+    for status, output in runs:
+        assert status == 0, output
+    a, b, c = (helpers.losses(output) for _, output in runs)
+    assert len(a) == 6
+    assert a == b
+    assert a != c
+    weights = [np.load(str(tmp_path / name / "model" / "weights.npz")) for name in ("a", "b")]
+    for key in weights[0].files:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset, tmp_path):
+    steps = 14
+    straight = helpers.run_training(text_dataset, str(tmp_path / "straight"), max_steps=steps)
+    assert straight.returncode == 0, straight.stdout
+    expected = helpers.losses(straight.stdout)
+
+    tmp = str(tmp_path / "interrupted")
+    process = subprocess.Popen(helpers.train_args(text_dataset, tmp, max_steps=steps), env=helpers.environment(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    first = []
+    for line in process.stdout:
+        first.append(line)
+        if line.startswith("[train] step=5 "):
+            process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0, "".join(first)
+    interrupted = helpers.losses("".join(first))
+    stopped_at = max(interrupted)
+    assert 5 <= stopped_at < steps, "".join(first)
+    assert not os.path.exists(os.path.join(tmp, "model", "model.json"))
+    assert os.listdir(os.path.join(tmp, "ckpt")) == ["ckpt-%08d.npz" % stopped_at]
+
+    resumed = helpers.run_training(text_dataset, tmp, max_steps=steps)
+    assert resumed.returncode == 0, resumed.stdout
+    assert "resumed from" in resumed.stdout
+    second = helpers.losses(resumed.stdout)
+    assert min(second) == stopped_at + 1
+    combined = dict(interrupted)
+    combined.update(second)
+    assert sorted(combined) == sorted(expected)
+    for step in expected:
+        assert combined[step] == pytest.approx(expected[step], abs=2e-4), step
+    assert helpers.val_losses(resumed.stdout)[-1] == pytest.approx(helpers.val_losses(straight.stdout)[-1], abs=2e-4)
+
+
+def test_unknown_hyperparameter_is_a_clear_error(text_dataset, tmp_path, capsys):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), **{"learning-rate": 0.1})
+    assert status == 2
+    assert "unknown hyperparameters --learning-rate; allowed: model, preset" in output
+
+
+def test_bad_value_names_the_field_and_the_allowed_values(text_dataset, tmp_path, capsys):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), precision="fp8")
+    assert status == 2
+    assert "hyperparameters.precision must be one of auto, fp32, fp16, bf16, got 'fp8'" in output
+
+
+def test_seq_len_that_disagrees_with_the_dataset_is_an_error(text_dataset, tmp_path, capsys):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), seq_len=32)
+    assert status == 2
+    assert "hyperparameters.seq_len is 32 but the dataset's records hold 64 tokens" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision, recompute", [("fp16", False), ("bf16", True)])
+def test_mixed_precision_and_recompute_train(text_dataset, tmp_path, capsys, precision, recompute):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), precision=precision,
+                                            recompute=recompute, max_steps=3, xla=False)
+    assert status == 0, output
+    assert "precision %s" % precision in output
+    losses = helpers.losses(output)
+    assert sorted(losses) == [1, 2, 3] and all(math.isfinite(loss) for loss in losses.values())
+    assert math.isfinite(helpers.val_losses(output)[-1])
+
+
+@pytest.mark.slow
+def test_the_rnn_family_trains_through_the_same_loop(text_dataset, tmp_path, capsys):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), model="rnn", preset="rnn-tiny",
+                                            max_steps=3, xla=False)
+    assert status == 0, output
+    assert "training rnn-tiny (rnn" in output
+    assert sorted(helpers.losses(output)) == [1, 2, 3]
+
+
+def test_a_preset_of_another_family_is_an_error(text_dataset, tmp_path, capsys):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), model="gpt", preset="rnn-tiny")
+    assert status == 2
+    assert "rnn-tiny" in output and "allowed:" in output

@@ -1,0 +1,196 @@
+"""The one interface every distribution strategy implements.
+
+`lm.train` talks to a `Strategy` and to nothing else that is strategy-specific. Its life:
+
+    strategy = lm.distributed.get_strategy(name)   # constructing does nothing
+    strategy.setup()                               # init the library, pin the GPU
+    model = strategy.build_model(lambda: lm.models.build(config))
+    with strategy.scope():
+        optimizer = lm.optim.AdamW(...)            # creates its slots eagerly
+    train_step = strategy.build_train_step(model, optimizer, loss_fn, ...)
+    eval_step = strategy.build_eval_step(model, loss_fn, ...)
+    restore the newest checkpoint (every rank reads it), then per step:
+        metrics = train_step(inputs, labels)       # inputs, labels: this data-parallel rank's batch
+        after the first step of this process: strategy.broadcast_initial_state(model, optimizer)
+    only ranks with `writes_checkpoints` save; only `is_chief` prints and exports.
+
+The batch a train step receives is what this process's input pipeline delivers:
+`global_batch_size // data_parallel_size` sequences. An adapter that drives several devices
+from one process (MWMS with several local GPUs) splits that batch over them itself.
+
+What an adapter must do (override only what differs from the single-device defaults):
+- `setup()`: initialise its library exactly once, then set `rank`, `size`, `local_rank`,
+  `local_size`, and pin this process to GPU `local_rank` (`pin_gpu`) when it runs one process
+  per GPU. Return self.
+- `data_parallel_rank` / `data_parallel_size`: which disjoint slice of the data this process
+  reads, out of how many. Equal to rank/size except under model parallelism, where all
+  ranks of one model replica share a data-parallel rank (SMP: `smp.dp_rank()`, `smp.dp_size()`).
+- `scope()`: the context variables must be created in (MWMS: `strategy.scope()`).
+- `build_model(build_fn)`: return the Keras model `build_fn()` builds, created in `scope()`
+  (SMP: wrapped as an `smp.DistributedModel`).
+- `reduce_gradients(grads)`: the mean of each gradient over all data-parallel replicas, as a
+  list in the same order (Horovod: `hvd.grouped_allreduce(op=hvd.Average)`, which is what
+  `hvd.DistributedGradientTape` does). Adapters whose all-reduce happens elsewhere (MWMS
+  inside `strategy.run`, SMP inside `@smp.step`) override `build_train_step` instead.
+- `allreduce_mean(value)`: the mean of a float32 scalar tensor or Python float over all
+  data-parallel replicas, inside a train/eval step's graph and eagerly from the loop
+  (`lm.train` uses it to agree on stopping after SIGTERM).
+- `devices`: how many devices all processes drive together (MFU's denominator).
+- `build_train_step(...)`: a callable `(inputs, labels) -> {"loss", "grad_norm", "loss_scale"}`
+  of float32 scalars that does forward, backward, gradient all-reduce, clipping and the
+  optimizer update. "loss" is the mean over the GLOBAL batch; every replica applies the same
+  averaged gradient, so weights stay identical everywhere. The default composes
+  `compute_gradients` (XLA-compiled when `jit_compile`) with `reduce_gradients` and
+  `apply_update`; an override must keep that meaning.
+- `build_eval_step(...)`: `(inputs, labels) -> loss`, the mean over the global batch.
+- `broadcast_initial_state(model, optimizer)`: make every rank's weights and optimizer state
+  equal rank 0's (Horovod: `hvd.broadcast_variables`). Called once, after the first step, when
+  the optimizer's variables exist. A no-op where variables are mirrored by construction.
+- `barrier()`: return when every rank has called it.
+- `writes_checkpoints` / `checkpoint_tag`: which ranks save, and a tag that keeps the files of
+  ranks holding different variables apart (SMP: one file per pipeline partition).
+- `shutdown()`: release the library at the end (optional).
+"""
+import contextlib
+
+from lm.compat import tf
+
+
+def pin_gpu(local_rank):
+    """Make only GPU `local_rank` visible to this process (memory grows on demand)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    if local_rank >= len(gpus):
+        raise RuntimeError("local rank %d but only %d GPUs visible" % (local_rank, len(gpus)))
+    gpu = gpus[local_rank]
+    tf.config.set_visible_devices(gpu, "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)
+
+
+def compute_gradients(model, loss_fn, inputs, labels, loss_scale=None):
+    """Forward and backward on one replica's batch: (loss, gradients), gradients unscaled.
+
+    `loss_fn(labels, logits)` returns the mean loss over the batch's tokens. With a loss
+    scale (float16), the loss is multiplied by it before the backward pass and the gradients
+    divided by it afterwards, so small gradients survive in float16.
+    """
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        logits = model(inputs, training=True)
+        loss = tf.cast(loss_fn(labels, logits), tf.float32)
+        scaled = loss_scale.scale(loss) if loss_scale is not None else loss
+    # Dense gradients: embedding lookups give IndexedSlices, which all-reduce and update slowly.
+    grads = [tf.convert_to_tensor(grad) for grad in tape.gradient(scaled, variables)]
+    if loss_scale is not None:
+        grads = loss_scale.unscale(grads)
+    return loss, grads
+
+
+def apply_update(optimizer, variables, grads, grad_clip=0.0, loss_scale=None):
+    """Clip by global norm, then apply; with a loss scale, skip the update on inf/nan gradients.
+
+    Returns {"grad_norm", "loss_scale"}. The same averaged gradients give the same update on
+    every replica.
+    """
+    grad_norm = tf.linalg.global_norm(grads)
+    if grad_clip and grad_clip > 0:
+        grads, _ = tf.clip_by_global_norm(grads, grad_clip, use_norm=grad_norm)
+    if loss_scale is None:
+        optimizer.apply_gradients(grads, variables)
+        return {"grad_norm": grad_norm, "loss_scale": tf.constant(1.0)}
+    finite = tf.math.is_finite(grad_norm)
+    optimizer.apply_gradients(grads, variables, apply=finite)
+    loss_scale.update(finite)
+    return {"grad_norm": grad_norm, "loss_scale": tf.identity(loss_scale.value)}
+
+
+class Strategy:
+    """Single process, single device. Adapters subclass it and override what differs."""
+
+    name = "single"
+
+    def __init__(self):
+        self.rank = 0
+        self.size = 1
+        self.local_rank = 0
+        self.local_size = 1
+
+    def setup(self):
+        pin_gpu(self.local_rank)
+        return self
+
+    @property
+    def is_chief(self):
+        return self.rank == 0
+
+    @property
+    def data_parallel_rank(self):
+        return self.rank
+
+    @property
+    def data_parallel_size(self):
+        return self.size
+
+    @property
+    def devices(self):
+        """Accelerators (or CPUs) all processes drive together: the denominator of MFU."""
+        return self.size
+
+    @property
+    def writes_checkpoints(self):
+        return self.is_chief
+
+    @property
+    def checkpoint_tag(self):
+        return ""
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def build_model(self, build_fn):
+        with self.scope():
+            return build_fn()
+
+    def reduce_gradients(self, grads):
+        return list(grads)
+
+    def allreduce_mean(self, value):
+        return value
+
+    def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
+        """(inputs, labels) -> {"loss", "grad_norm", "loss_scale"}; see the module docstring."""
+        forward_backward = tf.function(
+            lambda inputs, labels: compute_gradients(model, loss_fn, inputs, labels, loss_scale),
+            jit_compile=jit_compile, autograph=False)
+
+        @tf.function(autograph=False)
+        def train_step(inputs, labels):
+            loss, grads = forward_backward(inputs, labels)
+            grads = self.reduce_gradients(grads)
+            metrics = apply_update(optimizer, model.trainable_variables, grads, grad_clip, loss_scale)
+            metrics["loss"] = self.allreduce_mean(loss)
+            return metrics
+
+        return train_step
+
+    def build_eval_step(self, model, loss_fn, *, jit_compile=False):
+        """(inputs, labels) -> mean loss over the global batch, no dropout."""
+        forward = tf.function(
+            lambda inputs, labels: tf.cast(loss_fn(labels, model(inputs, training=False)), tf.float32),
+            jit_compile=jit_compile, autograph=False)
+
+        @tf.function(autograph=False)
+        def eval_step(inputs, labels):
+            return self.allreduce_mean(forward(inputs, labels))
+
+        return eval_step
+
+    def broadcast_initial_state(self, model, optimizer):
+        """Single device: nothing to broadcast."""
+
+    def barrier(self):
+        """Single process: nothing to wait for."""
+
+    def shutdown(self):
+        """Nothing to release."""

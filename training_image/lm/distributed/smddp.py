@@ -1,0 +1,65 @@
+"""SageMaker distributed data parallel (SMDDP), TF 2.11 image: one process per GPU.
+
+The library's six documented steps: `sdp.init()`; pin GPU `sdp.local_rank()`; scale the
+learning rate by `sdp.size()` (lm.train does it from `data_parallel_size`); wrap the tape in
+`sdp.DistributedGradientTape`; `sdp.broadcast_variables` of model and optimizer state from
+rank 0 after the first step; checkpoints and export on rank 0 only. SMDDP does not support
+Keras `model.fit`, which is why the loop is a plain GradientTape step.
+"""
+from lm.compat import tf
+from lm.distributed.base import Strategy, apply_update, pin_gpu
+
+
+class SMDDPStrategy(Strategy):
+    name = "smddp"
+
+    def __init__(self):
+        super().__init__()
+        self._sdp = None
+
+    def setup(self):
+        import smdistributed.dataparallel.tensorflow as sdp
+
+        sdp.init()
+        self._sdp = sdp
+        self.rank, self.size = sdp.rank(), sdp.size()
+        self.local_rank, self.local_size = sdp.local_rank(), sdp.local_size()
+        pin_gpu(self.local_rank)
+        return self
+
+    def allreduce_mean(self, value):
+        # allreduce(tensor, param_index, num_params) averages by default.
+        return self._sdp.allreduce(tf.convert_to_tensor(value), 0, 1)
+
+    def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
+        # The tape wraps a call of the (XLA-compiled) forward function, so the backward pass is
+        # compiled too while the all-reduce that DistributedGradientTape adds stays outside XLA.
+        variables = model.trainable_variables
+        forward = tf.function(
+            lambda inputs, labels: tf.cast(loss_fn(labels, model(inputs, training=True)), tf.float32),
+            jit_compile=jit_compile)
+
+        @tf.function
+        def train_step(inputs, labels):
+            with tf.GradientTape() as tape:
+                loss = forward(inputs, labels)
+                scaled = loss_scale.scale(loss) if loss_scale is not None else loss
+            grads = self._sdp.DistributedGradientTape(tape).gradient(scaled, variables)
+            if loss_scale is not None:
+                grads = loss_scale.unscale(grads)
+            metrics = apply_update(optimizer, variables, grads, grad_clip, loss_scale)
+            metrics["loss"] = self.allreduce_mean(loss)
+            return metrics
+
+        return train_step
+
+    def broadcast_initial_state(self, model, optimizer):
+        self._sdp.broadcast_variables(model.variables, root_rank=0)
+        self._sdp.broadcast_variables(optimizer.variables, root_rank=0)
+
+    def barrier(self):
+        # SMDDP documents no barrier; an all-reduce returns only when every rank has joined it.
+        self._sdp.allreduce(tf.constant(0.0), 0, 1).numpy()
+
+    def shutdown(self):
+        self._sdp.shutdown()
