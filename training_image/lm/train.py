@@ -208,8 +208,10 @@ def run(hp, paths):
     from lm.compat import keras, tf
     from lm import distributed, models, optim
 
-    stop = StopFlag()
     strategy = distributed.get_strategy(hp["strategy"]).setup()
+    # After setup: creating MultiWorkerMirroredStrategy installs TF's own SIGTERM handler, which
+    # would replace ours and turn a spot interruption into a hard kill.
+    stop = StopFlag()
     chief = strategy.is_chief
 
     def say(line):
