@@ -1,0 +1,134 @@
+"""Demo step: `report.md` with the loss curve across the interruption, throughput, the data
+bytes ratio and where every artifact is."""
+import os
+import re
+import statistics
+
+from lm import job, shards
+
+STEP = re.compile(r"\bstep=(\d+)\b")
+
+
+def train_points(log_text):
+    """[(step, {metric: value})] of the `[train]` lines of a log, as SageMaker's regexes read them."""
+    points = []
+    for line in log_text.splitlines():
+        if job.TRAIN_LOG_PREFIX not in line:
+            continue
+        line = line[line.index(job.TRAIN_LOG_PREFIX):]
+        match = STEP.search(line)
+        metrics = job.parse_metrics(line)
+        if match and "train:loss" in metrics:
+            points.append((int(match.group(1)), metrics))
+    return points
+
+
+def data_ratio(dataset_dir):
+    """(shard bytes, text bytes, tokens) of a dataset, from its manifest."""
+    manifest = shards.load_manifest(dataset_dir)
+    shard_bytes = sum(shard.bytes for shard in manifest.shards)
+    text_bytes = sum(values["text_bytes"] for values in manifest.inputs.values())
+    tokens = sum(values["tokens"] for values in manifest.inputs.values())
+    return shard_bytes, text_bytes, tokens
+
+
+def plot_loss(attempts, resume_step, path, title):
+    """attempts: [(label, [(step, metrics)])]; a vertical line where the second attempt resumed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for (label, points), marker in zip(attempts, ("o", "s")):
+        axes.plot([step for step, _ in points], [metrics["train:loss"] for _, metrics in points],
+                  marker=marker, markersize=3, label=label)
+    axes.axvline(resume_step, color="grey", linestyle="--", label="resumed from the checkpoint of step %d" % resume_step)
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    tmp = path + ".tmp.png"
+    figure.savefig(tmp, dpi=100)
+    pyplot.close(figure)
+    os.replace(tmp, path)
+    return path
+
+
+def median_tokens_per_second(points):
+    """The median over log windows, leaving out each attempt's first (it includes tracing)."""
+    values = [metrics["train:tokens_per_second"] for _, metrics in points[1:]]
+    return statistics.median(values) if values else float("nan")
+
+
+def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, timings):
+    attempts = [("attempt 1 (interrupted)", train_points(training["chief_logs"][0])),
+                ("attempt 2 (resumed)", train_points(training["chief_logs"][1]))]
+    request = execution["request"]
+    hp = {name: job.decode_hyperparameter(value) for name, value in request["HyperParameters"].items()}
+    png = plot_loss(attempts, training["stop_step"], os.path.join(out_dir, "loss.png"),
+                    "%s, %s on %d hosts, one spot interruption" % (hp["preset"], hp["strategy"], len(training["hosts"])))
+    shard_bytes, text_bytes, tokens = data_ratio(dataset_dir)
+    lines = [
+        "# lmstack demo report",
+        "",
+        "Training job `%s`: preset `%s`, strategy `%s`, %d local hosts (`%s` in the request), %d steps of %s "
+        "sequences." % (request["TrainingJobName"], hp["preset"], hp["strategy"], request["ResourceConfig"]["InstanceCount"],
+                        request["ResourceConfig"]["InstanceType"], training["max_steps"], hp["global_batch_size"]),
+        "",
+        "## Loss across the spot interruption",
+        "",
+        "![loss curve](%s)" % os.path.basename(png),
+        "",
+        "SIGTERM to both workers when the chief had logged step %d; they agreed to stop after step %d, saved "
+        "a checkpoint and exited 0. After the checkpoint sync the second attempt resumed from it and ran to "
+        "step %d." % (training["signal_step"], training["stop_step"], training["max_steps"]),
+        "",
+        "| attempt | steps logged | first loss | last loss | median tokens/s |",
+        "|---|---|---|---|---|",
+    ]
+    for label, points in attempts:
+        lines.append("| %s | %d..%d | %.4f | %.4f | %.0f |" % (
+            label, points[0][0], points[-1][0], points[0][1]["train:loss"], points[-1][1]["train:loss"],
+            median_tokens_per_second(points)))
+    lines += [
+        "",
+        "tokens/s: all workers together, from the `[train]` lines (CPU, 2 cores shared by both workers).",
+        "",
+        "## Data",
+        "",
+        "| text bytes | tokens | shard bytes | shard bytes / text bytes |",
+        "|---|---|---|---|",
+        "| %d | %d | %d | %.3f |" % (text_bytes, tokens, shard_bytes, shard_bytes / text_bytes),
+        "",
+        "(The seed's preprocessing made its data about 5x larger than the text.)",
+        "",
+        "## Inference",
+        "",
+    ]
+    for prompt, generated in zip(serving["prompts"], serving["generations"]):
+        lines.append("- `%r` -> `%r`" % (prompt, generated))
+    lines += ["", "## Step times", "", "| step | seconds |", "|---|---|"]
+    lines += ["| %s | %.1f |" % (name, seconds) for name, seconds in timings.items()]
+    lines += ["", "## Artifacts", ""]
+    artifacts = [
+        ("corpus", os.path.join(out_dir, "corpus")),
+        ("dataset (manifest, tokenizer, shards)", dataset_dir),
+        ("state machine execution (input, states, CreateTrainingJob request, output)", execution["record"]),
+        ("/opt/ml trees of the hosts", os.path.join(out_dir, "hosts")),
+        ("checkpoints (the simulated S3 prefix)", training["checkpoints"]),
+        ("exported model", training["model_dir"]),
+        ("training logs", ", ".join(training["logs"])),
+        ("server log", serving["log"]),
+        ("loss curve", png),
+    ]
+    if synthesis:
+        artifacts += [("CloudFormation templates", ", ".join(synthesis["templates"])),
+                      ("synth log", synthesis["log"])]
+    lines += ["- %s: `%s`" % (what, where) for what, where in artifacts]
+    path = os.path.join(out_dir, "report.md")
+    shards.write_atomically(path, "\n".join(lines) + "\n")
+    return {"report": path, "png": png, "data_ratio": shard_bytes / text_bytes,
+            "tokens_per_second": [median_tokens_per_second(points) for _, points in attempts],
+            "attempts": attempts}

@@ -1,0 +1,120 @@
+"""`make demo` (lmstack.demo): every step end to end on a small budget, and a failing step
+stopping the demo with its name.
+
+Nothing here is a fake except what the demo itself documents: moto's Step Functions engine
+executes the shipped definition (its parse kept, its waits shortened), and a local directory
+stands for the checkpoint S3 prefix.
+"""
+import json
+import os
+
+import pytest
+
+from lm import job
+from lm.export import load_exported
+from lmstack import demo, demo_report, demo_train
+
+SMALL = dict(corpus_bytes=600000, max_steps=40, interrupt_at=15, checkpoint_every=10, synth=False,
+             prompts=("def main(", "The Python"), max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    settings = demo.DemoSettings(output=str(tmp_path_factory.mktemp("demo-output")), **SMALL)
+    return settings, demo.run(settings)
+
+
+@pytest.mark.slow
+def test_the_training_request_comes_from_the_state_machine(finished):
+    settings, results = finished
+    execution = results["state machine"]
+    states = execution["states"]
+    assert states[0] == "Validate" and states[-1] == "Outputs"
+    assert "Train.Create" in states and "Train.Request.mwms" in states
+    request = execution["request"]
+    assert request["ResourceConfig"]["InstanceCount"] == 2
+    assert request["HyperParameters"]["sagemaker_multi_worker_mirrored_strategy_enabled"] == "true"
+    assert request["HyperParameters"]["max_steps"] == str(SMALL["max_steps"])
+    with open(execution["record"]) as handle:
+        assert json.load(handle)["request"] == request
+    # The hosts ran on exactly those hyperparameters, as the toolkit reads them.
+    tree = os.path.join(settings.output, "hosts", "attempt-2", "algo-2", "input", "config")
+    with open(os.path.join(tree, "hyperparameters.json")) as handle:
+        assert json.load(handle) == request["HyperParameters"]
+    with open(os.path.join(tree, "resourceconfig.json")) as handle:
+        assert json.load(handle)["hosts"] == ["algo-1", "algo-2"]
+
+
+@pytest.mark.slow
+def test_training_is_interrupted_checkpoints_and_resumes_to_the_end(finished):
+    settings, results = finished
+    training = results["train"]
+    stop = training["stop_step"]
+    assert training["signal_step"] <= stop < SMALL["max_steps"]
+    assert "ckpt-%08d.npz" % stop in training["synced_checkpoints"]
+    before = [step for step, _ in demo_report.train_points(training["chief_logs"][0])]
+    after = [step for step, _ in demo_report.train_points(training["chief_logs"][1])]
+    assert before and max(before) <= stop
+    log_every = int(results["state machine"]["request"]["HyperParameters"]["log_every"])
+    assert stop < after[0] <= stop + log_every and after[-1] == SMALL["max_steps"]
+    assert after == sorted(set(after))
+    model, config, tokenizer = load_exported(training["model_dir"])
+    assert config.vocab_size == 512 and config.n_layer == 2
+    for log in training["logs"][2:]:  # the other host: no metric lines, no export
+        with open(log) as handle:
+            assert job.TRAIN_LOG_PREFIX not in handle.read()
+    assert not os.listdir(os.path.join(settings.output, "hosts", "attempt-2", "algo-2", "model"))
+
+
+@pytest.mark.slow
+def test_the_server_answered_and_the_report_is_written(finished):
+    settings, results = finished
+    serving = results["serve"]
+    assert len(serving["generations"]) == len(SMALL["prompts"])
+    for prompt, text in zip(SMALL["prompts"], serving["generations"]):
+        assert isinstance(text, str) and text.strip()
+    written = results["report"]
+    with open(written["png"], "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(written["report"]) as handle:
+        text = handle.read()
+    assert "loss.png" in text and "shard bytes / text bytes" in text
+    assert results["train"]["model_dir"] in text
+    shard_bytes, text_bytes, _ = demo_report.data_ratio(results["prepare"]["dataset"])
+    assert written["data_ratio"] == pytest.approx(shard_bytes / text_bytes)
+    assert 0 < written["data_ratio"] < 5
+    assert all(value > 0 for value in written["tokens_per_second"])
+
+
+def test_a_failing_step_stops_the_demo_and_names_it(tmp_path, capsys):
+    status = demo.main(["--output", str(tmp_path), "--corpus-bytes", "2000", "--skip-synth"])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "demo failed: step 'prepare' failed:" in captured.err
+    assert "fewer than one global batch" in captured.err and "--corpus-bytes" in captured.err
+    assert "[3/7]" not in captured.out, "no step after the failing one runs"
+
+
+def test_an_unexpected_error_is_reported_with_the_step_name(tmp_path):
+    ran = []
+
+    def broken(settings, results):
+        raise KeyError("manifest.json")
+
+    steps = [("first", lambda settings, results: ran.append("first")), ("broken", broken),
+             ("never", lambda settings, results: ran.append("never"))]
+    with pytest.raises(demo.DemoFailed) as failure:
+        demo.run(demo.DemoSettings(output=str(tmp_path)), steps)
+    assert failure.value.step == "broken" and "KeyError" in failure.value.reason
+    assert ran == ["first"]
+
+
+def test_a_bad_interruption_step_and_foreign_paths_are_refused(tmp_path):
+    request = {"ResourceConfig": {"InstanceCount": 2}, "HyperParameters": {"max_steps": "10"},
+               "CheckpointConfig": {"S3Uri": "s3://bucket/checkpoints/demo/", "LocalPath": "/opt/ml/checkpoints"}}
+    with pytest.raises(demo_train.StepError, match="interrupt_at must be between 1 and max_steps - 1"):
+        demo_train.train(request, {}, str(tmp_path), interrupt_at=10)
+    assert demo_train.local_path("/tmp/h", "/opt/ml/checkpoints") == "/tmp/h/checkpoints"
+    assert demo_train.s3_path("/out/s3", "s3://bucket/checkpoints/demo/") == "/out/s3/bucket/checkpoints/demo"
+    with pytest.raises(demo_train.StepError, match="not an s3:// URI"):
+        demo_train.s3_path("/out/s3", "/local/path")
