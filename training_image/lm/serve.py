@@ -28,7 +28,7 @@ import threading
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from lm.serve_app import LIMIT_VARIABLES, Limits, ServingState, make_app
+from lm.serve_app import LIMIT_VARIABLES, Limits, ServingState, make_app, positive_int_env
 
 log = logging.getLogger("lm.serve")
 
@@ -97,19 +97,6 @@ class Server(BaseApplication):
         return make_app(state, request_timeout=self.options["timeout"])
 
 
-def _positive_int(environ, variable, default):
-    raw = environ.get(variable)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError("%s must be a positive integer, got %r" % (variable, raw))
-    return value
-
-
 def parse_args(argv, environ):
     parser = argparse.ArgumentParser(prog="serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", default=environ.get("SM_MODEL_DIR") or DEFAULT_MODEL_DIR)
@@ -122,12 +109,12 @@ def parse_args(argv, environ):
     parser.add_argument("command", nargs="?", choices=["serve"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        port = args.port or _positive_int(environ, "SAGEMAKER_BIND_TO_PORT", DEFAULT_PORT)
-        workers = args.workers or _positive_int(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", DEFAULT_WORKERS)
-        timeout = args.timeout or _positive_int(environ, "SAGEMAKER_MODEL_SERVER_TIMEOUT", DEFAULT_TIMEOUT)
-        threads = args.threads or _positive_int(environ, "LM_SERVE_THREADS", DEFAULT_THREADS)
+        port = args.port or positive_int_env(environ, "SAGEMAKER_BIND_TO_PORT", DEFAULT_PORT)
+        workers = args.workers or positive_int_env(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", DEFAULT_WORKERS)
+        timeout = args.timeout or positive_int_env(environ, "SAGEMAKER_MODEL_SERVER_TIMEOUT", DEFAULT_TIMEOUT)
+        threads = args.threads or positive_int_env(environ, "LM_SERVE_THREADS", DEFAULT_THREADS)
         for variable in LIMIT_VARIABLES.values():
-            _positive_int(environ, variable, 1)
+            positive_int_env(environ, variable, 1)
         for name, value in (("--port", port), ("--workers", workers), ("--timeout", timeout), ("--threads", threads)):
             if value < 1 or (name == "--port" and value > 65535):
                 raise ValueError("%s must be a positive integer%s, got %d"

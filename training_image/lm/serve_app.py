@@ -79,21 +79,29 @@ class Limits(collections.namedtuple("Limits", list(LIMIT_VARIABLES))):
         }
         values = {}
         for name, variable in LIMIT_VARIABLES.items():
-            raw = environ.get(variable)
-            if raw is None or raw == "":
+            value = positive_int_env(environ, variable, None)
+            if value is None:
                 values[name] = defaults[name]
                 continue
-            try:
-                value = int(raw)
-            except ValueError:
-                value = 0
-            if value < 1:
-                raise ValueError("%s must be a positive integer, got %r" % (variable, raw))
             if name in ("max_prompt_tokens", "max_new_tokens") and value >= context_length:
                 raise ValueError("%s must be below the model's context length %d, got %d"
                                  % (variable, context_length, value))
             values[name] = value
         return cls(**values)
+
+
+def positive_int_env(environ, variable, default):
+    """The environment variable as a positive integer, `default` when unset or empty."""
+    raw = environ.get(variable)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError("%s must be a positive integer, got %r" % (variable, raw))
+    return value
 
 
 # ---- request parsing ----
