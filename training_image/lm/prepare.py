@@ -37,6 +37,7 @@ import re
 import shutil
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -145,6 +146,16 @@ def _init_worker(tokenizer, threads, queue=None, parent_pid=None):
     _worker["tokenizer"] = tokenizer
     _worker["queue"] = queue
     _worker["parent_pid"] = parent_pid
+    if parent_pid is not None:
+        # An idle pool worker waits for its next task and never reaches `_report`: watch for the
+        # run being killed from a thread, so no worker outlives it.
+        threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_when_orphaned(parent_pid, interval=0.5):
+    while os.getppid() == parent_pid:
+        time.sleep(interval)
+    os._exit(3)
 
 
 def _report(progress, update):
