@@ -278,7 +278,12 @@ def run(hp, paths):
         batches.close()
         say(job.format_eval_log(at_step, total / eval_batches))
 
+    # Every rank must take the same save/barrier decisions: track the last checkpoint here rather
+    # than look at the directory, where rank 0 may already have renamed it in place (a hang).
+    saved = {"step": step if step else None}
+
     def save(at_step):
+        saved["step"] = at_step
         if strategy.writes_checkpoints:
             epoch, batch = train_stream.position(at_step)
             checkpoints.save(at_step, state, {"hyperparameters": dict(hp), "epoch": epoch, "batch": batch,
@@ -340,7 +345,7 @@ def run(hp, paths):
     if stopped:
         strategy.shutdown()
         return 0
-    if not checkpoints.steps() or checkpoints.steps()[-1] != step:
+    if saved["step"] != step:
         save(step)
     evaluate(step)
     if chief:
