@@ -12,13 +12,14 @@ sequence, the cache's only with its attention over the cached slots). Prints a t
 JSON; writes bench/results/generate.json.
 """
 import argparse
-import json
 import os
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+
+from publish import publish  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -89,10 +90,7 @@ def main(argv=None):
         print("%-6s %9d %6d %10.2f %12.1f %14.1f %8.2f %5s" % (
             row["config"], row["params"], row["new_tokens"], row["cache_s"], row["cache_tokens_per_s"],
             row["recompute_tokens_per_s"], row["speedup"], "yes" if row["same_tokens"] else "NO"))
-    print(json.dumps(report, indent=2))
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "generate.json"), "w") as handle:
-        json.dump(report, handle, indent=2)
+    publish("generate", report)
 
 
 if __name__ == "__main__":

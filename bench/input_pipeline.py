@@ -15,7 +15,6 @@ The shards are read once before timing, so all three read from the page cache. T
 `lm.data` >= 20 M tokens/s. Prints a table and JSON; writes bench/results/input_pipeline.json.
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+
+from publish import publish  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -111,10 +112,7 @@ def main(argv=None):
     print("%-22s %14s %10s %16s" % ("reader", "tokens", "seconds", "M tokens/s"))
     for name, row in results.items():
         print("%-22s %14d %10.3f %16.1f" % (name, row["tokens"], row["seconds"], row["tokens_per_s"] / 1e6))
-    print(json.dumps(report, indent=2))
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "input_pipeline.json"), "w") as handle:
-        json.dump(report, handle, indent=2)
+    publish("input_pipeline", report)
 
 
 if __name__ == "__main__":

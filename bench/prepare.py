@@ -14,7 +14,6 @@ table and JSON; writes bench/results/prepare.json. Targets (issue 4): ours x1 >=
 x2 >= 1.7 x x1, ratio <= 0.55.
 """
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -24,6 +23,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+
+from publish import publish  # noqa: E402
 
 from lm import pile, sample_corpus, shards  # noqa: E402
 from lm import tokenizer as tokenizers_lib  # noqa: E402
@@ -127,10 +128,7 @@ def main(argv=None):
           % (report["ours_x1_vs_raw_wall"], report["ours_x1_vs_raw_cpu"], report["ours_x1_vs_raw_cpu_steady"],
              report["x2_speedup_wall"], report["x2_speedup_wall_steady"], report["bytes_ratio"],
              report["load_average_1min"], report["cpus"]))
-    print(json.dumps(report, indent=2))
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "prepare.json"), "w") as handle:
-        json.dump(report, handle, indent=2)
+    publish("prepare", report)
     return report
 
 

@@ -18,7 +18,6 @@ which counts the seed's wider heads in N). Targets: ours >= 50 % of the matmul F
 >= 1.3 x the seed style's tokens/s. Prints a table and JSON; writes bench/results/train_step.json.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+
+from publish import publish  # noqa: E402
 
 from lm.compat import TF_VERSION, tf  # noqa: E402
 from lm.config import GPTConfig, flops_per_token, parameter_count  # noqa: E402
@@ -125,10 +126,7 @@ def main(argv=None):
                                                         row["model_flops_per_s"] / 1e9, 100 * row["fraction_of_matmul"]))
     print("best of ours (%s): %.2fx the seed style's tokens/s, %.1f %% of the matmul rate"
           % (best, report["ours_vs_seed_tokens_per_s"], 100 * report["ours_fraction_of_matmul"]))
-    print(json.dumps(report, indent=2))
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "train_step.json"), "w") as handle:
-        json.dump(report, handle, indent=2)
+    publish("train_step", report)
 
 
 if __name__ == "__main__":
