@@ -8,7 +8,11 @@ only what the AWS API reference documents for that call:
 - StopTrainingJob and UpdateEndpoint are missing: added as response handlers;
 - an endpoint is `InService` at once: each created or updated endpoint follows
   `endpoint_script` instead, one step per DescribeEndpoint;
-- Wait states sleep for real: they wait 10 ms instead (the seconds asked for are recorded).
+- Wait states sleep for real: they wait 10 ms instead (the seconds asked for are recorded);
+- moto's engine loses its place when an execution is stopped between the steps of a Task
+  state (it skips the stopped steps but still pops their results, and fails the execution
+  with States.Runtime instead of aborting it): `JobFake.park` holds a job's next
+  DescribeTrainingJob inside the call, so a test can stop the execution there, race-free.
 
 moto's ASL parser (ANTLR in pure Python) needs seconds for the main definition (more on a
 busy machine); it parses on create and again on every execution. `parsed_once` keeps the
@@ -19,6 +23,7 @@ nothing; every execution still runs from the definition we ship.
 import collections
 import dataclasses
 import json
+import threading
 import time
 from typing import Tuple
 
@@ -84,6 +89,15 @@ class JobFake:
         self._steps = {}
         self.endpoint_script = [("Creating", {}), ("InService", {})]
         self._endpoint_steps = {}
+        self._parked = {}
+
+    def park(self, name):
+        """Hold the next DescribeTrainingJob of job `name` inside the call until `.release`.
+
+        Returns (arrived, release): `arrived` is set once the call is held."""
+        arrived, release = threading.Event(), threading.Event()
+        self._parked[name] = (arrived, release)
+        return arrived, release
 
     def on_endpoint_change(self, endpoint, status):
         self._endpoint_steps[endpoint.endpoint_name] = collections.deque(self.endpoint_script)
@@ -104,6 +118,11 @@ class JobFake:
         self._apply(training_job, script[0])
 
     def on_describe(self, training_job):
+        parked = self._parked.pop(training_job.training_job_name, None)
+        if parked:
+            arrived, release = parked
+            arrived.set()
+            release.wait(60)
         steps = self._steps.get(training_job.training_job_name)
         if steps and training_job.training_job_name not in self.stopped:
             self._apply(training_job, steps.popleft() if len(steps) > 1 else steps[0])

@@ -33,7 +33,10 @@ def test_abort_stops_that_executions_job_only(deployment):
     kept = deployment.start({}, name="to-keep")
     created = _wait_for_jobs(deployment, 2)
     assert len(created) == 2
+    arrived, release = deployment.jobs.park(first[0])
+    assert arrived.wait(60)
     deployment.sfn.stop_execution(executionArn=aborted, error="UserAbort", cause="test")
+    release.set()
     ended = deployment.wait(aborted)
     assert ended["status"] == "ABORTED", (ended.get("error"), ended.get("cause"))
 
