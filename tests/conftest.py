@@ -9,3 +9,7 @@ os.environ.update({
     "AWS_REGION": "us-east-1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
 })
+
+# The moto deployment fixtures (engine, waits, jobs, make_deployment, deployment), shared by
+# tests/state_machine and tests/test_job_sdk.py.
+pytest_plugins = ["state_machine.harness"]

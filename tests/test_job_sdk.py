@@ -16,11 +16,6 @@ import pytest
 from moto import mock_aws
 
 from lm import job
-from state_machine import harness
-
-# The moto deployment fixtures of tests/state_machine (see its harness).
-deployment, jobs, make_deployment, parsed_once, waits = (
-    harness.deployment, harness.jobs, harness.make_deployment, harness.parsed_once, harness.waits)
 
 pytest.importorskip("sagemaker")
 from sagemaker.session import Session  # noqa: E402
@@ -77,6 +72,7 @@ def _decoded_if_object(raw):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", job.STRATEGIES)
 def test_definition_hyperparameters_equal_the_sdk(strategy, deployment, tmp_path):
+    # `deployment`: the moto deployment fixture of tests/state_machine/harness.py.
     run = deployment.run({"preset": "gpt-125m", "strategy": strategy, "instance_type": INSTANCE_TYPE,
                           "instance_count": instance_count(strategy)}, name="sdk-%s" % strategy)
     assert run.status == "SUCCEEDED", run.description.get("cause")

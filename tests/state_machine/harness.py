@@ -1,24 +1,19 @@
 """Run the shipped definitions on moto's Step Functions engine, SageMaker and SNS mocked.
 
-moto's SageMaker differs from AWS in ways these tests must bridge, each by a fake that does
-only what the AWS API reference documents for that call:
+The engine is `lmstack.local_sfn.fast_engine` (its parse kept, its waits shortened to 10 ms
+with the seconds asked for recorded), the one the demo uses. moto's SageMaker differs from
+AWS in ways these tests must bridge, each by a fake that does only what the AWS API
+reference documents for that call:
 - a training job is stored `Completed` at once: `JobFake` moves each new job through a
   script of (TrainingJobStatus, SecondaryStatus, extra describe fields), one step per
   DescribeTrainingJob, by setting the attributes moto's job object renders;
 - StopTrainingJob and UpdateEndpoint are missing: added as response handlers;
 - an endpoint is `InService` at once: each created or updated endpoint follows
   `endpoint_script` instead, one step per DescribeEndpoint;
-- Wait states sleep for real: they wait 10 ms instead (the seconds asked for are recorded);
 - moto's engine loses its place when an execution is stopped between the steps of a Task
   state (it skips the stopped steps but still pops their results, and fails the execution
   with States.Runtime instead of aborting it): `JobFake.park` holds a job's next
   DescribeTrainingJob inside the call, so a test can stop the execution there, race-free.
-
-moto's ASL parser (ANTLR in pure Python) needs seconds for the main definition (more on a
-busy machine); it parses on create and again on every execution. `parsed_once` keeps the
-syntax tree of each definition text for the session and builds fresh evaluation components
-from it for every execution (moto's own second step), so concurrent executions share
-nothing; every execution still runs from the definition we ship.
 """
 import collections
 import dataclasses
@@ -28,23 +23,18 @@ import time
 from typing import Tuple
 
 import boto3
-import botocore.session
-import botocore.validate
 import pytest
 from moto import mock_aws
 from moto.core.exceptions import JsonRESTError
 from moto.core.responses import EmptyResult
 from moto.sagemaker import models as sagemaker_models
 from moto.sagemaker import responses as sagemaker_responses
-from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
-from moto.stepfunctions.parser.asl.parse import asl_parser
 
 from lm import job
-from stacks.state_machine import (build_stop_definition, build_training_definition, render,
-                                  training_substitutions)
+from lmstack import local_sfn
+from lmstack.local_sfn import ACCOUNT, REGION
+from stacks.state_machine import build_stop_definition, build_training_definition, render
 
-ACCOUNT = "123456789012"
-REGION = "us-east-1"
 ROLE = "arn:aws:iam::%s:role/sfn" % ACCOUNT
 EXECUTION_ROLE = "arn:aws:iam::%s:role/lmstack-sagemaker" % ACCOUNT
 
@@ -140,34 +130,6 @@ class JobFake:
             setattr(training_job, _attribute(field), value)
 
 
-_TREES = {}
-_PARSE = asl_parser.AmazonStateLanguageParser.parse
-
-
-def _parse_once(definition):
-    if definition not in _TREES:
-        _TREES[definition] = _PARSE(definition)[1]
-    tree = _TREES[definition]
-    return asl_parser.Preprocessor().visit(tree), tree
-
-
-@pytest.fixture(autouse=True)
-def parsed_once(monkeypatch):
-    monkeypatch.setattr(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(_parse_once))
-
-
-@pytest.fixture
-def waits(monkeypatch):
-    asked = []
-
-    def short_wait(self, env, wait_seconds):
-        asked.append(wait_seconds)
-        env.program_state_event.wait(0.01)
-
-    monkeypatch.setattr(wait_function.WaitFunction, "_wait_interval", short_wait)
-    return asked
-
-
 @pytest.fixture
 def jobs(monkeypatch):
     fake = JobFake()
@@ -243,15 +205,7 @@ class Deployment:
         sns.subscribe(TopicArn=self.topic, Protocol="sqs", Endpoint=queue_arn,
                       Attributes={"RawMessageDelivery": "true"})
         self.sqs = sqs
-        self.values = {name: "placeholder-%s" % name for name in training_substitutions(settings)}
-        self.values.update({
-            "ExecutionRoleArn": EXECUTION_ROLE, "ArtifactBucket": "lmstack-artifacts", "FileSystemId": "fs-0123456789abcdef0",
-            "SecurityGroupId": "sg-0123456789abcdef0", "TopicArn": self.topic,
-            "DebuggerRuleImage": "503895931360.dkr.ecr.us-east-1.amazonaws.com/sagemaker-debugger-rules:latest"})
-        for index in range(settings.az_count):
-            self.values["Subnet%d" % index] = "subnet-0%015d" % index
-        for runtime in settings.runtimes:
-            self.values["Image_%s" % runtime] = "%s.dkr.ecr.%s.amazonaws.com/lmstack:%s" % (ACCOUNT, REGION, runtime)
+        self.values = local_sfn.stand_in_values(settings, self.topic)
         self.machine = self._create("lmstack-training", build_training_definition(settings))
         self.stop_machine = self._create("lmstack-stop", build_stop_definition(settings))
 
@@ -276,14 +230,7 @@ class Deployment:
         return Run(self, execution, self.wait(execution))
 
     def history(self, execution_arn):
-        events, token = [], None
-        while True:
-            page = self.sfn.get_execution_history(executionArn=execution_arn, maxResults=1000,
-                                                  **({"nextToken": token} if token else {}))
-            events.extend(page["events"])
-            token = page.get("nextToken")
-            if not token:
-                return events
+        return local_sfn.history(self.sfn, execution_arn)
 
     def notifications(self):
         messages = []
@@ -310,41 +257,33 @@ class Run:
         return json.loads(self.description["output"])
 
     def calls(self, action=None):
-        """(action, parameters) of every AWS SDK task the execution scheduled."""
-        found = []
-        for event in self.events:
-            details = event.get("taskScheduledEventDetails")
-            if details:
-                name = details["resource"].split(":")[-1] if ":" in details["resource"] else details["resource"]
-                if action is None or name == action:
-                    found.append((details["resourceType"], name, json.loads(details["parameters"])))
-        return found
+        """(resource type, action, parameters) of every task the execution scheduled."""
+        return local_sfn.scheduled_calls(self.events, action)
 
     def states_entered(self):
-        return [event["stateEnteredEventDetails"]["name"] for event in self.events if "stateEnteredEventDetails" in event]
-
-
-_SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
+        return local_sfn.states_entered(self.events)
 
 
 def invalid_sagemaker_requests(run):
     """botocore's own parameter validation of every SageMaker request the execution made."""
-    problems = []
-    validator = botocore.validate.ParamValidator()
-    for resource_type, action, parameters in run.calls():
-        if "sagemaker" not in resource_type:
-            continue
-        operation = action[0].upper() + action[1:]
-        report = validator.validate(parameters, _SAGEMAKER_MODEL.operation_model(operation).input_shape)
-        if report.has_errors():
-            problems.append("%s: %s" % (operation, report.generate_report()))
-    return problems
+    return local_sfn.invalid_sagemaker_requests(run.calls())
 
 
 @pytest.fixture
-def make_deployment(waits, jobs):
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        yield lambda settings=None: Deployment(settings or StandInSettings(), jobs)
+def engine():
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine() as asked:
+        yield asked
+
+
+@pytest.fixture
+def waits(engine):
+    """The seconds every Wait state of the test's executions asked for."""
+    return engine
+
+
+@pytest.fixture
+def make_deployment(engine, jobs):
+    return lambda settings=None: Deployment(settings or StandInSettings(), jobs)
 
 
 @pytest.fixture

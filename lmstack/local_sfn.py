@@ -1,0 +1,120 @@
+"""Run the shipped state machine definitions on moto's Step Functions engine, and read back
+what an execution did. `make demo` (lmstack.demo_sfn) and the state machine tests use it.
+
+`fast_engine` bridges two things of moto's engine, both for speed only:
+- its ASL parser (ANTLR in pure Python, seconds for the training definition, more on a busy
+  machine) runs on create and again on every execution: the syntax tree of each definition
+  text is kept for the process, and every execution still gets fresh evaluation components
+  built from it (moto's own second step), so executions share nothing;
+- Wait states sleep for real: they wait 10 ms instead, and the seconds asked for are kept.
+
+moto does not validate request parameters: `invalid_sagemaker_requests` runs botocore's own
+validation against the SageMaker service model on every SageMaker call an execution made.
+"""
+import contextlib
+import json
+
+import botocore.session
+import botocore.validate
+
+ACCOUNT = "123456789012"  # moto's default account
+REGION = "us-east-1"
+_TREES = {}
+
+
+def stand_in_values(settings, topic_arn):
+    """A value for every `${...}` placeholder of the training definition: stand-ins for the
+    resources the CDK app creates (no AWS resource exists); ValueError naming any missed."""
+    from stacks.state_machine import training_substitutions
+
+    prefix = settings.name_prefix
+    values = {
+        "ExecutionRoleArn": "arn:aws:iam::%s:role/%s-sagemaker" % (ACCOUNT, prefix),
+        "ArtifactBucket": "%s-artifacts" % prefix,
+        "FileSystemId": "fs-0123456789abcdef0",
+        "SecurityGroupId": "sg-0123456789abcdef0",
+        "TopicArn": topic_arn,
+        "DebuggerRuleImage": "503895931360.dkr.ecr.%s.amazonaws.com/sagemaker-debugger-rules:latest" % REGION,
+    }
+    for index in range(settings.az_count):
+        values["Subnet%d" % index] = "subnet-0%015d" % index
+    for runtime in settings.runtimes:
+        values["Image_%s" % runtime] = "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (ACCOUNT, REGION, prefix, runtime)
+    missing = sorted(set(training_substitutions(settings)) - set(values))
+    if missing:
+        raise ValueError("the definition has placeholders with no stand-in value: %s" % ", ".join(missing))
+    return values
+
+
+@contextlib.contextmanager
+def fast_engine():
+    """Patch moto's engine as described above; yields the list of seconds Wait states asked for."""
+    from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
+    from moto.stepfunctions.parser.asl.parse import asl_parser
+
+    parser = asl_parser.AmazonStateLanguageParser
+    original_parse = parser.__dict__["parse"]
+    original_wait = wait_function.WaitFunction._wait_interval
+    asked = []
+
+    def parse_once(definition):
+        if definition not in _TREES:
+            _TREES[definition] = original_parse.__func__(definition)[1]
+        tree = _TREES[definition]
+        return asl_parser.Preprocessor().visit(tree), tree
+
+    def short_wait(self, env, wait_seconds):
+        asked.append(wait_seconds)
+        env.program_state_event.wait(0.01)
+
+    parser.parse = staticmethod(parse_once)
+    wait_function.WaitFunction._wait_interval = short_wait
+    try:
+        yield asked
+    finally:
+        parser.parse = original_parse
+        wait_function.WaitFunction._wait_interval = original_wait
+
+
+def history(sfn, execution_arn):
+    events, token = [], None
+    while True:
+        page = sfn.get_execution_history(executionArn=execution_arn, maxResults=1000,
+                                         **({"nextToken": token} if token else {}))
+        events.extend(page["events"])
+        token = page.get("nextToken")
+        if not token:
+            return events
+
+
+def states_entered(events):
+    return [event["stateEnteredEventDetails"]["name"] for event in events if "stateEnteredEventDetails" in event]
+
+
+def scheduled_calls(events, action=None):
+    """(resource type, action, parameters) of every task the execution scheduled, in order."""
+    found = []
+    for event in events:
+        details = event.get("taskScheduledEventDetails")
+        if details:
+            name = details["resource"].split(":")[-1]
+            if action is None or name == action:
+                found.append((details["resourceType"], name, json.loads(details["parameters"])))
+    return found
+
+
+_SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
+
+
+def invalid_sagemaker_requests(calls):
+    """botocore's validation report of each SageMaker call in `calls` that it rejects."""
+    problems = []
+    validator = botocore.validate.ParamValidator()
+    for resource_type, action, parameters in calls:
+        if "sagemaker" not in resource_type:
+            continue
+        operation = action[0].upper() + action[1:]
+        report = validator.validate(parameters, _SAGEMAKER_MODEL.operation_model(operation).input_shape)
+        if report.has_errors():
+            problems.append("%s: %s" % (operation, report.generate_report()))
+    return problems
