@@ -31,9 +31,15 @@ z = micro_batch * seq_len * padded_vocab:
   one block at a time in the backward pass.
 - the loss: float32 logits and the cross-entropy gradient (8z), alive together at the end
   of the forward pass, plus the final LayerNorm (2 u c). Under recomputation the float32
-  logits gradient (4z) is still alive while the last block is rebuilt.
-- peak = weights + optimizer + max(kept activations + the larger of the two loss-time peaks
-  + float16 copies, gradients): the backward pass frees activations as it creates gradients.
+  logits gradient (4z) is still alive while the blocks are rebuilt (TF's executor follows
+  the input-gradient chain before it runs the tied embedding's weight-gradient matmul).
+- peak = weights + optimizer + the transient peak:
+  * without recomputation: max(float16 copies + kept activations + loss, gradients); the
+    backward pass frees activations as it creates gradients, so the two never add up;
+  * with recomputation: float16 copies + kept inputs + the larger of the loss and the
+    rebuild of a block (one block + 4z + gradients): the weight gradients of the blocks
+    already done accumulate while the earlier blocks are rebuilt, so by the first block
+    nearly all of them (charged in full: 4P) are alive next to a rebuilt block.
 - headroom: RESERVED_GIB per GPU for the CUDA context and cuBLAS/cuDNN workspaces, and a
   FRAGMENTATION share of the rest for the allocator.
 Checked against TensorFlow's allocator peak on the CPU in tests/plan/test_measured.py
@@ -157,9 +163,11 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
         ("activations_recompute", kept_inputs + per_layer),
         ("loss", loss),
     ])
-    at_peak = kept_inputs + max(loss, per_layer + 4 * z) if recompute else full + loss
-    parts["peak"] = parts["weights"] + parts["optimizer"] + max(
-        at_peak + parts["compute_copies"], parts["gradients"])
+    if recompute:
+        transient = parts["compute_copies"] + kept_inputs + max(loss, per_layer + 4 * z + parts["gradients"])
+    else:
+        transient = max(parts["compute_copies"] + full + loss, parts["gradients"])
+    parts["peak"] = parts["weights"] + parts["optimizer"] + transient
     return parts
 
 
