@@ -61,9 +61,9 @@ lint: $(VENV)/.installed
 	$(PY) -m pytest tests/test_lint.py
 
 bench: setup
-	$(PY) bench/train_step.py
-	$(PY) bench/prepare.py
-	$(PY) bench/input_pipeline.py
+	$(PY) bench/train_step.py --repeats 5
+	$(PY) bench/prepare.py --repeats 2 --text-bytes 33554432
+	$(PY) bench/input_pipeline.py --mib 256
 	$(PY) bench/generate.py
 
 clean:

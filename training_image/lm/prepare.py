@@ -22,10 +22,11 @@ from SM_CURRENT_HOST / SM_HOSTS.
 Sizing the full Pile (825 GiB = 886 GB of text in 30 files) at r MB/s of text per vCPU: an
 hour needs 886e3 / 3600 / r vCPUs, and 886e3 / 30 / 3600 = 8.2 MB/s per file, so about
 8.2 / r tokenizer threads per worker (`--threads`; a worker's own Python work, about 4 % of
-its time, does not run in parallel). With r = 0.9 (bench/prepare.py, byte-level BPE of 50257
-tokens, on a shared development machine) that is 5 x ml.c5.18xlarge (72 vCPUs): 6 workers
-x 12 threads each, about 8 MB/s per file, about an hour. Measure r on the instance type
-first: one file with `--workers 1 --threads 1`.
+its time, does not run in parallel). With r = 1.8 (bench/prepare.py, byte-level BPE of 50257
+tokens, on an idle 2-core development machine; 0.9 while it was shared) that is about 140 busy
+vCPUs: 3 x ml.c5.18xlarge (72 vCPUs each), 10 workers x 5 threads each, about 9 MB/s per file,
+a little under an hour. Measure r on the instance type first: one file with
+`--workers 1 --threads 1`.
 """
 import argparse
 import collections
