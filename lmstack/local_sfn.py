@@ -34,7 +34,6 @@ def stand_in_values(settings, topic_arn):
         "FileSystemId": "fs-0123456789abcdef0",
         "SecurityGroupId": "sg-0123456789abcdef0",
         "TopicArn": topic_arn,
-        "DebuggerRuleImage": "503895931360.dkr.ecr.%s.amazonaws.com/sagemaker-debugger-rules:latest" % REGION,
     }
     for index in range(settings.az_count):
         values["Subnet%d" % index] = "subnet-0%015d" % index

@@ -12,8 +12,8 @@ def build_app(settings: Optional[Settings] = None, *, app: Optional[cdk.App] = N
     """The app with its one stack; `settings` defaults to the app's context (cdk.json and `-c`)."""
     app = app or cdk.App()
     settings = settings or Settings.from_context(app.node.get_all_context())
-    # The account stays the deploying credentials' one; the region is fixed so images, the debugger
-    # rule image and the endpoints are chosen at synth, without a lookup.
+    # The account stays the deploying credentials' one; the region is fixed so the images and the
+    # endpoints are chosen at synth, without a lookup.
     LmStack(app, settings.name_prefix, settings=settings, env=cdk.Environment(region=settings.region),
             description="lmstack: distributed GPT training on SageMaker, orchestrated by Step Functions")
     if nag:

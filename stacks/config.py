@@ -20,15 +20,8 @@ from lm.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRAT
 CONTEXT_KEY = "lmstack"
 OVERRIDE_PREFIX = CONTEXT_KEY + ":"
 
-# The account that publishes `sagemaker-debugger-rules:latest` in each region (the profiler
-# rules' evaluator image). Only regions whose account we know are deployable.
-DEBUGGER_RULE_ACCOUNTS = {
-    "us-east-1": "503895931360",
-    "us-east-2": "915447279597",
-    "us-west-2": "895741380848",
-    "eu-west-1": "929884845733",
-    "ap-northeast-1": "430734990657",
-}
+# Regions the stack is built and tested for (the DLC base images are pulled from there).
+REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "ap-northeast-1")
 
 EFS_THROUGHPUT_MODES = ("elastic", "bursting")
 # The values CloudWatch Logs accepts for a log group's retention.
@@ -38,12 +31,6 @@ MAX_AZ_COUNT = 6
 MAX_INSTANCE_COUNT = 64
 # SageMaker's own cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
-
-# Where things live in the artifact bucket; the execution role may touch only these.
-OUTPUT_PREFIX = "output/"
-CHECKPOINT_PREFIX = "checkpoints/"
-PROFILER_PREFIX = "profiler/"
-ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, PROFILER_PREFIX)
 
 _NAME_PREFIX = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _NAME_PREFIX_MAX = 16
@@ -225,7 +212,7 @@ def _check(settings):
     if isinstance(s.name_prefix, str) and len(s.name_prefix) > _NAME_PREFIX_MAX:
         yield "%s: at most %d characters (it starts every job name, which SageMaker caps at 63), got %r" % (
             _key("name_prefix"), _NAME_PREFIX_MAX, s.name_prefix)
-    yield _check_choice("region", s.region, tuple(DEBUGGER_RULE_ACCOUNTS))
+    yield _check_choice("region", s.region, REGIONS)
     yield _check_range("az_count", s.az_count, 1, MAX_AZ_COUNT)
     if isinstance(s.az_count, int):
         yield _check_range("nat_gateways", s.nat_gateways, 0, max(1, s.az_count))

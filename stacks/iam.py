@@ -15,7 +15,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import ARTIFACT_PREFIXES, Settings
+from lm.contract import ARTIFACT_PREFIXES
+from stacks.config import Settings
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -103,7 +104,7 @@ class Permissions(Construct):
         return [
             Grant(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
                   [bucket.arn_for_objects(p + "*") for p in ARTIFACT_PREFIXES],
-                  reason="Jobs write model artifacts, checkpoints and profiler output under per-job keys below "
+                  reason="Jobs write model artifacts, checkpoints and TensorBoard events under per-job keys below "
                          "these prefixes of the artifact bucket; the keys are not known in advance."),
             Grant(["s3:ListBucket"], [bucket.bucket_arn],
                   conditions={"StringLike": {"s3:prefix": [p + "*" for p in ARTIFACT_PREFIXES]}}),

@@ -2,19 +2,18 @@
 import json
 from typing import Dict
 
-from aws_cdk import Aws, CfnMapping, CfnOutput, Fn, Stack
+from aws_cdk import Aws, CfnOutput, Fn, Stack
 from constructs import Construct
 
 from stacks import state_machine
-from stacks.config import DEBUGGER_RULE_ACCOUNTS, Settings
+from lm import contract
+from stacks.config import Settings
 from stacks.iam import Permissions
 from stacks.images import TrainingImages
 from stacks.monitoring import Monitoring, Notifications
 from stacks.network import Network
 from stacks.orchestration import Orchestration
 from stacks.storage import Storage
-
-DEBUGGER_RULE_REPOSITORY = "sagemaker-debugger-rules:latest"
 
 
 class LmStack(Stack):
@@ -47,17 +46,12 @@ class LmStack(Stack):
 
     def _substitution_values(self) -> Dict[str, str]:
         """Every value a definition placeholder can take; each machine gets the ones it names."""
-        accounts = CfnMapping(self, "DebuggerRuleAccounts", mapping={
-            region: {"account": account} for region, account in DEBUGGER_RULE_ACCOUNTS.items()})
         values = {
             "ExecutionRoleArn": self.permissions.execution_role.role_arn,
             "ArtifactBucket": self.storage.bucket.bucket_name,
             "FileSystemId": self.storage.file_system.file_system_id,
             "SecurityGroupId": self.network.training_security_group.security_group_id,
             "TopicArn": self.notifications.topic.topic_arn,
-            "DebuggerRuleImage": Fn.join("", [
-                accounts.find_in_map(Aws.REGION, "account"), ".dkr.ecr.", Aws.REGION, ".", Aws.URL_SUFFIX,
-                "/", DEBUGGER_RULE_REPOSITORY]),
         }
         values.update(("Subnet%d" % index, subnet_id) for index, subnet_id in enumerate(self.network.subnet_ids))
         values.update(("Image_%s" % runtime, uri) for runtime, uri in self.images.image_uris.items())
@@ -71,7 +65,7 @@ class LmStack(Stack):
                   value=Fn.join("", ["https://", Aws.REGION, ".console.aws.amazon.com/states/home?region=",
                                      Aws.REGION, "#/statemachines/view/", machine.state_machine_arn]))
         CfnOutput(self, "ArtifactBucketName", value=self.storage.bucket.bucket_name,
-                  description="Model artifacts (output/), checkpoints (checkpoints/), profiler output (profiler/)")
+                  description="Model artifacts (%s), checkpoints (%s), TensorBoard events (%s)" % contract.ARTIFACT_PREFIXES)
         CfnOutput(self, "FileSystemId", value=self.storage.file_system.file_system_id,
                   description="EFS holding the datasets under " + self.settings.dataset_directory)
         for runtime, uri in self.images.image_uris.items():

@@ -7,7 +7,8 @@ from aws_cdk import aws_efs as efs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import CHECKPOINT_PREFIX, Settings
+from lm.contract import CHECKPOINT_PREFIX
+from stacks.config import Settings
 from stacks.nag import acknowledge
 
 INCOMPLETE_UPLOAD_DAYS = 7

@@ -15,7 +15,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lm import job
+from lm import job, request
 
 pytest.importorskip("sagemaker")
 from sagemaker.session import Session  # noqa: E402
@@ -88,13 +88,14 @@ def test_definition_hyperparameters_equal_the_sdk(strategy, deployment, tmp_path
 
 @pytest.mark.slow
 def test_lm_job_matches_the_sdk_for_every_strategy(tmp_path):
-    """The seam's own `sdk_hyperparameters` (what the local demo and lm.train tests use)."""
+    """The builder's own `lm.request.sdk_hyperparameters` with concrete values (what the toolkit tests use)."""
     for strategy in job.STRATEGIES:
         name = "lmstack-train-%s" % strategy
         user = collections.OrderedDict((key, spec.default) for key, spec in job.HYPERPARAMETERS.items())
         user.update(preset="gpt-125m", strategy=strategy)
-        ours = job.sdk_hyperparameters(user, strategy=strategy, instance_type=INSTANCE_TYPE, gpus_per_host=GPUS,
-                                       job_name=name, region="us-east-1", output_path="s3://lmstack-artifacts/output")
+        ours = request.sdk_hyperparameters(
+            user, strategy=strategy, instance_type=INSTANCE_TYPE, processes_per_host=job.processes_per_host(strategy, GPUS),
+            job_name=name, region="us-east-1", output_path="s3://lmstack-artifacts/output")
         theirs = sdk_hyperparameters(strategy, name, tmp_path)
         theirs.pop("sagemaker_submit_directory")
         assert {key: _decoded_if_object(value) for key, value in ours.items()} == {

@@ -1,5 +1,8 @@
 """Small builders for Amazon States Language (JSONPath) documents."""
+import collections
 import re
+
+from lm import request
 
 
 _RESERVED = re.compile(r"['{}\\\\]")
@@ -96,3 +99,33 @@ def publish(topic, message_expression, next_state, subject=None):
 
 def _next(next_state):
     return {"End": True} if next_state is None else {"Next": next_state}
+
+
+def expression(marker):
+    """The JSONPath or intrinsic that evaluates an `lm.request` marker."""
+    if isinstance(marker, request.Path):
+        return marker.path
+    if isinstance(marker, request.Format):
+        return fmt(marker.template, *[expression(arg) for arg in marker.args])
+    if isinstance(marker, request.JsonText):
+        return to_json(expression(marker.value))
+    if isinstance(marker, request.Sum):
+        return "States.MathAdd(%s, %s)" % (expression(marker.left), expression(marker.right))
+    raise TypeError("not an lm.request marker: %r" % (marker,))
+
+
+def parameters(value):
+    """A request built by `lm.request` as Parameters: each marker under key K becomes `K.$`."""
+    if isinstance(value, dict):
+        result = collections.OrderedDict()
+        for key, item in value.items():
+            if request.is_marker(item):
+                result[key + ".$"] = expression(item)
+            else:
+                result[key] = parameters(item)
+        return result
+    if isinstance(value, (list, tuple)):
+        if any(request.is_marker(item) for item in value):
+            raise ValueError("a list item cannot come from a path in Parameters: %r" % (value,))
+        return [parameters(item) for item in value]
+    return value

@@ -96,6 +96,26 @@ def schema(settings):
     )
 
 
+def defaults(fields):
+    """The input every field's default makes."""
+    return collections.OrderedDict(
+        (field.name, defaults(field.fields) if field.type is dict else field.default) for field in fields)
+
+
+def with_defaults(fields, given):
+    """`given` (a checked input) merged over the defaults, as the Merge states do."""
+    merged = defaults(fields)
+
+    def merge(base, overrides):
+        for key, value in overrides.items():
+            if isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+    return merge(merged, given)
+
+
 def object_paths(fields, path=()):
     """Every object in the input, outermost first: (path, fields)."""
     found = [(path, fields)]

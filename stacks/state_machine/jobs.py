@@ -16,9 +16,9 @@ Used twice by the main machine: the "prepare" job (lm.prepare) and the training 
   30 * 86400 / 3840 * 9 = 6,075 events, a quarter of the 25,000 limit.
 """
 import collections
-import json
+import dataclasses
 
-from lm import job
+from lm import job, request
 from stacks.state_machine import asl
 from stacks.state_machine.inputs import TOP_LEVEL_HYPERPARAMETERS
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
@@ -29,11 +29,6 @@ MAX_ATTEMPTS = 4
 CAPACITY_RETRY_SECONDS = 120
 CAPACITY_PATTERNS = ("*ResourceLimitExceeded*", "*CapacityError*", "*InsufficientInstanceCapacity*",
                      "*insufficient capacity*")
-VOLUME_SIZE_GB = 100
-PROFILING_INTERVAL_MS = 500
-PROFILER_RULES = ("LowGPUUtilization", "IOBottleneck")
-TAG_PREFIX = "lmstack:"
-DATASET_KEY_TAG = TAG_PREFIX + "dataset-key"
 RETRY = [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 10, "MaxAttempts": 6, "BackoffRate": 2}]
 # Defaults for the optional fields of describe results (kept in $.run.defaults: intrinsics
 # take no object literals).
@@ -42,17 +37,6 @@ DESCRIBE_DEFAULTS = {
     "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": []},
     "failed_endpoint": {"FailureReason": "no FailureReason given"},
 }
-
-# Stand-ins for values only the execution knows; `template_values` turns each into a path.
-_JOB_NAME = "<<job-name>>"
-_OUTPUT_PATH = "<<output-path>>"
-_INSTANCE_TYPE = "<<instance-type>>"
-_PROCESSES = 987654321
-_MP_PARAMETERS = {"<<mp-parameters>>": True}
-
-
-def artifact_uri(prefix):
-    return "s3://${ArtifactBucket}/%s" % prefix
 
 
 class JobKind(collections.namedtuple("JobKind", "state token slot kind config spot_path")):
@@ -64,147 +48,95 @@ TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
 
-def hyperparameter_template(values, *, strategy, kind, settings, slot):
-    """The HyperParameters map as Parameters: `lm.job.sdk_hyperparameters` evaluated on stand-ins.
+def job_values(kind, settings, value_at, strategy="single"):
+    """The `lm.request.TrainingJob` of one attempt of `kind` with `strategy`.
 
-    `values`: hyperparameter name -> the JSONPath of its value. Every stand-in in the SDK's
-    encoded map becomes `States.JsonToString(<path>)`; everything else stays a literal.
+    `value_at(path)` gives what the execution holds at a JSONPath: `lm.request.Path` when the
+    definition is generated, the concrete value when a test builds the request itself
+    (`lm.request.values_at`). `${Name}` placeholders are filled by the CDK at deploy time.
     """
-    stand_ins = collections.OrderedDict(("<<hp:%s>>" % name, path) for name, path in values.items())
-    stand_ins[_INSTANCE_TYPE] = "$.config.instance_type"
-    stand_ins[_JOB_NAME] = slot + ".name"
-    encoded = job.sdk_hyperparameters(
-        collections.OrderedDict((name, "<<hp:%s>>" % name) for name in values),
-        strategy=strategy, instance_type=_INSTANCE_TYPE, gpus_per_host=_PROCESSES, job_name=_JOB_NAME,
-        region=settings.region, output_path=_OUTPUT_PATH, job_kind=kind, mp_parameters=_MP_PARAMETERS)
-    template = collections.OrderedDict()
-    for key, raw in encoded.items():
-        value = job.decode_hyperparameter(raw)
-        if isinstance(value, str) and value in stand_ins:
-            template[key + ".$"] = asl.to_json(stand_ins[value])
-        elif value == _PROCESSES and not isinstance(value, bool):
-            template[key + ".$"] = asl.to_json("$.hosts.processes_per_host")
-        elif value == _MP_PARAMETERS:
-            template[key + ".$"] = asl.to_json("$.config.mp_parameters")
-        elif isinstance(value, str) and _JOB_NAME in value:
-            text = value.replace(_OUTPUT_PATH, artifact_uri("output").rstrip("/"))
-            template[key + ".$"] = asl.to_json(asl.fmt(text.replace(_JOB_NAME, "{}"), slot + ".name"))
-        else:
-            template[key] = raw
-    leftovers = [key for key, value in template.items() if "<<" in json.dumps(value)]
-    if leftovers:
-        raise AssertionError("stand-ins left in hyperparameters %s" % leftovers)
-    return template
-
-
-def train_hyperparameters(strategy, settings):
-    values = collections.OrderedDict(
-        (name, "$.config.%s" % name if name in TOP_LEVEL_HYPERPARAMETERS else "$.config.hyperparameters.%s" % name)
-        for name in job.HYPERPARAMETERS)
-    return hyperparameter_template(values, strategy=strategy, kind="train", settings=settings, slot=TRAIN.slot)
-
-
-def prepare_hyperparameters(settings):
-    values = collections.OrderedDict(
-        (name, "$.config.prepare.hyperparameters.%s" % name) for name in job.PREPARE_HYPERPARAMETERS)
-    return hyperparameter_template(values, strategy="single", kind="prepare", settings=settings, slot=PREPARE.slot)
-
-
-def _channel(name, directory_path, access_mode):
-    channel = job.efs_channel(name, "${FileSystemId}", None, access_mode)
-    source = channel["DataSource"]["FileSystemDataSource"]
-    del source["DirectoryPath"]
-    source["DirectoryPath.$"] = directory_path
-    return channel
+    if kind is TRAIN:
+        hyperparameters = collections.OrderedDict(
+            (name, value_at("$.config.%s" % name if name in TOP_LEVEL_HYPERPARAMETERS
+                            else "$.config.hyperparameters.%s" % name)) for name in job.HYPERPARAMETERS)
+        runtime = job.STRATEGY_RUNTIME[strategy]
+    else:
+        hyperparameters = collections.OrderedDict(
+            (name, value_at("$.config.prepare.hyperparameters.%s" % name)) for name in job.PREPARE_HYPERPARAMETERS)
+        runtime = job.PREPARE_RUNTIME
+    return request.TrainingJob(
+        kind=kind.kind, name=value_at(kind.slot + ".name"), image="${%s}" % image_placeholder(runtime),
+        role_arn="${ExecutionRoleArn}", bucket="${ArtifactBucket}", region=settings.region,
+        hyperparameters=hyperparameters, instance_type=value_at(kind.config + ".instance_type"),
+        instance_count=value_at(kind.config + ".instance_count"),
+        max_runtime_seconds=value_at(kind.config + ".max_runtime_seconds"),
+        spot=value_at(kind.spot_path) if kind.spot_path else False,
+        file_system_id="${FileSystemId}", security_group_ids=vpc_config(settings)["SecurityGroupIds"],
+        subnets=vpc_config(settings)["Subnets"],
+        data_directory=value_at("$.config.data_directory"), execution_name=value_at("$$.Execution.Name"),
+        strategy=strategy, processes_per_host=value_at("$.hosts.processes_per_host"),
+        mp_parameters=value_at("$.config.mp_parameters"),
+        raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
+        dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None)
 
 
 def vpc_config(settings):
-    return {"SecurityGroupIds": ["${SecurityGroupId}"],
-            "Subnets": ["${%s}" % subnet_placeholder(index) for index in range(settings.az_count)]}
+    return request.vpc_config(["${SecurityGroupId}"],
+                              ["${%s}" % subnet_placeholder(index) for index in range(settings.az_count)])
 
 
-def tags(kind, extra=()):
-    return [{"Key": TAG_PREFIX + "execution", "Value.$": "$$.Execution.Name"},
-            {"Key": TAG_PREFIX + "kind", "Value": kind}] + list(extra)
+def tags(kind):
+    return asl.parameters(request.resource_tags(kind, request.Path("$$.Execution.Name")))
 
 
 def create_request(kind, settings):
-    """CreateTrainingJob parameters; hyperparameters and image were put in <slot>.request."""
-    slot = kind.slot
-    request = collections.OrderedDict()
-    request["TrainingJobName.$"] = slot + ".name"
-    algorithm = collections.OrderedDict([("TrainingImage.$", slot + ".request.image"), ("TrainingInputMode", "File")])
-    if kind is TRAIN:
-        algorithm["MetricDefinitions"] = job.METRIC_DEFINITIONS
-        algorithm["EnableSageMakerMetricsTimeSeries"] = True
-    request["AlgorithmSpecification"] = algorithm
-    request["RoleArn"] = "${ExecutionRoleArn}"
-    request["HyperParameters.$"] = slot + ".request.hyperparameters"
-    if kind is TRAIN:
-        request["InputDataConfig"] = [_channel(job.TRAIN_CHANNEL, "$.config.data_directory", "ro")]
-    else:
-        request["InputDataConfig"] = [
-            _channel(job.PREPARE_INPUT_CHANNEL, "$.config.prepare.raw_directory", "ro"),
-            _channel(job.PREPARE_OUTPUT_CHANNEL, "$.config.data_directory", "rw"),
-        ]
-    request["OutputDataConfig"] = {"S3OutputPath": artifact_uri("output")}
-    request["ResourceConfig"] = collections.OrderedDict([
-        ("InstanceType.$", kind.config + ".instance_type"), ("InstanceCount.$", kind.config + ".instance_count"),
-        ("VolumeSizeInGB", VOLUME_SIZE_GB)])
-    request["VpcConfig"] = vpc_config(settings)
-    request["StoppingCondition.$"] = slot + ".request.stopping"
-    if kind is TRAIN:
-        request["EnableManagedSpotTraining.$"] = "$.config.spot"
-        request["CheckpointConfig"] = {
-            "S3Uri.$": asl.fmt(artifact_uri("checkpoints/") + "{}/", "$$.Execution.Name"),
-            "LocalPath": "/opt/ml/checkpoints"}
-    request["EnableInterContainerTrafficEncryption"] = True
-    request["ProfilerConfig"] = {"S3OutputPath": artifact_uri("profiler"),
-                                 "ProfilingIntervalInMilliseconds": PROFILING_INTERVAL_MS}
-    if kind is TRAIN:
-        request["ProfilerRuleConfigurations"] = [
-            {"RuleConfigurationName": rule, "RuleEvaluatorImage": "${DebuggerRuleImage}",
-             "RuleParameters": {"rule_to_invoke": rule}} for rule in PROFILER_RULES]
-    extra = [{"Key": DATASET_KEY_TAG, "Value.$": "$.run.dataset_key"}] if kind is PREPARE else []
-    request["Tags"] = tags(kind.kind, extra)
-    return request
+    """CreateTrainingJob Parameters; image, hyperparameters and stopping were put in <slot>.request."""
+    request_slot = kind.slot + ".request"
+    values = dataclasses.replace(job_values(kind, settings, request.Path),
+                                 image=request.Path(request_slot + ".image"))
+    return asl.parameters(request.create_training_job_request(
+        values, hyperparameter_map=request.Path(request_slot + ".hyperparameters"),
+        stopping=request.Path(request_slot + ".stopping")))
 
 
 def request_states(kind, settings, first, next_state):
     """<slot>.request = {image, hyperparameters, stopping} for this attempt."""
     states = collections.OrderedDict()
     stopping = "%s.Stopping" % kind.state
+
+    def request_state(strategy):
+        values = job_values(kind, settings, request.Path, strategy)
+        return asl.pass_state(stopping, {"image": values.image,
+                                         "hyperparameters": asl.parameters(request.hyperparameters(values))},
+                              result_path=kind.slot + ".request")
+
     if kind is TRAIN:
         rules = []
         for strategy in job.STRATEGIES:
-            runtime = job.STRATEGY_RUNTIME[strategy]
-            if runtime not in settings.runtimes:
+            if job.STRATEGY_RUNTIME[strategy] not in settings.runtimes:
                 continue  # rejected by the input validation
             name = "%s.Request.%s" % (kind.state, strategy)
             rules.append(asl.rule({"Variable": "$.config.strategy", "StringEquals": strategy}, name))
-            states[name] = asl.pass_state(stopping, {
-                "image": "${%s}" % image_placeholder(runtime),
-                "hyperparameters": train_hyperparameters(strategy, settings)}, result_path=kind.slot + ".request")
+            states[name] = request_state(strategy)
         states[first] = asl.choice(rules, rules[-1]["Next"])
         states.move_to_end(first, last=False)
     else:
-        states[first] = asl.pass_state(stopping, {
-            "image": "${%s}" % image_placeholder(job.PREPARE_RUNTIME),
-            "hyperparameters": prepare_hyperparameters(settings)}, result_path=kind.slot + ".request")
-    runtime = kind.config + ".max_runtime_seconds"
-    on_demand = {"MaxRuntimeInSeconds.$": runtime}
+        states[first] = request_state("single")
+    runtime = request.Path(kind.config + ".max_runtime_seconds")
     target = kind.slot + ".request.stopping"
+
+    def stopping_state(spot):
+        return asl.pass_state(next_state, asl.parameters(request.stopping_condition(runtime, spot)),
+                              result_path=target)
+
     if kind.spot_path:
         states[stopping] = asl.choice(
             [asl.rule({"Variable": kind.spot_path, "BooleanEquals": True}, stopping + ".Spot")],
             stopping + ".OnDemand")
-        # Spot capacity may take as long as the run itself to come by.
-        states[stopping + ".Spot"] = asl.pass_state(next_state, {
-            "MaxRuntimeInSeconds.$": runtime,
-            "MaxWaitTimeInSeconds.$": "States.MathAdd(%s, %s)" % (runtime, runtime)}, result_path=target)
-        states[stopping + ".OnDemand"] = asl.pass_state(next_state, on_demand, result_path=target)
+        states[stopping + ".Spot"] = stopping_state(True)
+        states[stopping + ".OnDemand"] = stopping_state(False)
     else:
-        states[stopping] = asl.pass_state(next_state, on_demand, result_path=target)
+        states[stopping] = stopping_state(False)
     return states
 
 

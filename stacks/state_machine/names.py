@@ -5,11 +5,10 @@ import re
 # Filled by the CDK app through `definition_substitutions`.
 TRAINING_SUBSTITUTIONS = (
     "ExecutionRoleArn",   # the SageMaker execution role (iam:PassRole target)
-    "ArtifactBucket",     # bucket name: output/, checkpoints/, profiler/
+    "ArtifactBucket",     # bucket name: the prefixes of lm.contract.ARTIFACT_PREFIXES
     "FileSystemId",       # the EFS file system holding the dataset
     "SecurityGroupId",    # the training security group
     "TopicArn",           # SNS topic for phase changes and failures
-    "DebuggerRuleImage",  # <account>.dkr.ecr.<region>.amazonaws.com/sagemaker-debugger-rules:latest
 )
 STOP_SUBSTITUTIONS = ("TopicArn",)
 

@@ -11,6 +11,7 @@ runs it regardless, e.g. after the directory was emptied.)
 """
 import collections
 
+from lm import request
 from stacks.state_machine import asl, deploy, inputs, jobs
 
 VALIDATE = "Validate"
@@ -56,7 +57,7 @@ def _prepare_states(settings, first, next_state):
         "Resource": "TrainingJob",
         "SearchExpression": {"Filters": [
             {"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "Completed"},
-            {"Name": "Tags.%s" % jobs.DATASET_KEY_TAG, "Operator": "Equals", "Value.$": "$.run.dataset_key"},
+            {"Name": "Tags.%s" % request.DATASET_KEY_TAG, "Operator": "Equals", "Value.$": "$.run.dataset_key"},
         ]},
         "MaxResults": 1,
     }, first + ".Prepared", result_path="$.prepare_search", result_selector={"count.$": "States.ArrayLength($.Results)"})

@@ -6,9 +6,10 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 
+from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX
 from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
 from stacks import state_machine
-from stacks.config import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, DEBUGGER_RULE_ACCOUNTS, Settings
+from stacks.config import Settings
 from stacks.nag import Grant, add_grants
 from stacks.network import INTERFACE_ENDPOINTS
 
@@ -276,10 +277,8 @@ def test_substitutions_point_at_the_stack_resources(default):
     assert subnets == sorted(default.resources("AWS::EC2::Subnet"))
     for runtime in default.settings.runtimes:
         assert "container-assets" in json.dumps(values["Image_%s" % runtime])
-    image = json.dumps(values["DebuggerRuleImage"])
-    assert "Fn::FindInMap" in image and "sagemaker-debugger-rules:latest" in image
-    mapping = default.template["Mappings"]["DebuggerRuleAccounts"]
-    assert {region: row["account"] for region, row in mapping.items()} == DEBUGGER_RULE_ACCOUNTS
+    assert "DebuggerRuleImage" not in values  # Debugger and Profiler are off (closed to new accounts)
+    assert "Mappings" not in default.template
 
 
 def test_stop_rule_starts_the_stop_machine_when_the_training_machine_ends_badly(default):

@@ -48,8 +48,10 @@ def test_success_path_outputs_and_requests(deployment):
     assert request["EnableInterContainerTrafficEncryption"] is True
     assert request["CheckpointConfig"] == {"S3Uri": "s3://lmstack-artifacts/checkpoints/run-1/",
                                            "LocalPath": "/opt/ml/checkpoints"}
-    assert [rule["RuleParameters"]["rule_to_invoke"] for rule in request["ProfilerRuleConfigurations"]] == [
-        "LowGPUUtilization", "IOBottleneck"]
+    assert request["ProfilerConfig"] == {"DisableProfiler": True}
+    assert "ProfilerRuleConfigurations" not in request and "DebugRuleConfigurations" not in request
+    assert request["TensorBoardOutputConfig"] == {"LocalPath": "/opt/ml/output/tensorboard",
+                                                  "S3OutputPath": "s3://lmstack-artifacts/tensorboard/run-1"}
     assert {"Key": "lmstack:execution", "Value": "run-1"} in request["Tags"]
 
     messages = deployment.notifications()

@@ -1,6 +1,6 @@
 """The entrypoint run by the REAL sagemaker-training toolkit against a local /opt/ml tree.
 
-The hyperparameters file is exactly what `lm.job.sdk_hyperparameters` produces for the state
+The hyperparameters file is exactly what `lm.request.sdk_hyperparameters` produces for the state
 machine's CreateTrainingJob request; the toolkit decodes it and runs `train.py` from
 /opt/ml/code as SageMaker runs our image.
 """
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from lm import job
+from lm import contract, job, request
 
 from . import helpers
 
@@ -20,16 +20,16 @@ from . import helpers
 def opt_ml_tree(root, dataset, hyperparameters):
     config = os.path.join(root, "input", "config")
     os.makedirs(config)
-    encoded = job.sdk_hyperparameters(
-        hyperparameters, strategy="single", instance_type="ml.m5.xlarge", gpus_per_host=0,
+    encoded = request.sdk_hyperparameters(
+        hyperparameters, strategy="single", instance_type="ml.m5.xlarge", processes_per_host=1,
         job_name="lmstack-test-1", region="us-east-1", output_path="s3://example-bucket/jobs")
     with open(os.path.join(config, "hyperparameters.json"), "w") as handle:
         json.dump(encoded, handle)
     with open(os.path.join(config, "resourceconfig.json"), "w") as handle:
         json.dump({"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}, handle)
     with open(os.path.join(config, "inputdataconfig.json"), "w") as handle:
-        json.dump({job.TRAIN_CHANNEL: {"TrainingInputMode": "File"}}, handle)
-    shutil.copytree(dataset, os.path.join(root, "input", "data", job.TRAIN_CHANNEL))
+        json.dump({contract.TRAIN_CHANNEL: {"TrainingInputMode": "File"}}, handle)
+    shutil.copytree(dataset, os.path.join(root, "input", "data", contract.TRAIN_CHANNEL))
     # As the Dockerfile bakes it in: the code at /opt/ml/code, which is where the toolkit
     # looks when the hyperparameters carry no sagemaker_submit_directory.
     code = os.path.join(root, "code")

@@ -1,10 +1,10 @@
-"""The one seam between the CDK app and the training image: the SageMaker job request.
+"""The tables the CDK app and the training image share: what a SageMaker job may be.
 
-Everything both sides must agree on lives here and nowhere else: the strategies and the
-image variant each needs, the hyperparameters `lm.train` accepts (name, type, bounds),
-how the SageMaker Python SDK v2 encodes them, the metric log lines and the regexes that
-read them, the data channel. The CDK app generates its state machine from these tables;
-`lm.train` builds its argument parser from them; the local demo builds its request here.
+The strategies and the image variant each needs, the hyperparameters `lm.train` and
+`lm.prepare` accept (name, type, bounds), the SMP v1 parameters, the metric log lines and
+the regexes that read them. The request itself is built by `lm.request`; the names both
+sides of a job must spell the same are in `lm.contract`. The CDK app generates its state
+machine from these tables; `lm.train` and `lm.prepare` build their argument parsers from them.
 
 Pure Python 3.8, no TensorFlow: imported at synth time.
 """
@@ -12,6 +12,7 @@ import collections
 import json
 import re
 
+from lm import contract
 from lm.config import ALL_PRESETS, FAMILIES
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
@@ -134,56 +135,6 @@ def processes_per_host(strategy, gpus_per_host):
     return max(1, gpus_per_host) if strategy in ("horovod", "smp") else 1
 
 
-def distribution_hyperparameters(strategy, instance_type, gpus_per_host, model_dir,
-                                 mp_parameters=None, custom_mpi_options=None):
-    """The keys the SDK v2 `TensorFlow` estimator adds for `distribution` (before JSON encoding).
-
-    Mirrors `Framework._distribution_configuration` and `TensorFlow.hyperparameters` in
-    sagemaker-python-sdk v2 (src/sagemaker/estimator.py, src/sagemaker/tensorflow/estimator.py);
-    tests/test_job_sdk.py builds the same job with the SDK and compares.
-    `model_dir` is what the SDK puts there: "/opt/ml/model" under MPI, else
-    `<output_path>/<job_name>/model`.
-    """
-    if strategy not in STRATEGIES:
-        raise ValueError("strategy must be one of %s, got %r" % (", ".join(STRATEGIES), strategy))
-    values = collections.OrderedDict()
-    if strategy in ("horovod", "smp"):
-        values["sagemaker_mpi_enabled"] = True
-        values["sagemaker_mpi_num_of_processes_per_host"] = processes_per_host(strategy, gpus_per_host)
-        values["sagemaker_mpi_custom_mpi_options"] = (
-            custom_mpi_options if custom_mpi_options is not None else (SMP_MPI_OPTIONS if strategy == "smp" else ""))
-        if strategy == "smp":
-            values["mp_parameters"] = collections.OrderedDict(mp_parameters or SMP_DEFAULTS)
-    if strategy in ("smddp", "smp"):
-        values["sagemaker_distributed_dataparallel_enabled"] = strategy == "smddp"
-        values["sagemaker_instance_type"] = instance_type
-        if strategy == "smddp":
-            values["sagemaker_distributed_dataparallel_custom_mpi_options"] = custom_mpi_options or ""
-    if strategy == "mwms":
-        values["sagemaker_multi_worker_mirrored_strategy_enabled"] = True
-    values["model_dir"] = "/opt/ml/model" if strategy in ("horovod", "smp") else model_dir
-    return values
-
-
-def sdk_hyperparameters(hyperparameters, *, strategy, instance_type, gpus_per_host, job_name, region,
-                        output_path, job_kind="train", mp_parameters=None, custom_mpi_options=None):
-    """The whole `HyperParameters` map of CreateTrainingJob, encoded as the SDK sends it.
-
-    `sagemaker_submit_directory` is left out: the code is baked into the image, which sets
-    SAGEMAKER_SUBMIT_DIRECTORY itself.
-    """
-    values = collections.OrderedDict(hyperparameters)
-    values["sagemaker_program"] = JOB_KINDS[job_kind]
-    values["sagemaker_container_log_level"] = 20
-    values["sagemaker_job_name"] = job_name
-    values["sagemaker_region"] = region
-    if job_kind == "train":
-        values.update(distribution_hyperparameters(
-            strategy, instance_type, gpus_per_host, "%s/%s/model" % (output_path.rstrip("/"), job_name),
-            mp_parameters=mp_parameters, custom_mpi_options=custom_mpi_options))
-    return encode_hyperparameters(values)
-
-
 # ---- metrics: the log lines `lm.train` prints and the regexes SageMaker reads them with ----
 
 TRAIN_LOG_PREFIX = "[train]"
@@ -220,26 +171,6 @@ def parse_metrics(line):
         if match:
             found[definition["Name"]] = float(match.group(1))
     return found
-
-
-# ---- channels ----
-
-TRAIN_CHANNEL = "train"
-RAW_CHANNEL = "raw"
-DATASET_CHANNEL_OUT = "dataset"
-
-
-def efs_channel(name, file_system_id, directory_path, access_mode="ro"):
-    return {
-        "ChannelName": name,
-        "InputMode": "File",
-        "DataSource": {"FileSystemDataSource": {
-            "FileSystemId": file_system_id,
-            "FileSystemAccessMode": access_mode,
-            "FileSystemType": "EFS",
-            "DirectoryPath": directory_path,
-        }},
-    }
 
 
 def validate_mp_parameters(values):
@@ -281,26 +212,11 @@ PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("shard_index", int, -1, -1, 4095, help="this instance's share of the input files (-1 = from SM_HOSTS)"),
     _hp("num_shards", int, 0, 0, 4096, help="instances sharing the input files (0 = len(SM_HOSTS))"),
 ])
-PREPARE_INPUT_CHANNEL = RAW_CHANNEL  # raw Pile files: S3 (FastFile) or EFS, read-only
-PREPARE_OUTPUT_CHANNEL = DATASET_CHANNEL_OUT  # the EFS dataset directory, mounted rw
+PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
+PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
 PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow
 # Tokenizing is CPU-bound; 72 vCPUs per instance. The whole Pile (30 files) in about an hour
 # takes PREPARE_INSTANCE_COUNT of them (the estimate is in lm.prepare's docstring).
 PREPARE_INSTANCE_TYPE = "ml.c5.18xlarge"
 PREPARE_INSTANCE_COUNT = 5
 
-
-def s3_channel(name, s3_uri, input_mode="FastFile"):
-    """An S3 input channel; FastFile streams the objects instead of copying them to disk first.
-
-    FullyReplicated: every instance sees every file and `lm.prepare` picks its share.
-    """
-    return {
-        "ChannelName": name,
-        "InputMode": input_mode,
-        "DataSource": {"S3DataSource": {
-            "S3DataType": "S3Prefix",
-            "S3Uri": s3_uri,
-            "S3DataDistributionType": "FullyReplicated",
-        }},
-    }

@@ -1,0 +1,32 @@
+"""The names both sides of a training job must spell the same: the request, the grants, the runtime.
+
+The CreateTrainingJob request (`lm.request`), the execution role's S3 grants and the bucket's
+lifecycle rules (`stacks.iam`, `stacks.storage`) and the code in the image (`lm.train`,
+`lm.prepare`) all read these. A name changed on one side only would fail a real job with
+AccessDenied or an empty channel, so it is written here once.
+
+Pure Python 3.8, no TensorFlow: imported at synth time.
+"""
+
+# Input channels. SageMaker mounts channel <name> at /opt/ml/input/data/<name> and the
+# toolkit exports SM_CHANNEL_<NAME>.
+TRAIN_CHANNEL = "train"      # training: the prepared dataset (EFS, read-only)
+RAW_CHANNEL = "raw"          # prepare: the raw Pile files (read-only)
+DATASET_CHANNEL = "dataset"  # prepare: the dataset directory it writes (EFS, read-write)
+
+# Key prefixes in the artifact bucket; the execution role may touch only these.
+OUTPUT_PREFIX = "output/"            # OutputDataConfig: <job>/output/model.tar.gz
+CHECKPOINT_PREFIX = "checkpoints/"   # CheckpointConfig: <execution name>/ (kept across attempts)
+TENSORBOARD_PREFIX = "tensorboard/"  # TensorBoardOutputConfig: <job>/ event files
+ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX)
+
+# Paths inside the container (the SageMaker training contract).
+MODEL_DIR = "/opt/ml/model"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+# SageMaker uploads this directory to TensorBoardOutputConfig.S3OutputPath while the job runs.
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
+
+
+def channel_environment_variable(channel):
+    """The variable the training toolkit sets to a channel's directory."""
+    return "SM_CHANNEL_%s" % channel.upper()
