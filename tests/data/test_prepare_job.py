@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lm import job, sample_corpus, shards
+from lm import job, request, sample_corpus, shards
 
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "training_image")
 
@@ -21,8 +21,6 @@ def test_prepare_hyperparameters_validate_like_the_train_table():
     assert values["seq_len"] == 128 and values["train_tokenizer"] is True and values["vocab_size"] == 50257
     with pytest.raises(ValueError, match="unknown hyperparameters preset"):
         job.validate_hyperparameters({"preset": "gpt-125m"}, job.PREPARE_HYPERPARAMETERS)
-    channel = job.s3_channel(job.PREPARE_INPUT_CHANNEL, "s3://bucket/pile/")
-    assert channel["ChannelName"] == "raw" and channel["InputMode"] == "FastFile"
 
 
 @pytest.mark.slow
@@ -38,10 +36,10 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     sample_corpus.write_sample_corpus(str(raw), max_bytes=60000, files=2)
     shutil.copy(tokenizer_file, str(raw / "tokenizer.json"))
     dataset.mkdir()
-    hyperparameters = job.sdk_hyperparameters(
+    hyperparameters = request.sdk_hyperparameters(
         {"tokenizer": "tokenizer.json", "train_tokenizer": False, "seq_len": 32, "shard_size": 4096,
          "val_fraction": 0.1, "workers": 1, "threads": 1},
-        strategy="single", instance_type=job.PREPARE_INSTANCE_TYPE, gpus_per_host=0, job_name="prepare-1",
+        strategy="single", instance_type=job.PREPARE_INSTANCE_TYPE, processes_per_host=1, job_name="prepare-1",
         region="us-east-1", output_path="s3://bucket/output", job_kind="prepare")
     assert json.loads(hyperparameters["sagemaker_program"]) == "prepare.py"
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
@@ -57,6 +55,6 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     assert result.returncode == 0 and "Reporting training SUCCESS" in result.stdout, result.stdout[-4000:]
     assert "--train_tokenizer False" in result.stdout  # the toolkit's spelling of a boolean
     manifest = shards.load_manifest(str(dataset))
-    shards.verify(str(dataset), manifest)
+    assert shards.verify(str(dataset), manifest) == []
     assert manifest.prepare["complete"] and sorted(manifest.inputs) == ["00", "01"]
     assert manifest.seq_len == 32 and manifest.tokenizer_sha256 == shards.sha256_file(tokenizer_file)

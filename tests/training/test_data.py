@@ -99,11 +99,18 @@ def test_truncated_shard_is_an_error_naming_the_file(copy):
         TokenStream(copy, "train", global_batch_size=8)
 
 
-def test_corrupt_shard_fails_its_checksum(copy):
+def test_start_up_reads_no_shard_bytes_a_corrupt_shard_is_for_verify(copy):
     path = os.path.join(copy, "train", "00002.bin")
     with open(path, "r+b") as handle:
         handle.write(b"\xff\xff")
-    with pytest.raises(shards.ShardError, match="00002.bin.*sha256"):
+    TokenStream(copy, "train", global_batch_size=8)  # sizes agree: start-up does not hash
+    problems = shards.verify(copy, shards.load_manifest(copy))
+    assert len(problems) == 1 and "00002.bin: sha256 does not match" in problems[0]
+
+
+def test_missing_tokenizer_is_an_error_at_start(copy):
+    os.remove(os.path.join(copy, "tokenizer.json"))
+    with pytest.raises(shards.ShardError, match="manifest.json: tokenizer tokenizer.json is missing"):
         TokenStream(copy, "train", global_batch_size=8)
 
 

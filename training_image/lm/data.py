@@ -52,7 +52,7 @@ class TokenStream:
         self.directory = directory
         self.split = split
         self.manifest = shards.load_manifest(directory)
-        shards.verify(directory, self.manifest, checksums=checksums, seq_len=seq_len, vocab_size=vocab_size)
+        shards.check(directory, self.manifest, seq_len=seq_len, vocab_size=vocab_size)
         self.seq_len = self.manifest.seq_len
         self.global_batch_size = global_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size

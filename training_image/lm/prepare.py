@@ -3,6 +3,7 @@
     python -m lm.prepare INPUT... --output DIR (--tokenizer FILE | --train-tokenizer) [options]
     python -m lm.prepare merge DIR          # one manifest from the parts of a multi-instance run
     python -m lm.prepare train-tokenizer INPUT... --output FILE [--vocab-size N]
+    python -m lm.prepare verify DIR [--workers N]   # hash every shard against the manifest
 
 Each input file is read by one worker process from start to end: documents tokenized,
 an end-of-document token after each, the token stream of each split (a document goes to
@@ -640,7 +641,8 @@ def _float(text):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m lm.prepare", description=__doc__.split("\n\n")[0],
-        epilog="Also: `python -m lm.prepare merge DIR`, `python -m lm.prepare train-tokenizer INPUT... --output FILE`.")
+        epilog="Also: `python -m lm.prepare merge DIR`, `python -m lm.prepare train-tokenizer INPUT... --output FILE`, "
+               "`python -m lm.prepare verify DIR`.")
     parser.add_argument("inputs", nargs="*", help=".jsonl.zst / .jsonl files or directories (default: $SM_CHANNEL_%s)"
                         % job.PREPARE_INPUT_CHANNEL.upper())
     parser.add_argument("--output", help="dataset directory (default: $SM_CHANNEL_%s)"
@@ -687,9 +689,34 @@ def _train_tokenizer_main(argv):
     print("%s: vocab %d" % (args.output, tokenizer.get_vocab_size()))
 
 
+# `verify` exits 0 when the dataset is sound, 1 when it has problems (each printed), and 2, the
+# status of every lm.prepare error, when there is no readable manifest.
+VERIFY_OK, VERIFY_PROBLEMS = 0, 1
+
+
+def _verify_main(argv):
+    """Hash every shard and the tokenizer against the manifest; training itself checks only sizes."""
+    parser = argparse.ArgumentParser(prog="python -m lm.prepare verify", description=_verify_main.__doc__)
+    parser.add_argument("directory", help="dataset directory (with manifest.json)")
+    parser.add_argument("--workers", type=int, default=4, help="files hashed in parallel (default 4)")
+    args = parser.parse_args(argv)
+    manifest = shards.load_manifest(args.directory)
+    started = time.time()
+    problems = shards.verify(args.directory, manifest, workers=args.workers)
+    for problem in problems:
+        print("lm.prepare verify: %s" % problem, file=sys.stderr)
+    total = sum(shard.bytes for shard in manifest.shards)
+    print("%s: %d shards, %d bytes, %s (%.1f s)" % (
+        args.directory, len(manifest.shards), total,
+        "%d problem(s)" % len(problems) if problems else "every sha256 matches the manifest", time.time() - started))
+    return VERIFY_PROBLEMS if problems else VERIFY_OK
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv[:1] == ["verify"]:
+            return _verify_main(argv[1:])
         if argv[:1] == ["merge"]:
             if len(argv) != 2:
                 raise PrepareError("usage: python -m lm.prepare merge DIR")

@@ -4,6 +4,7 @@ A dataset directory holds `manifest.json`, the tokenizer file, and shards
 `<split>/<name>.bin`: back-to-back records of `seq_len + 1` little-endian tokens
 (`uint16` when the vocabulary fits, else `uint32`), no header, no padding.
 """
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -121,21 +122,51 @@ def save_manifest(directory, manifest):
     write_atomically(manifest_path(directory), manifest.to_json())
 
 
-def verify(directory, manifest, checksums=True, seq_len=None, vocab_size=None):
-    """Check shards against the manifest (and the manifest against the model)."""
+def check(directory, manifest, seq_len=None, vocab_size=None):
+    """The start-up check: the manifest against the model, and every shard present with the size
+    the manifest gives. It reads no shard data, so it costs O(shards), not O(dataset), at every
+    (spot) restart of every host; `python -m lm.prepare verify` (`verify`) also hashes."""
     source = manifest_path(directory)
     if seq_len is not None and manifest.seq_len != seq_len:
         raise ShardError("%s: seq_len %d does not match the model's %d" % (source, manifest.seq_len, seq_len))
     if vocab_size is not None and manifest.vocab_size > vocab_size:
         raise ShardError("%s: vocab_size %d exceeds the model's %d" % (source, manifest.vocab_size, vocab_size))
+    if not os.path.isfile(os.path.join(directory, manifest.tokenizer_file)):
+        raise ShardError("%s: tokenizer %s is missing" % (source, manifest.tokenizer_file))
     for shard in manifest.shards:
-        path = os.path.join(directory, shard.path)
-        if not os.path.isfile(path):
-            raise ShardError("%s: listed in the manifest but missing" % path)
-        size = os.path.getsize(path)
-        if size != shard.bytes or size != shard.records * manifest.record_bytes:
-            raise ShardError(
-                "%s: %d bytes, manifest says %d records x %d bytes = %d"
+        problem = size_problem(directory, manifest, shard)
+        if problem:
+            raise ShardError(problem)
+
+
+def size_problem(directory, manifest, shard):
+    """Why `shard` disagrees with the manifest by its presence or size, or None."""
+    path = os.path.join(directory, shard.path)
+    if not os.path.isfile(path):
+        return "%s: listed in the manifest but missing" % path
+    size = os.path.getsize(path)
+    if size != shard.bytes or size != shard.records * manifest.record_bytes:
+        return ("%s: %d bytes, manifest says %d records x %d bytes = %d"
                 % (path, size, shard.records, manifest.record_bytes, shard.records * manifest.record_bytes))
-        if checksums and sha256_file(path) != shard.sha256:
-            raise ShardError("%s: sha256 does not match the manifest" % path)
+    return None
+
+
+def verify(directory, manifest, workers=4):
+    """Every problem with the dataset: each shard's presence, size and sha256, and the
+    tokenizer's sha256 (hashed on `workers` threads; hashlib releases the GIL). [] when sound."""
+    files = [(os.path.join(directory, manifest.tokenizer_file), manifest.tokenizer_sha256, None)]
+    files += [(os.path.join(directory, shard.path), shard.sha256, shard) for shard in manifest.shards]
+
+    def problem(item):
+        path, expected, shard = item
+        wrong_size = size_problem(directory, manifest, shard) if shard is not None else None
+        if wrong_size:
+            return wrong_size
+        if not os.path.isfile(path):
+            return "%s: missing" % path
+        if sha256_file(path) != expected:
+            return "%s: sha256 does not match the manifest" % path
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+        return [found for found in pool.map(problem, files) if found]
