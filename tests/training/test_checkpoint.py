@@ -52,3 +52,87 @@ def test_shape_or_count_mismatch_names_the_file(tmp_path):
         handle.write(b"not a zip")
     with pytest.raises(checkpoint.CheckpointError, match="ckpt-00000002.npz: not a readable checkpoint"):
         checkpoint.restore(broken, variables())
+
+
+def test_background_save_snapshots_the_values_at_the_call(tmp_path):
+    saver = checkpoint.Checkpointer(str(tmp_path))
+    state = variables()
+    path = saver.save(4, state, {})
+    state[0].assign(state[0] * 0 - 1)  # the next step changes the variables while the write may still run
+    state[1].assign(99)
+    saver.wait()
+    fresh = variables()
+    checkpoint.restore(path, fresh)
+    np.testing.assert_array_equal(fresh[0].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert int(fresh[1].numpy()) == 3
+    assert sorted(os.listdir(str(tmp_path))) == ["ckpt-00000004.npz"]
+
+
+def test_a_failed_background_write_is_raised_by_wait(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    saver = checkpoint.Checkpointer(str(blocker))
+    saver.save(1, variables(), {})
+    with pytest.raises(OSError):
+        saver.wait()
+
+
+def test_save_clock_is_due_after_the_interval_since_the_last_save():
+    now = [100.0]
+    clock = checkpoint.SaveClock(900, clock=lambda: now[0])
+    now[0] += 899
+    assert clock.elapsed() == 899 and not clock.due(clock.elapsed())
+    assert clock.due(900.0)  # the agreed (e.g. mean over ranks) elapsed time decides
+    clock.saved()
+    now[0] += 10
+    assert not clock.due(clock.elapsed())
+    assert not checkpoint.SaveClock(0).due(1e9)
+
+
+def test_resuming_on_other_data_is_refused_unless_allowed():
+    meta = {"dataset_fingerprint": "aaaa"}
+    assert checkpoint.check_dataset(meta, "aaaa", False, "ckpt") is False
+    with pytest.raises(checkpoint.CheckpointError, match="ckpt: was trained on dataset aaaa, this run's dataset is "
+                                                         "bbbb.*allow_new_data=true"):
+        checkpoint.check_dataset(meta, "bbbb", False, "ckpt")
+    assert checkpoint.check_dataset(meta, "bbbb", True, "ckpt") is True
+    with pytest.raises(checkpoint.CheckpointError, match="a dataset it does not record"):
+        checkpoint.check_dataset({}, "bbbb", False, "ckpt")
+
+
+def test_fingerprint_follows_the_tokens_not_the_statistics():
+    from lm import shards
+
+    def manifest(sha="s0", documents=1):
+        return shards.Manifest(dtype="uint16", seq_len=8, vocab_size=512, eod_token_id=0, tokenizer_file="t.json",
+                               tokenizer_sha256="t", shards=[shards.Shard("train/0.bin", "train", 4, 72, sha)],
+                               sources={"x": {"documents": documents}})
+    assert shards.fingerprint(manifest()) == shards.fingerprint(manifest(documents=2))
+    assert shards.fingerprint(manifest()) != shards.fingerprint(manifest(sha="s1"))
+
+
+def test_dropout_masks_are_a_function_of_seed_step_and_replica():
+    from lm.config import get_preset
+    from lm.model import build_model
+
+    config = get_preset("tiny").replace(dropout=0.5)
+    tokens = tf.constant(np.arange(16).reshape(2, 8) % 512, tf.int32)
+
+    def logits(seed, rank, step, weights=None):
+        tf.random.set_seed(len(weights or []))  # the global generator must not matter
+        model = build_model(config)
+        if weights is not None:
+            model.set_weights(weights)
+        key = checkpoint.DropoutKey(seed, rank)
+        key.attach(model)
+        key.count_steps_of(tf.Variable(np.int64(step)))
+        return model, model(tokens, training=True).numpy()
+
+    model, first = logits(7, 0, 5)
+    weights = model.get_weights()
+    np.testing.assert_array_equal(logits(7, 0, 5, weights)[1], first)  # a fresh process at the same step
+    assert not np.array_equal(logits(7, 0, 6, weights)[1], first)
+    assert not np.array_equal(logits(7, 1, 5, weights)[1], first)
+    assert not np.array_equal(logits(8, 0, 5, weights)[1], first)
+    with pytest.raises(RuntimeError, match="count_steps_of"):
+        checkpoint.DropoutKey(7, 0).attach(build_model(config))(tokens, training=True)

@@ -1,20 +1,36 @@
-"""Training checkpoints: every state variable as a NumPy array, plus a little metadata.
+"""Training checkpoints, and what makes a resume exact.
 
     <dir>/ckpt-<step, 8 digits><tag>.npz
 
-Written under a temporary name and renamed, so a file with the final name is always
-complete and the newest one is safe to resume from. The variables are saved in a fixed
-order (model weights, optimizer state, loss scale) with their shapes, and checked on load.
-NumPy files read the same on every TF version we run, unlike Keras' checkpoint layouts.
+Every state variable as a NumPy array, plus a little metadata. Written under a temporary
+name and renamed, so a file with the final name is always complete and the newest one is
+safe to resume from. The variables are saved in a fixed order (model weights, optimizer
+state, loss scale) with their shapes, and checked on load. NumPy files read the same on every
+TF version we run, unlike Keras' checkpoint layouts.
+
+A save stalls training only while it copies the variables to host memory (a consistent
+snapshot between two steps); a background thread writes, syncs, renames and prunes while the
+next steps run (`bench/checkpoint.py` measures the stall). On SageMaker a spot interruption or
+a stop cannot be counted on to reach the training processes (the toolkit does not forward
+SIGTERM; MPI workers are killed without a save), so periodic checkpoints are the protection:
+every `checkpoint_every` steps and every `checkpoint_minutes` of training (`SaveClock`).
+
+Exact resume also needs the data and the randomness to be the same: the metadata records the
+dataset's fingerprint (`lm.shards.fingerprint`) and `check_dataset` refuses other data unless
+told to; dropout draws its masks from `DropoutKey`, a function of (seed, step, replica) only.
 """
+import concurrent.futures
 import json
 import os
 import re
+import time
 
 import numpy as np
 
 PATTERN = re.compile(r"^ckpt-(\d{8})(.*)\.npz$")
 META_KEY = "__meta__"
+# Replica indices below this share no dropout key (the key is step * REPLICA_STRIDE + replica).
+REPLICA_STRIDE = 1 << 20
 
 
 class CheckpointError(ValueError):
@@ -26,13 +42,24 @@ def checkpoint_name(step, tag=""):
 
 
 class Checkpointer:
-    """Saves and finds checkpoints in `directory`; `tag` separates ranks that hold different variables."""
+    """Saves and finds checkpoints in `directory`; `tag` separates ranks that hold different variables.
 
-    def __init__(self, directory, tag="", keep=2):
+    With `background` (the default) `save` returns once the values are copied to host memory and
+    one thread writes the file; `wait()` returns when it is on disk (and raises what the write
+    raised). A save while the previous write still runs waits for it first.
+    """
+
+    def __init__(self, directory, tag="", keep=2, background=True):
         self.directory, self.tag, self.keep = directory, tag, keep
+        self._writer = concurrent.futures.ThreadPoolExecutor(1) if background else None
+        self._pending = None
 
     def steps(self):
-        """Steps of the complete checkpoints with this tag, oldest first."""
+        """Steps of the complete checkpoints with this tag, oldest first (after the pending write)."""
+        self.wait()
+        return self._steps_on_disk()
+
+    def _steps_on_disk(self):
         if not os.path.isdir(self.directory):
             return []
         found = []
@@ -50,11 +77,29 @@ class Checkpointer:
         return self.path(steps[-1]) if steps else None
 
     def save(self, step, variables, meta):
-        """Write the values of `variables` at `step`; keep the newest `keep`. Returns the path."""
-        os.makedirs(self.directory, exist_ok=True)
-        arrays = {"v%05d" % index: np.asarray(variable.numpy()) for index, variable in enumerate(variables)}
+        """Save the values of `variables` at `step`; keep the newest `keep`. Returns the final path."""
+        self.wait()
+        # Copies: on a CPU a tensor's buffer can be the variable's own, which the next step updates.
+        arrays = {"v%05d" % index: np.array(variable.numpy()) for index, variable in enumerate(variables)}
         meta = dict(meta, step=step, shapes=[list(array.shape) for array in arrays.values()])
         arrays[META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), np.uint8)
+        if self._writer is None:
+            return self._write(step, arrays)
+        self._pending = self._writer.submit(self._write, step, arrays)
+        return self.path(step)
+
+    def writing(self):
+        """True while a background write is in flight."""
+        return self._pending is not None and not self._pending.done()
+
+    def wait(self):
+        """Block until the last save is on disk; re-raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _write(self, step, arrays):
+        os.makedirs(self.directory, exist_ok=True)
         path = self.path(step)
         tmp = "%s.tmp-%d" % (path, os.getpid())
         with open(tmp, "wb") as handle:
@@ -62,7 +107,7 @@ class Checkpointer:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        for old in self.steps()[:-self.keep] if self.keep else []:
+        for old in self._steps_on_disk()[:-self.keep] if self.keep else []:
             os.remove(self.path(old))
         return path
 
@@ -90,3 +135,74 @@ def restore(path, variables):
     for array, variable in zip(arrays, variables):
         variable.assign(array)
     return meta
+
+
+class SaveClock:
+    """When a time-based checkpoint is due: `interval_seconds` (0: never) after the last save.
+
+    Ranks see different clocks, so the caller agrees on the elapsed time first (for example
+    the mean over all ranks) and passes that to `due`: then every rank decides alike.
+    """
+
+    def __init__(self, interval_seconds, clock=time.monotonic):
+        self.interval_seconds, self._clock = interval_seconds, clock
+        self._since = clock()
+
+    def elapsed(self):
+        return self._clock() - self._since
+
+    def due(self, agreed_elapsed):
+        return bool(self.interval_seconds) and agreed_elapsed >= self.interval_seconds
+
+    def saved(self):
+        self._since = self._clock()
+
+
+def check_dataset(meta, fingerprint, allow_new_data, path):
+    """Refuse to resume a checkpoint on data other than its own unless `allow_new_data`.
+
+    Returns True when the data differ (and that was allowed)."""
+    recorded = meta.get("dataset_fingerprint")
+    if recorded == fingerprint:
+        return False
+    if allow_new_data:
+        return True
+    was = "dataset %s" % recorded if recorded else "a dataset it does not record"
+    raise CheckpointError(
+        "%s: was trained on %s, this run's dataset is %s. Resuming on other data does not continue the "
+        "same run (its batches differ from the ones an uninterrupted run would see); to do it anyway, set "
+        "hyperparameters.allow_new_data=true (--allow-new-data), or use another --checkpoint-dir"
+        % (path, was, fingerprint))
+
+
+class DropoutKey:
+    """The stateless seed of a train step's dropout masks: a function of (seed, step, replica).
+
+    `attach(model)` makes the model draw its masks from it (`lm.model.GPT.dropout_key`); call
+    `count_steps_of(variable)` with the optimizer's step counter, which checkpoints restore, so
+    step s of a resumed run draws the masks step s of an uninterrupted run draws. The replica is
+    the replica context's index under a tf.distribute strategy (every local GPU of MWMS), else
+    this process's data-parallel rank.
+    """
+
+    def __init__(self, seed, data_parallel_rank):
+        self.seed, self.data_parallel_rank = seed, data_parallel_rank
+        self._step = None
+
+    def attach(self, model):
+        model.dropout_key = self
+        return model
+
+    def count_steps_of(self, step_variable):
+        self._step = step_variable
+
+    def __call__(self):
+        from lm.compat import tf
+
+        if self._step is None:
+            raise RuntimeError("DropoutKey: count_steps_of(optimizer.step) was not called before training")
+        replica = self.data_parallel_rank
+        if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        step = tf.cast(tf.convert_to_tensor(self._step), tf.int64)
+        return tf.stack([tf.constant(self.seed, tf.int64), step * REPLICA_STRIDE + tf.cast(replica, tf.int64)])

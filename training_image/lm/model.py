@@ -224,10 +224,19 @@ class GPT(keras.Model):
         self.head = None if c.tie_embeddings else keras.layers.Dense(
             c.padded_vocab_size, use_bias=False, kernel_initializer=_normal(INIT_STDDEV), name="head")
 
+    # A callable giving the [2] int64 seed of this step's dropout masks (lm.checkpoint.DropoutKey,
+    # set by lm.train: a resumed run then draws the masks an uninterrupted one draws); None draws
+    # them from TensorFlow's global generator.
+    dropout_key = None
+
     def _dropout_seeds(self, training):
         if not training or not self.model_config.dropout:
             return [None] * (self.model_config.n_layer + 1)
-        return tf.unstack(tf.random.uniform([self.model_config.n_layer + 1, 2], maxval=2 ** 31 - 1, dtype=tf.int32))
+        shape = [self.model_config.n_layer + 1, 2]
+        if self.dropout_key is not None:
+            return tf.unstack(tf.random.stateless_uniform(shape, seed=self.dropout_key(), minval=0,
+                                                          maxval=2 ** 31 - 1, dtype=tf.int32))
+        return tf.unstack(tf.random.uniform(shape, maxval=2 ** 31 - 1, dtype=tf.int32))
 
     def _logits(self, x):
         x = self.ln_f(x)

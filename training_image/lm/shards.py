@@ -91,6 +91,15 @@ class Manifest:
             raise ShardError("%s: %s" % (source, error))
 
 
+def fingerprint(manifest):
+    """sha256 of what decides the token stream: format, tokenizer and every shard's path, split,
+    record count and sha256 (not the statistics, which a re-merge may rewrite)."""
+    content = {name: getattr(manifest, name) for name in
+               ("format_version", "dtype", "seq_len", "vocab_size", "eod_token_id", "tokenizer_sha256")}
+    content["shards"] = [[shard.path, shard.split, shard.records, shard.sha256] for shard in manifest.shards]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def manifest_path(directory):
     return os.path.join(directory, MANIFEST_NAME)
 

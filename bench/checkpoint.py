@@ -1,0 +1,134 @@
+"""How long a checkpoint save stalls training: background write against a synchronous one.
+
+    python bench/checkpoint.py [--layers 4] [--d-model 512] [--heads 8] [--seq-len 256] [--batch 8]
+                               [--vocab 8192] [--steps 12] [--save-every 4] [--repeats 3]
+                               [--interval-minutes 15]
+
+In one process, the `lm.distributed.single` train step (AdamW, clipping) runs `--steps` steps
+three ways, in turn, `--repeats` times (medians reported, so a busy machine slows all alike):
+
+- `none`: no checkpoint: the step time;
+- `sync`: `lm.checkpoint.Checkpointer(background=False).save` every `--save-every` steps, the
+  write (np.savez, fsync, rename) on the training thread;
+- `background`: the same saves with the default background writer: the training thread only
+  copies the variables to host memory, a thread writes while the next steps run.
+
+The stall of one save is the time the save call blocks plus, for each step that runs while
+the background write is in flight, its time beyond the median of the steps that ran alone
+(what the writer thread takes from training: CPU cores, memory bandwidth). It is reported
+per save, as a fraction of one step, and spread over one time-based checkpoint interval
+(`--interval-minutes`, lm.train's `checkpoint_minutes`): the share of training time the
+periodic checkpoints cost, which is what the target bounds. The target: at most 2 % of step time on average. Prints a table and JSON;
+writes bench/results/checkpoint.json.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "training_image"))
+
+from publish import publish  # noqa: E402
+
+from lm import checkpoint  # noqa: E402
+from lm.compat import TF_VERSION, tf  # noqa: E402
+from lm.config import GPTConfig, parameter_count  # noqa: E402
+from lm.distributed import get_strategy  # noqa: E402
+from lm.model import build_model  # noqa: E402
+from lm.optim import AdamW, learning_rate_at  # noqa: E402
+from lm.train import token_loss  # noqa: E402
+
+TARGET_FRACTION_OF_STEP = 0.02
+MODES = ("none", "sync", "background")
+
+
+def run(mode, step, state, tokens, steps, save_every, directory):
+    """This mode's stall per save: the save calls plus, for each step that ran beside a
+    background write, its time beyond the median of the steps that ran alone."""
+    saver = None if mode == "none" else checkpoint.Checkpointer(directory, background=mode == "background")
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    alone, beside, calls = [], [], []
+    for index in range(1, steps + 1):
+        writing = saver is not None and saver.writing()
+        started = time.perf_counter()
+        float(step(inputs, labels)["loss"])
+        (beside if writing else alone).append(time.perf_counter() - started)
+        if saver and index % save_every == 0 and index < steps:
+            started = time.perf_counter()
+            saver.save(index, state, {"bench": True})
+            calls.append(time.perf_counter() - started)
+    if saver:
+        saver.wait()
+    step_seconds = statistics.median(alone)
+    stall = (sum(calls) + sum(max(0.0, seconds - step_seconds) for seconds in beside)) / len(calls) if calls else 0.0
+    return {"seconds_per_step": step_seconds, "stall_per_save_s": stall,
+            "save_call_s": statistics.median(calls) if calls else 0.0, "steps_beside_a_write": len(beside)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--save-every", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--interval-minutes", type=float, default=15.0)
+    parser.add_argument("--directory", help="where checkpoints are written (default: a temporary directory)")
+    args = parser.parse_args(argv)
+
+    config = GPTConfig(n_layer=args.layers, d_model=args.d_model, n_head=args.heads, block_size=args.seq_len,
+                       vocab_size=args.vocab, pad_vocab_to=64)
+    tf.random.set_seed(0)
+    model = build_model(config)
+    optimizer = AdamW(model.trainable_variables, lambda step: learning_rate_at(step, 1e-3, 10, 1000, 0.1))
+    step = get_strategy("single").setup().build_train_step(model, optimizer, token_loss(tf), grad_clip=1.0)
+    state = list(model.weights) + optimizer.variables
+    state_bytes = sum(int(variable.shape.num_elements()) * variable.dtype.size for variable in state)
+    tokens = tf.random.uniform([args.batch, args.seq_len + 1], maxval=args.vocab, dtype=tf.int32, seed=1)
+
+    with tempfile.TemporaryDirectory(dir=args.directory) as directory:
+        run("none", step, state, tokens, 2, args.save_every, directory)  # trace and warm up
+        measured = {mode: [] for mode in MODES}
+        for repeat in range(args.repeats):
+            for mode in MODES:
+                measured[mode].append(run(mode, step, state, tokens, args.steps, args.save_every,
+                                          os.path.join(directory, "%s-%d" % (mode, repeat))))
+
+    step_seconds = statistics.median(row["seconds_per_step"] for row in measured["none"])
+    interval = args.interval_minutes * 60
+    results = {"none": {"seconds_per_step": step_seconds}}
+    for mode in MODES[1:]:
+        row = {name: statistics.median(run_row[name] for run_row in measured[mode])
+               for name in ("stall_per_save_s", "save_call_s", "steps_beside_a_write")}
+        row.update(stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
+                   stall_fraction_per_interval=row["stall_per_save_s"] / interval)
+        results[mode] = row
+    report = {
+        "tensorflow": ".".join(map(str, TF_VERSION)), "cpu_threads": os.cpu_count(),
+        "gpus": len(tf.config.list_physical_devices("GPU")),
+        "shape": {"layers": args.layers, "d_model": args.d_model, "heads": args.heads, "seq_len": args.seq_len,
+                  "batch": args.batch, "vocab": args.vocab, "params": parameter_count(config)},
+        "state_bytes": state_bytes, "steps": args.steps, "save_every": args.save_every,
+        "interval_minutes": args.interval_minutes, "results": results,
+        "target_fraction_of_step": TARGET_FRACTION_OF_STEP,
+    }
+    print("state %.1f MB, step %.3f s" % (state_bytes / 1e6, step_seconds))
+    print("%-11s %16s %14s %16s %22s" % ("write", "stall/save (s)", "call (s)", "of one step", "per %g-min interval"
+                                         % args.interval_minutes))
+    for mode in MODES[1:]:
+        row = results[mode]
+        print("%-11s %16.3f %14.3f %15.1f %% %21.4f %%" % (mode, row["stall_per_save_s"], row["save_call_s"],
+                                                          100 * row["stall_fraction_of_step"],
+                                                          100 * row["stall_fraction_per_interval"]))
+    publish("checkpoint", report)
+
+
+if __name__ == "__main__":
+    main()
