@@ -3,8 +3,8 @@
 With your own AWS credentials (boto3's default chain: environment, profile, SSO, instance
 role; `--profile` picks a named profile) it reads the state machine ARN from the stack's
 CloudFormation outputs, builds the execution input from a preset and flags, checks it
-locally against the state machine's own input schema (`stacks.state_machine.inputs`, made
-from the `lm.job` tables) so a mistake starts nothing, starts the execution, prints its
+locally against the state machine's own input schema and rules (`stacks.state_machine.inputs`,
+`lm.rules`) so a mistake starts nothing, starts the execution, prints its
 console URL and, with `--watch`, follows
 it with a one-line status until it ends. Exit status 0 only when the execution succeeded
 (or, without `--watch`, was started).
@@ -23,10 +23,9 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lm import plan
+from lm import plan, rules
 from lm.config import ALL_PRESETS, PRESETS
-from lm.job import (HYPERPARAMETERS, PREPARE_RUNTIME, SERVING_RUNTIME, STRATEGIES, STRATEGY_INSTANCE_TYPES,
-                    STRATEGY_RUNTIME, validate_hyperparameters)
+from lm.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
 from stacks.config import CONTEXT_KEY, Settings, SettingsError
 from stacks.state_machine import inputs
 
@@ -88,97 +87,26 @@ def build_input(args):
     return execution_input
 
 
-def _check_value(field, value, label):
-    if field.type is dict:
-        if not isinstance(value, dict):
-            raise StartError("%s must be a JSON object, got %s" % (label, json.dumps(value)))
-        _check_object(field.fields, value, label + ".")
-    elif value is None and field.nullable:
-        return
-    elif field.type is bool:
-        if not isinstance(value, bool):
-            raise StartError("%s must be true or false, got %s" % (label, json.dumps(value)))
-    elif field.type is str:
-        if not isinstance(value, str):
-            raise StartError("%s must be a string, got %s" % (label, json.dumps(value)))
-        if field.choices and value not in field.choices:
-            raise StartError("%s must be one of %s, got %r" % (label, ", ".join(field.choices), value))
-        if field.prefix and not value.startswith(field.prefix):
-            raise StartError("%s must start with %s, got %r" % (label, field.prefix, value))
-    else:
-        kind = "an integer" if field.type is int else "a number"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                field.type is int and not float(value).is_integer()):
-            raise StartError("%s must be %s, got %s" % (label, kind, json.dumps(value)))
-        if (field.minimum is not None and value < field.minimum) or (
-                field.maximum is not None and value > field.maximum):
-            raise StartError("%s must be %s, got %s" % (label, _bounds(field), json.dumps(value)))
-
-
-def _bounds(field):
-    if field.maximum is None:
-        return "at least %s" % field.minimum
-    if field.minimum is None:
-        return "at most %s" % field.maximum
-    return "between %s and %s" % (field.minimum, field.maximum)
-
-
-def _check_object(fields, value, prefix=""):
-    known = collections.OrderedDict((field.name, field) for field in fields)
-    unknown = [name for name in value if name not in known]
-    if unknown:
-        raise StartError("unknown field %s; allowed%s: %s" % (
-            ", ".join(prefix + name for name in unknown), " in " + prefix[:-1] if prefix else "", ", ".join(known)))
-    for name, item in value.items():
-        _check_value(known[name], item, prefix + name)
-
-
-def _defaults(fields):
-    return collections.OrderedDict(
-        (field.name, _defaults(field.fields) if field.type is dict else field.default) for field in fields)
-
-
-def _merged(defaults, given):
-    merged = collections.OrderedDict(defaults)
-    for key, value in given.items():
-        merged[key] = _merged(defaults[key], value) if isinstance(defaults.get(key), dict) else value
-    return merged
-
-
 def validate_input(execution_input, settings):
-    """Raise StartError naming the first bad field. The fields, types, bounds and choices are the
-    state machine's own schema (`stacks.state_machine.inputs`, generated from `lm.job`); the rules
-    between fields are checked with `lm.job` as its validation states do."""
+    """Raise StartError naming the first bad field: the state machine's own schema
+    (`stacks.state_machine.inputs`) and rules (`lm.rules`), checked here before anything starts."""
     fields = inputs.schema(settings)
-    _check_object(fields, execution_input)
-    config = _merged(_defaults(fields), execution_input)
-    strategy, instance_type = config["strategy"], config["instance_type"]
     try:
+        rules.check_object(fields, execution_input)
+        config = rules.with_defaults(fields, execution_input)
         validate_hyperparameters(dict(execution_input.get("hyperparameters", {}), preset=config["preset"],
-                                      strategy=strategy))
+                                      strategy=config["strategy"]))
     except ValueError as error:
         raise StartError(str(error))
-    runtime = STRATEGY_RUNTIME[strategy]
-    if runtime not in settings.runtimes:
-        raise StartError("strategy %s needs the %s image, which this deployment does not build (runtimes: %s)"
-                         % (strategy, runtime, ", ".join(settings.runtimes)))
-    allowed = STRATEGY_INSTANCE_TYPES.get(strategy)
-    if allowed and instance_type not in allowed:
-        raise StartError("strategy %s runs only on instance_type %s, got %s" % (strategy, ", ".join(allowed),
-                                                                               instance_type))
-    if strategy == "single" and config["instance_count"] > 1:
-        raise StartError("strategy single runs on one instance: set instance_count to 1 or choose one of %s"
-                         % ", ".join(name for name in STRATEGIES if name != "single"))
-    for stage, stage_runtime in (("deploy", SERVING_RUNTIME), ("prepare", PREPARE_RUNTIME)):
-        if config[stage]["enabled"] and stage_runtime not in settings.runtimes:
-            raise StartError("%s needs the %s image, which this deployment does not build (runtimes: %s)"
-                             % (stage, stage_runtime, ", ".join(settings.runtimes)))
+    message = rules.broken(rules.cross_field_rules(settings.runtimes), config)
+    if message:
+        raise StartError(message)
 
 
 def plan_estimate(execution_input, settings):
     """`lm.plan.estimate` of this run, for the execution output (the state machine cannot compute
     it: intrinsic functions have no arithmetic). None for a model family the planner does not know."""
-    config = _merged(_defaults(inputs.schema(settings)), execution_input)
+    config = rules.with_defaults(inputs.schema(settings), execution_input)
     if config["preset"] not in PRESETS:
         return None
     hyperparameters = validate_hyperparameters(

@@ -13,9 +13,10 @@ import re
 import typing
 from typing import Any, Mapping, Optional, Tuple
 
+from lm import rules
 from lm.config import PRESETS
 from lm.instances import INSTANCES
-from lm.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_INSTANCE_TYPES, STRATEGY_RUNTIME
+from lm.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_RUNTIME
 
 CONTEXT_KEY = "lmstack"
 OVERRIDE_PREFIX = CONTEXT_KEY + ":"
@@ -294,10 +295,12 @@ def _check_runtimes(s):
 
 
 def _check_strategy_fit(s):
-    allowed = STRATEGY_INSTANCE_TYPES.get(s.default_strategy)
-    if allowed and s.default_instance_type not in allowed:
-        yield "%s: %r cannot run strategy %r; allowed: %s" % (
-            _key("default_instance_type"), s.default_instance_type, s.default_strategy, ", ".join(allowed))
-    if s.default_strategy == "single" and s.default_instance_count != 1:
-        yield "%s: must be 1 for default_strategy 'single' (one device), got %r" % (
-            _key("default_instance_count"), s.default_instance_count)
+    """The input rules (`lm.rules`) applied to the default strategy, instance type and count;
+    whether the strategy's runtime is built is `_check_runtimes`' concern."""
+    defaults = {rules.STRATEGY_FIELD: s.default_strategy, rules.INSTANCE_TYPE_FIELD: s.default_instance_type,
+                rules.INSTANCE_COUNT_FIELD: s.default_instance_count}
+    for found in rules.cross_field_rules():
+        message = rules.broken([found], defaults)
+        if message:
+            field = next(path for path in rules.paths(found.when) if path != rules.STRATEGY_FIELD)
+            yield "%s: %s" % (_key("default_" + field), message)

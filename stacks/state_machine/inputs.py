@@ -10,10 +10,8 @@ rebuilt object's key order and appends what it does not know. The cause then lis
 allowed fields and echoes the object that was given (no intrinsic can list an object's keys).
 """
 import collections
-import dataclasses
-from typing import Any, Optional, Tuple
 
-from lm import job
+from lm import job, rules
 from lm.instances import INSTANCES
 from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
@@ -22,23 +20,11 @@ ERROR = "InvalidInput"
 TOP = "top"
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-    name: str
-    type: Any  # str, int, float, bool, dict (an object of `fields`), or object (any JSON, unchecked)
-    default: Any = None
-    minimum: Any = None
-    maximum: Any = None
-    choices: Optional[Tuple[str, ...]] = None
-    nullable: bool = False
-    prefix: Optional[str] = None  # a str must start with it
-    fields: Tuple["Field", ...] = ()
-    help: str = ""
+Field = rules.Field
 
 
 def _from_table(table, skip=()):
-    return tuple(Field(spec.name, spec.type, spec.default, spec.minimum, spec.maximum, spec.choices, help=spec.help)
-                 for name, spec in table.items() if name not in skip)
+    return tuple(spec for name, spec in table.items() if name not in skip)
 
 
 def _mp_fields():
@@ -96,26 +82,6 @@ def schema(settings):
     )
 
 
-def defaults(fields):
-    """The input every field's default makes."""
-    return collections.OrderedDict(
-        (field.name, defaults(field.fields) if field.type is dict else field.default) for field in fields)
-
-
-def with_defaults(fields, given):
-    """`given` (a checked input) merged over the defaults, as the Merge states do."""
-    merged = defaults(fields)
-
-    def merge(base, overrides):
-        for key, value in overrides.items():
-            if isinstance(base.get(key), dict):
-                merge(base[key], value)
-            else:
-                base[key] = value
-        return base
-    return merge(merged, given)
-
-
 def object_paths(fields, path=()):
     """Every object in the input, outermost first: (path, fields)."""
     found = [(path, fields)]
@@ -153,15 +119,15 @@ def states(settings, first, next_state):
     for depth in depths[1:]:
         level = [(path, object_fields) for path, object_fields in paths if len(path) == depth]
         after = "%s.Objects%d" % (first, depth + 1) if depth + 1 in depths else "%s.Rebuild" % first
-        rules = []
+        choices = []
         for path, _ in level:
             value = "$.merged.%s.%s" % (_key(path[:-1]), path[-1])
             name = "Invalid.%s" % ".".join(path)
-            rules.append(asl.rule(asl.any_of(*[{"Variable": value, test: True} for test in (
+            choices.append(asl.rule(asl.any_of(*[{"Variable": value, test: True} for test in (
                 "IsString", "IsNumeric", "IsBoolean", "IsNull")]), name))
-            result[name] = asl.fail(ERROR, asl.fmt("%s must be a JSON object, got {}" % ".".join(path),
-                                                   asl.to_json(value)))
-        result["%s.Objects%d" % (first, depth)] = asl.choice(rules, "%s.Merge%d" % (first, depth))
+            result[name] = asl.fail(ERROR, asl.fmt("%s %s, got {}" % (".".join(path), rules.type_message(
+                rules.Field(path[-1], dict))), asl.to_json(value)))
+        result["%s.Objects%d" % (first, depth)] = asl.choice(choices, "%s.Merge%d" % (first, depth))
         merged = {"%s.$" % _key(path): "$.merged.%s" % _key(path) for path, _ in paths if len(path) < depth}
         for path, _ in level:
             merged["%s.$" % _key(path)] = "States.JsonMerge($.defaults.%s, $.merged.%s.%s, false)" % (
@@ -189,26 +155,25 @@ def states(settings, first, next_state):
                 texts["int_%s_%s.$" % (_key(path), field.name)] = asl.to_json("%s.%s" % (config, field.name))
     result["%s.Texts" % first] = asl.pass_state("%s.Check" % first, texts, result_path="$.checks")
 
-    rules = []
+    choices = []
     for path, object_fields in paths:
         label = ".".join(path) if path else "the input"
         name = "Invalid.%s.unknown" % (".".join(path) if path else "input")
-        rules.append(asl.rule(asl.negate({"Variable": "$.checks.all_%s" % _key(path),
+        choices.append(asl.rule(asl.negate({"Variable": "$.checks.all_%s" % _key(path),
                                           "StringEqualsPath": "$.checks.known_%s" % _key(path)}), name))
-        allowed = ", ".join(field.name for field in object_fields)
         given = "$.merged.%s" % _key(path) if path else "$.merged.%s" % TOP
         result[name] = asl.fail(ERROR, asl.fmt(
-            "%s has an unknown field; allowed: %s; got {}" % (label, allowed), asl.to_json(given)))
+            "%s; got {}" % rules.unknown_message(label, [field.name for field in object_fields]), asl.to_json(given)))
     for path, object_fields in paths:
         for field in object_fields:
             if field.type is not dict:
-                for condition, message, kind in _field_rules(path, field):
+                for test, message, kind in _field_rules(path, field):
                     name = "Invalid.%s.%s" % (_label(path, field.name), kind)
-                    rules.append(asl.rule(condition, name))
+                    choices.append(asl.rule(test, name))
                     result[name] = asl.fail(ERROR, asl.fmt(
                         "%s %s, got {}" % (_label(path, field.name), message),
                         asl.to_json("%s.%s" % (_config_path(path), field.name))))
-    result["%s.Check" % first] = asl.choice(rules, "%s.Clean" % first)
+    result["%s.Check" % first] = asl.choice(choices, "%s.Clean" % first)
     result["%s.Clean" % first] = asl.pass_state("%s.Plan" % first, {"config.$": "$.config"})
     result.update(plan_gate.states("%s.Plan" % first, "%s.Rules" % first))
     result.update(_cross_field_states(settings, "%s.Rules" % first, "%s.Hosts" % first))
@@ -227,85 +192,64 @@ def _field_rules(path, field):
     def when_set(condition):
         return asl.all_of({"Variable": value, "IsNull": False}, condition) if field.nullable else condition
 
-    rules = []
+    found = []
     if field.type is object:
-        return rules
+        return found
     if field.type is bool:
-        rules.append((asl.negate({"Variable": value, "IsBoolean": True}), "must be true or false", "type"))
+        found.append((asl.negate({"Variable": value, "IsBoolean": True}), rules.type_message(field), "type"))
     elif field.type is str:
-        rules.append((asl.negate({"Variable": value, "IsString": True}), "must be a string", "type"))
+        found.append((asl.negate({"Variable": value, "IsString": True}), rules.type_message(field), "type"))
         if field.choices:
-            rules.append((asl.negate(asl.string_in(value, field.choices)),
-                          "must be one of %s" % ", ".join(field.choices), "choice"))
+            found.append((asl.negate(asl.string_in(value, field.choices)), rules.choice_message(field), "choice"))
         if field.prefix:
-            rules.append((asl.negate({"Variable": value, "StringMatches": field.prefix + "*"}),
-                          "must start with %s" % field.prefix, "prefix"))
+            found.append((asl.negate({"Variable": value, "StringMatches": field.prefix + "*"}),
+                          rules.prefix_message(field), "prefix"))
     else:
-        kind = "an integer" if field.type is int else "a number"
-        if field.nullable:
-            kind += " or null"
-        rules.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), "must be %s" % kind, "type"))
+        found.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), rules.type_message(field), "type"))
         if field.type is int:
             text = "$.checks.int_%s_%s" % (_key(path), field.name)
             # Integral numbers written as floats (2.0) pass, as in `HyperParameter.validate`.
-            rules.append((asl.any_of(
+            found.append((asl.any_of(
                 asl.all_of({"Variable": text, "StringMatches": "*.*"},
                            asl.negate({"Variable": text, "StringMatches": "*.0"})),
                 {"Variable": text, "StringMatches": "*e-*"}, {"Variable": text, "StringMatches": "*E-*"}),
-                "must be %s" % kind, "integer"))
+                rules.type_message(field), "integer"))
         bounds = []
         if field.minimum is not None:
             bounds.append({"Variable": value, "NumericLessThan": field.minimum})
         if field.maximum is not None:
             bounds.append({"Variable": value, "NumericGreaterThan": field.maximum})
         if bounds:
-            if field.maximum is None:
-                message = "must be at least %s" % field.minimum
-            elif field.minimum is None:
-                message = "must be at most %s" % field.maximum
-            else:
-                message = "must be between %s and %s" % (field.minimum, field.maximum)
-            rules.append((when_set(asl.any_of(*bounds)), message, "range"))
-    return rules
+            found.append((when_set(asl.any_of(*bounds)), rules.range_message(field), "range"))
+    return found
+
+
+def condition(when):
+    """An `lm.rules` condition as a Choice condition on `$.config`."""
+    if isinstance(when, rules.Not):
+        return asl.negate(condition(when.condition))
+    if isinstance(when, rules.All):
+        return asl.all_of(*[condition(part) for part in when.conditions])
+    path = "$.config.%s" % when.path
+    if isinstance(when, rules.Is):
+        test = "BooleanEquals" if isinstance(when.value, bool) else "StringEquals"
+        return {"Variable": path, test: when.value}
+    if isinstance(when, rules.OneOf):
+        return asl.string_in(path, when.values)
+    return {"Variable": path, "NumericGreaterThan": when.limit}
 
 
 def _cross_field_states(settings, name, next_state):
-    """Rules that relate fields: families and presets, strategies and their images and instances."""
+    """`lm.rules.cross_field_rules`: one Choice rule and one Fail state per rule."""
     states_ = collections.OrderedDict()
-    rules = []
-
-    def reject(kind, condition, message):
-        state = "Invalid.%s" % kind
-        rules.append(asl.rule(condition, state))
-        states_[state] = asl.fail(ERROR, asl.fmt(message))
-
-    for family, spec in job.FAMILIES.items():
-        reject("preset.family.%s" % family, asl.all_of(
-            {"Variable": "$.config.hyperparameters.model", "StringEquals": family},
-            asl.negate(asl.string_in("$.config.preset", spec.presets))),
-            "preset must be one of the presets of model %s: %s" % (family, ", ".join(spec.presets)))
-    for strategy in job.STRATEGIES:
-        runtime = job.STRATEGY_RUNTIME[strategy]
-        if runtime not in settings.runtimes:
-            reject("strategy.%s.runtime" % strategy, {"Variable": "$.config.strategy", "StringEquals": strategy},
-                   "strategy %s needs the %s image, which this deployment does not build (runtimes: %s)" % (
-                       strategy, runtime, ", ".join(settings.runtimes)))
-    for strategy, instance_types in job.STRATEGY_INSTANCE_TYPES.items():
-        reject("strategy.%s.instance_type" % strategy, asl.all_of(
-            {"Variable": "$.config.strategy", "StringEquals": strategy},
-            asl.negate(asl.string_in("$.config.instance_type", instance_types))),
-            "strategy %s runs only on instance_type %s" % (strategy, ", ".join(instance_types)))
-    reject("strategy.single.instance_count", asl.all_of(
-        {"Variable": "$.config.strategy", "StringEquals": "single"},
-        {"Variable": "$.config.instance_count", "NumericGreaterThan": 1}),
-        "strategy single runs on one instance: set instance_count to 1 or choose one of %s" % ", ".join(
-            strategy for strategy in job.STRATEGIES if strategy != "single"))
-    for stage, runtime in (("deploy", job.SERVING_RUNTIME), ("prepare", job.PREPARE_RUNTIME)):
-        if runtime not in settings.runtimes:
-            reject("%s.runtime" % stage, {"Variable": "$.config.%s.enabled" % stage, "BooleanEquals": True},
-                   "%s needs the %s image, which this deployment does not build (runtimes: %s)" % (
-                       stage, runtime, ", ".join(settings.runtimes)))
-    states_[name] = asl.choice(rules, next_state)
+    choices = []
+    for found in rules.cross_field_rules(settings.runtimes):
+        state = "Invalid.%s" % found.name
+        choices.append(asl.rule(condition(found.when), state))
+        pieces = found.message.split("{value}") if found.subject else [found.message]
+        states_[state] = asl.fail(ERROR, asl.fmt("{}".join(pieces), *[
+            asl.to_json("$.config.%s" % found.subject)] * (len(pieces) - 1)))
+    states_[name] = asl.choice(choices, next_state)
     states_.move_to_end(name, last=False)
     return states_
 

@@ -13,7 +13,7 @@ import json
 import pytest
 from state_machine.harness import StandInSettings
 
-from lm import job, request
+from lm import job, request, rules
 from lm.instances import INSTANCES
 from stacks.state_machine import inputs, jobs, render
 
@@ -23,7 +23,7 @@ INSTANCE_TYPE = "ml.p4d.24xlarge"
 def concrete_request(deployment, run, kind, execution_input, strategy):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
-    config = inputs.with_defaults(inputs.schema(settings), execution_input)
+    config = rules.with_defaults(inputs.schema(settings), execution_input)
     run_id = hashlib.md5(run.arn.encode()).hexdigest()
     dataset_key = "|".join(json.dumps(value) if not isinstance(value, str) else value for value in (
         config["data_directory"], config["prepare"]["hyperparameters"]["tokenizer"],

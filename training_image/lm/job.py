@@ -12,7 +12,7 @@ import collections
 import json
 import re
 
-from lm import contract
+from lm import contract, rules
 from lm.config import ALL_PRESETS, FAMILIES
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
@@ -45,33 +45,8 @@ def base_image_uri(runtime, region):
     return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (DLC_ACCOUNT, region, DLC_REPOSITORY, RUNTIMES[runtime])
 
 
-class HyperParameter(collections.namedtuple("HyperParameter", "name type default minimum maximum choices help")):
-    """One hyperparameter of `lm.train`. `type` is one of int, float, str, bool."""
-
-    def validate(self, value):
-        """Return the value as its type, or raise ValueError naming the field and what is allowed."""
-        field = "hyperparameters.%s" % self.name
-        if self.type is bool:
-            if not isinstance(value, bool):
-                raise ValueError("%s must be true or false, got %r" % (field, value))
-            return value
-        if self.type in (int, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                    self.type is int and not float(value).is_integer()):
-                raise ValueError("%s must be %s, got %r" % (field, "an integer" if self.type is int else "a number", value))
-            value = self.type(value)
-            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
-                raise ValueError("%s must be between %s and %s, got %r" % (field, self.minimum, self.maximum, value))
-            return value
-        if not isinstance(value, str):
-            raise ValueError("%s must be a string, got %r" % (field, value))
-        if self.choices and value not in self.choices:
-            raise ValueError("%s must be one of %s, got %r" % (field, ", ".join(self.choices), value))
-        return value
-
-
 def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help=""):
-    return HyperParameter(name, type_, default, minimum, maximum, tuple(choices) if choices else None, help)
+    return rules.field(name, type_, default, minimum, maximum, choices, help=help)
 
 
 # What `lm.train` accepts. The state machine's input validation is generated from this table.
@@ -98,6 +73,10 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("eval_every", int, 500, 0, 10000000, help="steps between validation runs (0 = only at the end)"),
     _hp("eval_batches", int, 20, 1, 100000, help="batches per validation run"),
     _hp("checkpoint_every", int, 500, 0, 10000000, help="steps between checkpoints (0 = only on SIGTERM and at the end)"),
+    _hp("checkpoint_minutes", float, 15.0, 0.0, 10080.0,
+        help="minutes of training between checkpoints, what protects a spot run (0 = off)"),
+    _hp("allow_new_data", bool, False,
+        help="resume a checkpoint on a dataset other than the one it was trained on"),
 ])
 
 
@@ -108,12 +87,13 @@ def validate_hyperparameters(values, table=HYPERPARAMETERS):
         raise ValueError("unknown hyperparameters %s; allowed: %s" % (", ".join(unknown), ", ".join(table)))
     merged = collections.OrderedDict()
     for name, spec in table.items():
-        merged[name] = spec.validate(values.get(name, spec.default))
+        merged[name] = rules.check(spec, values.get(name, spec.default), "hyperparameters.%s" % name)
     if table is HYPERPARAMETERS:
-        presets = FAMILIES[merged["model"]].presets
-        if merged["preset"] not in presets:
-            raise ValueError("hyperparameters.preset %r is not a preset of model %s; allowed: %s" % (
-                merged["preset"], merged["model"], ", ".join(presets)))
+        family = FAMILIES[merged["model"]]
+        message = rules.broken([rules.preset_family_rule(merged["model"], family.presets, "hyperparameters.preset")],
+                               {"preset": merged["preset"], "hyperparameters": merged})
+        if message:
+            raise ValueError(message)
     return merged
 
 
@@ -187,10 +167,10 @@ def validate_mp_parameters(values):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError("mp_parameters.%s must be a positive integer, got %r" % (name, value))
     for name, choices in SMP_CHOICES.items():
-        if name in checked and checked[name] not in choices:
-            raise ValueError("mp_parameters.%s must be one of %s, got %r" % (name, ", ".join(choices), checked[name]))
-    if not isinstance(checked.get("horovod", False), bool):
-        raise ValueError("mp_parameters.horovod must be true or false, got %r" % (checked["horovod"],))
+        if name in checked:
+            rules.check(rules.field(name, str, choices=choices), checked[name], "mp_parameters." + name)
+    if "horovod" in checked:
+        rules.check(rules.field("horovod", bool), checked["horovod"], "mp_parameters.horovod")
     return checked
 
 

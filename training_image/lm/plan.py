@@ -58,7 +58,7 @@ import math
 import re
 import sys
 
-from lm import instances, job, prices
+from lm import instances, job, prices, rules
 from lm.config import PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset, parameter_count
 
 GIB = 2 ** 30
@@ -110,12 +110,11 @@ def cannot_run(strategy, instance_type, instance_count=1):
     if strategy not in job.STRATEGIES:
         raise _field_error("strategy", job.STRATEGIES, strategy)
     instance = instances.get_instance(instance_type)
-    allowed = job.STRATEGY_INSTANCE_TYPES.get(strategy)
-    if allowed is not None and instance_type not in allowed:
-        return "%s runs only on %s (SageMaker's support list; the SDK refuses smdistributed jobs elsewhere)" % (
-            strategy, ", ".join(allowed))
-    if strategy == "single" and instance_count != 1:
-        return "single runs one process on one instance, got instance_count=%d" % instance_count
+    broken = rules.broken(rules.cross_field_rules(), {rules.STRATEGY_FIELD: strategy,
+                                                      rules.INSTANCE_TYPE_FIELD: instance_type,
+                                                      rules.INSTANCE_COUNT_FIELD: instance_count})
+    if broken:
+        return broken
     if strategy == "smp" and instance.gpus < 2:
         return "smp splits the model over the GPUs of a host; %s has %d" % (instance_type, instance.gpus)
     if instance.gpus:

@@ -19,6 +19,8 @@ import threading
 import time
 from http import HTTPStatus
 
+from lm import rules
+
 log = logging.getLogger("lm.serve")
 
 JSON_TYPE = "application/json"
@@ -107,16 +109,18 @@ def positive_int_env(environ, variable, default):
 # ---- request parsing ----
 
 def _integer(field, value, minimum, maximum):
+    """An int (JSON 2.0 is refused here, unlike the job inputs): 400 for a wrong type, 422 out of range."""
+    spec = rules.Field(field, int, minimum=minimum, maximum=maximum)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(field, "must be an integer, got %s" % json.dumps(value))
+        raise _invalid(field, "%s, got %s" % (rules.type_message(spec), json.dumps(value)))
     if not minimum <= value <= maximum:
-        raise _out_of_range(field, "must be between %d and %d, got %d" % (minimum, maximum, value))
+        raise _out_of_range(field, "%s, got %d" % (rules.range_message(spec), value))
     return value
 
 
 def _number(field, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _invalid(field, "must be a number, got %s" % json.dumps(value))
+        raise _invalid(field, "%s, got %s" % (rules.type_message(rules.Field(field, float)), json.dumps(value)))
     return float(value)
 
 

@@ -1,0 +1,72 @@
+"""One rule table (`lm.rules`): a rule added there is enforced on every path.
+
+The test adds one entry to `cross_field_rules` in a temporary copy of lm/rules.py, runs the
+copy in place of the module, and sees the new rule reject the same input, with the same
+message, in the state machine's validation on moto, in `lmstack.start`, in `lm.plan` and in
+the deployment settings; the same input passes everywhere without it.
+"""
+import inspect
+
+import pytest
+
+from lm import plan, rules
+from lmstack import start
+from stacks.config import Settings, SettingsError
+
+NEW_RULE = '''
+    found.append(rule("strategy.mwms.instance_count", All((Is(STRATEGY_FIELD, "mwms"), Above(INSTANCE_COUNT_FIELD, 4))),
+                      "strategy mwms runs on at most 4 instances here, got instance_count={value}",
+                      subject=INSTANCE_COUNT_FIELD))
+'''
+MESSAGE = "strategy mwms runs on at most 4 instances here, got instance_count=5"
+RUN = {"strategy": "mwms", "instance_type": "ml.p4d.24xlarge", "instance_count": 5}
+
+
+@pytest.fixture
+def with_new_rule(tmp_path):
+    source = inspect.getsource(rules)
+    end = "    return found\n"
+    assert source.endswith(end)
+    copy = tmp_path / "rules.py"
+    copy.write_text(source[:-len(end)] + NEW_RULE + end)
+    saved = dict(vars(rules))
+    exec(compile(copy.read_text(), str(copy), "exec"), vars(rules))
+    yield
+    vars(rules).clear()
+    vars(rules).update(saved)
+
+
+def _rejections(execution_input, deployment, name):
+    """What each path says about `execution_input` (None: accepted)."""
+    found = {}
+    run = deployment.run(execution_input, name=name)
+    found["asl"] = run.description.get("cause") if run.status == "FAILED" else None
+    try:
+        start.validate_input(execution_input, Settings())
+        found["start"] = None
+    except start.StartError as error:
+        found["start"] = str(error)
+    found["plan"] = plan.cannot_run(execution_input["strategy"], execution_input["instance_type"],
+                                    execution_input["instance_count"])
+    try:
+        Settings(default_strategy="mwms", default_instance_type="ml.p4d.24xlarge", default_instance_count=5)
+        found["settings"] = None
+    except SettingsError as error:
+        found["settings"] = str(error)
+    return found
+
+
+def test_without_the_rule_every_path_accepts_the_run(deployment):
+    assert _rejections(RUN, deployment, "without") == {"asl": None, "start": None, "plan": None, "settings": None}
+
+
+def test_a_rule_added_to_the_table_is_enforced_on_every_path(with_new_rule, make_deployment):
+    deployment = make_deployment()  # generated after the rule was added
+    found = _rejections(RUN, deployment, "five")
+    assert found["asl"] == MESSAGE
+    assert found["start"] == MESSAGE
+    assert found["plan"] == MESSAGE
+    assert "lmstack.default_instance_count: " + MESSAGE in found["settings"]
+    assert deployment.jobs.created == []
+    assert _rejections(dict(RUN, instance_count=4), deployment, "four") == {
+        "asl": None, "start": None, "plan": None, "settings": found["settings"]}

@@ -1,0 +1,263 @@
+"""Every input rule, written once: the field type, the messages, and the rules between fields.
+
+Read by the state machine's validation states (`stacks.state_machine.inputs` turns each
+rule into a Choice rule and a Fail state), `lmstack.start` (checks an input before it
+starts anything), `stacks.config` (the deployment's defaults) and `lm.plan` (what cannot
+run), and by `lm.job.validate_hyperparameters` (what `lm.train` and `lm.prepare` accept).
+
+- `Field`: name, type, default, bounds, choices, prefix; `check(field, value, label)`
+  raises ValueError with the message of the first problem; the `*_message(field)`
+  functions are the texts both Python and the ASL states use.
+- `cross_field_rules(runtimes)`: the rules that relate fields, as `Rule(name, when,
+  message)`. `when` is a condition made of `Is`, `OneOf`, `Above`, `Not` and `All` over
+  dotted paths of the input (`"strategy"`, `"deploy.enabled"`); `holds(when, config)`
+  evaluates it in Python, the state machine generator turns it into a Choice condition.
+  A message may hold `{value}`: the value at the rule's `subject` path.
+
+Adding a rule between fields is one entry in `cross_field_rules`; every path picks it up.
+
+Pure Python 3.8, no TensorFlow: imported at synth time.
+"""
+import collections
+import dataclasses
+from typing import Any, Optional, Tuple
+
+STRATEGY_FIELD = "strategy"
+INSTANCE_TYPE_FIELD = "instance_type"
+INSTANCE_COUNT_FIELD = "instance_count"
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One input field. `type`: str, int, float, bool, dict (an object of `fields`) or object
+    (any JSON, unchecked)."""
+    name: str
+    type: Any
+    default: Any = None
+    minimum: Any = None
+    maximum: Any = None
+    choices: Optional[Tuple[str, ...]] = None
+    nullable: bool = False
+    prefix: Optional[str] = None  # a str must start with it
+    fields: Tuple["Field", ...] = ()
+    help: str = ""
+
+
+def field(name, type_, default=None, minimum=None, maximum=None, choices=None, help="", **options):
+    return Field(name, type_, default, minimum, maximum, tuple(choices) if choices else None, help=help, **options)
+
+
+# ---- the messages of one field ----
+
+def type_message(spec):
+    if spec.type is bool:
+        return "must be true or false"
+    if spec.type is str:
+        return "must be a string"
+    if spec.type is dict:
+        return "must be a JSON object"
+    kind = "an integer" if spec.type is int else "a number"
+    return "must be %s or null" % kind if spec.nullable else "must be %s" % kind
+
+
+def choice_message(spec):
+    return "must be one of %s" % ", ".join(spec.choices)
+
+
+def prefix_message(spec):
+    return "must start with %s" % spec.prefix
+
+
+def range_message(spec):
+    if spec.maximum is None:
+        return "must be at least %s" % spec.minimum
+    if spec.minimum is None:
+        return "must be at most %s" % spec.maximum
+    return "must be between %s and %s" % (spec.minimum, spec.maximum)
+
+
+def unknown_message(label, allowed):
+    return "%s has an unknown field; allowed: %s" % (label, ", ".join(allowed))
+
+
+def problem(spec, value):
+    """The message of the first problem of `value` for `spec` (objects: only their type), or None."""
+    if spec.type is object or (value is None and spec.nullable):
+        return None
+    if spec.type is dict:
+        return None if isinstance(value, dict) else type_message(spec)
+    if spec.type is bool:
+        return None if isinstance(value, bool) else type_message(spec)
+    if spec.type is str:
+        if not isinstance(value, str):
+            return type_message(spec)
+        if spec.choices and value not in spec.choices:
+            return choice_message(spec)
+        if spec.prefix and not value.startswith(spec.prefix):
+            return prefix_message(spec)
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            spec.type is int and not float(value).is_integer()):
+        return type_message(spec)
+    if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
+        return range_message(spec)
+    return None
+
+
+def check(spec, value, label):
+    """`value` as the field's type; ValueError "<label> <message>, got <value>" otherwise."""
+    message = problem(spec, value)
+    if message:
+        raise ValueError("%s %s, got %r" % (label, message, value))
+    if spec.type in (int, float) and value is not None:
+        return spec.type(value)
+    return value
+
+
+def check_object(fields, value, prefix=""):
+    """Check a whole (nested) input object against `fields`: unknown names and every value."""
+    known = collections.OrderedDict((spec.name, spec) for spec in fields)
+    unknown = [name for name in value if name not in known]
+    if unknown:
+        raise ValueError("%s; got %s" % (unknown_message(prefix[:-1] or "the input", known), ", ".join(
+            prefix + name for name in unknown)))
+    for name, item in value.items():
+        spec = known[name]
+        check(spec, item, prefix + name)
+        if spec.type is dict:
+            check_object(spec.fields, item, prefix + name + ".")
+
+
+def defaults(fields):
+    """The input every field's default makes."""
+    return collections.OrderedDict(
+        (spec.name, defaults(spec.fields) if spec.type is dict else spec.default) for spec in fields)
+
+
+def with_defaults(fields, given):
+    """A checked input merged over the defaults (nested objects field by field)."""
+    def merge(base, overrides):
+        for key, value in overrides.items():
+            if isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+    return merge(defaults(fields), given)
+
+
+# ---- rules between fields ----
+
+class Is(collections.namedtuple("Is", "path value")):
+    """The value at `path` equals `value` (a str or a bool)."""
+
+
+class OneOf(collections.namedtuple("OneOf", "path values")):
+    """The str at `path` is one of `values`."""
+
+
+class Above(collections.namedtuple("Above", "path limit")):
+    """The number at `path` is greater than `limit`."""
+
+
+class Not(collections.namedtuple("Not", "condition")):
+    pass
+
+
+class All(collections.namedtuple("All", "conditions")):
+    pass
+
+
+class Rule(collections.namedtuple("Rule", "name when message subject")):
+    """Reject an input for which `when` holds, with `message` (`{value}`: the value at `subject`)."""
+
+
+def rule(name, when, message, subject=None):
+    return Rule(name, when, message, subject)
+
+
+_MISSING = object()
+
+
+def value_at(config, path):
+    value = config
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def paths(condition):
+    """Every input path a condition reads."""
+    if isinstance(condition, Not):
+        return paths(condition.condition)
+    if isinstance(condition, All):
+        return [path for part in condition.conditions for path in paths(part)]
+    return [condition.path]
+
+
+def holds(condition, config):
+    if isinstance(condition, Not):
+        return not holds(condition.condition, config)
+    if isinstance(condition, All):
+        return all(holds(part, config) for part in condition.conditions)
+    value = value_at(config, condition.path)
+    if isinstance(condition, Is):
+        return value == condition.value and type(value) is type(condition.value)
+    if isinstance(condition, OneOf):
+        return value in condition.values
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > condition.limit
+
+
+def message_of(found, config):
+    if found.subject is None:
+        return found.message
+    return found.message.replace("{value}", repr(value_at(config, found.subject)))
+
+
+def broken(rules, config):
+    """The message of the first rule `config` breaks, or None. Rules that read a path the
+    config does not have are skipped (`lm.plan` knows only strategy and instances)."""
+    for found in rules:
+        if any(value_at(config, path) is _MISSING for path in paths(found.when)):
+            continue
+        if holds(found.when, config):
+            return message_of(found, config)
+    return None
+
+
+def preset_family_rule(family, presets, label="preset"):
+    return rule("preset.family.%s" % family, All((Is("hyperparameters.model", family), Not(OneOf("preset", presets)))),
+                "%s {value} is not a preset of model %s; allowed: %s" % (label, family, ", ".join(presets)),
+                subject="preset")
+
+
+def cross_field_rules(runtimes=None):
+    """The rules between fields for a deployment that builds `runtimes` (None: all of them)."""
+    from lm import job  # lm.job's tables are made of Fields: imported here, not at the top
+
+    built = tuple(job.RUNTIMES) if runtimes is None else tuple(runtimes)
+    found = [preset_family_rule(family, spec.presets) for family, spec in job.FAMILIES.items()]
+    for strategy in job.STRATEGIES:
+        runtime = job.STRATEGY_RUNTIME[strategy]
+        if runtime not in built:
+            found.append(rule("strategy.%s.runtime" % strategy, Is(STRATEGY_FIELD, strategy),
+                              "strategy %s needs the %s image, which this deployment does not build (runtimes: %s)"
+                              % (strategy, runtime, ", ".join(built))))
+    for strategy, instance_types in job.STRATEGY_INSTANCE_TYPES.items():
+        found.append(rule("strategy.%s.instance_type" % strategy,
+                          All((Is(STRATEGY_FIELD, strategy), Not(OneOf(INSTANCE_TYPE_FIELD, instance_types)))),
+                          "strategy %s runs only on instance_type %s (the SageMaker support list)"
+                          % (strategy, ", ".join(instance_types))))
+    found.append(rule("strategy.single.instance_count", All((Is(STRATEGY_FIELD, "single"),
+                                                            Above(INSTANCE_COUNT_FIELD, 1))),
+                      "strategy single runs on one instance, got instance_count={value}: set instance_count to 1 "
+                      "or choose one of %s" % ", ".join(strategy for strategy in job.STRATEGIES if strategy != "single"),
+                      subject=INSTANCE_COUNT_FIELD))
+    for stage, runtime in (("deploy", job.SERVING_RUNTIME), ("prepare", job.PREPARE_RUNTIME)):
+        if runtime not in built:
+            found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),
+                              "%s needs the %s image, which this deployment does not build (runtimes: %s)"
+                              % (stage, runtime, ", ".join(built))))
+    return found
