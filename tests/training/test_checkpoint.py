@@ -136,3 +136,12 @@ def test_dropout_masks_are_a_function_of_seed_step_and_replica():
     assert not np.array_equal(logits(8, 0, 5, weights)[1], first)
     with pytest.raises(RuntimeError, match="count_steps_of"):
         checkpoint.DropoutKey(7, 0).attach(build_model(config))(tokens, training=True)
+
+
+def test_plan_expects_half_the_sooner_checkpoint_interval_lost_per_interruption():
+    from lm import plan
+
+    assert plan.lost_seconds_per_interruption(1.0, checkpoint_minutes=15, checkpoint_every=500) == 250.0
+    assert plan.lost_seconds_per_interruption(10.0, checkpoint_minutes=15, checkpoint_every=500) == 450.0
+    assert plan.lost_seconds_per_interruption(10.0, checkpoint_minutes=15, checkpoint_every=0) == 450.0
+    assert plan.lost_seconds_per_interruption(10.0, checkpoint_minutes=0, checkpoint_every=0) is None

@@ -270,7 +270,18 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
         ("step_seconds", step_s), ("compute_seconds", compute_s), ("allreduce_seconds", allreduce_s),
         ("steps", int(math.ceil(tokens / float(step_tokens)))), ("hours", hours),
         ("cost_on_demand_usd", on_demand), ("cost_spot_usd", on_demand * (1 - prices.SPOT_DISCOUNT)),
+        ("lost_seconds_per_interruption", lost_seconds_per_interruption(step_s)),
     ])
+
+
+def lost_seconds_per_interruption(step_seconds, checkpoint_minutes=None, checkpoint_every=None):
+    """Training time an interruption throws away on average: half the time between periodic
+    checkpoints (the sooner of lm.train's `checkpoint_minutes` and `checkpoint_every` steps;
+    defaults from lm.job), since nothing is saved at the kill. Restart time comes on top."""
+    minutes = job.HYPERPARAMETERS["checkpoint_minutes"].default if checkpoint_minutes is None else checkpoint_minutes
+    steps = job.HYPERPARAMETERS["checkpoint_every"].default if checkpoint_every is None else checkpoint_every
+    intervals = [seconds for seconds in (minutes * 60.0, steps * step_seconds) if seconds > 0]
+    return min(intervals) / 2.0 if intervals else None
 
 
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
@@ -543,6 +554,11 @@ def format_table(result):
         lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%.0f %s" % (
             t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], cost,
             "spot" if s["spot"] else "on demand"))
+        if t["lost_seconds_per_interruption"] is not None:
+            lines.append("  expected lost work per interruption: %.1f minutes (half the checkpoint interval at "
+                         "checkpoint_minutes=%g, checkpoint_every=%d), plus the restart"
+                         % (t["lost_seconds_per_interruption"] / 60.0, job.HYPERPARAMETERS["checkpoint_minutes"].default,
+                            job.HYPERPARAMETERS["checkpoint_every"].default))
     if result["suggested_strategy"] and result["suggested_strategy"] != chosen["strategy"]:
         lines.append("  suggested strategy: %s" % result["suggested_strategy"])
     if not chosen["ok"] and result["fits_with_recompute"]:
