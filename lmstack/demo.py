@@ -27,15 +27,11 @@ import time
 from lm import shards
 from lm.config import get_preset
 from lmstack import demo_report, demo_sfn, demo_train
-from lmstack.demo_run import ROOT, StepError, bar, environment, run_logged, tail
+from lmstack.demo_run import ROOT, StepError, bar, cdk_environment, environment, run_logged, tail
 
 DEFAULT_OUTPUT = "demo-output"
 PROMPTS = ("The Python language", "def main(", "import os\n")
 SERVER_START_SECONDS = 300
-CDK_ENVIRONMENT = {"CDK_DISABLE_CLI_TELEMETRY": "true", "CDK_DISABLE_VERSION_CHECK": "true",
-                   "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
-                   "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
-                   "AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED": "true"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +142,14 @@ def train(settings, results):
     execution = results["state machine"]
     training = demo_train.train(execution["request"], execution["channels"], settings.output, settings.interrupt_at)
     attempts = [demo_report.train_points(log) for log in training["chief_logs"]]
-    stop, log_every = training["stop_step"], execution["request"]["HyperParameters"]["log_every"]
+    start, log_every = training["resume_step"], execution["request"]["HyperParameters"]["log_every"]
     resumed = [step for step, _ in attempts[1]]
-    if not resumed or not stop < resumed[0] <= stop + int(log_every) or resumed[-1] != training["max_steps"]:
+    if not resumed or not start < resumed[0] <= start + int(log_every) or resumed[-1] != training["max_steps"]:
         raise StepError("the resumed attempt logged steps %s; expected %d+1 .. %d" % (
-            resumed, stop, training["max_steps"]))
-    print("  SIGTERM at step %d: checkpointed at step %d, exited 0; resumed from step %d to %d; model exported to %s"
-          % (training["signal_step"], stop, stop, training["max_steps"], training["model_dir"]))
+            resumed, start, training["max_steps"]))
+    print("  SIGKILL at step %d; resumed from the periodic checkpoint of step %d to %d (%d steps lost); "
+          "model exported to %s" % (training["killed_step"], start, training["max_steps"], training["lost_steps"],
+                                    training["model_dir"]))
     return training
 
 
@@ -219,7 +216,7 @@ def synth(settings, results):
     if npx is None:
         raise StepError("npx not found: install Node.js (the CDK CLI is pinned in package.json)")
     log = run_logged([npx, "cdk", "synth", "--quiet", "--output", out], path(settings, "logs", "synth.log"),
-                     "npx cdk synth", env=environment(**CDK_ENVIRONMENT), timeout=600)
+                     "npx cdk synth", env=environment(**cdk_environment()), timeout=600)
     with open(os.path.join(out, "manifest.json")) as handle:
         manifest = json.load(handle)
     templates = []
@@ -285,7 +282,7 @@ def main(argv=None):
     parser.add_argument("--output", default=defaults.output, help="where everything goes [%(default)s]")
     parser.add_argument("--max-steps", type=int, default=defaults.max_steps, help="[%(default)s]")
     parser.add_argument("--interrupt-at", type=int, default=defaults.interrupt_at,
-                        help="step after which both workers get SIGTERM [%(default)s]")
+                        help="step after which every process of both hosts gets SIGKILL [%(default)s]")
     parser.add_argument("--corpus-bytes", type=int, default=defaults.corpus_bytes, help="[%(default)s]")
     parser.add_argument("--skip-synth", action="store_true", help="leave out `cdk synth` (about a minute)")
     args = parser.parse_args(argv)

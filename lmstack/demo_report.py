@@ -1,5 +1,5 @@
-"""Demo step: `report.md` with the loss curve across the interruption, throughput, the data
-bytes ratio and where every artifact is."""
+"""Demo step: `report.md` with the loss curve across the interruption, the steps it lost,
+throughput, the data bytes ratio and where every artifact is."""
 import os
 import re
 import statistics
@@ -63,11 +63,11 @@ def median_tokens_per_second(points):
 
 
 def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, timings):
-    attempts = [("attempt 1 (interrupted)", train_points(training["chief_logs"][0])),
+    attempts = [("attempt 1 (killed)", train_points(training["chief_logs"][0])),
                 ("attempt 2 (resumed)", train_points(training["chief_logs"][1]))]
     request = execution["request"]
     hp = {name: job.decode_hyperparameter(value) for name, value in request["HyperParameters"].items()}
-    png = plot_loss(attempts, training["stop_step"], os.path.join(out_dir, "loss.png"),
+    png = plot_loss(attempts, training["resume_step"], os.path.join(out_dir, "loss.png"),
                     "%s, %s on %d hosts, one spot interruption" % (hp["preset"], hp["strategy"], len(training["hosts"])))
     shard_bytes, text_bytes, tokens = data_ratio(dataset_dir)
     lines = [
@@ -81,9 +81,17 @@ def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, 
         "",
         "![loss curve](%s)" % os.path.basename(png),
         "",
-        "SIGTERM to both workers when the chief had logged step %d; they agreed to stop after step %d, saved "
-        "a checkpoint and exited 0. After the checkpoint sync the second attempt resumed from it and ran to "
-        "step %d." % (training["signal_step"], training["stop_step"], training["max_steps"]),
+        "When the chief had logged step %d, every process of both hosts got SIGKILL at once, as a spot "
+        "interruption reaches training processes on SageMaker (the toolkit does not forward SIGTERM; MPI "
+        "workers are killed without a save): nothing saved at the kill. After the checkpoint sync the "
+        "second attempt resumed from the last periodic checkpoint, step %d, and ran to step %d."
+        % (training["killed_step"], training["resume_step"], training["max_steps"]),
+        "",
+        "**Lost steps: %d** (trained after the checkpoint of step %d and before the kill, so trained again; "
+        "at least that many, since steps after the chief's last log line are lost too). Checkpoints are "
+        "written every `checkpoint_every` = %s steps and every `checkpoint_minutes` = %s minutes of training."
+        % (training["lost_steps"], training["resume_step"], hp["checkpoint_every"],
+           hp.get("checkpoint_minutes", job.HYPERPARAMETERS["checkpoint_minutes"].default)),
         "",
         "| attempt | steps logged | first loss | last loss | median tokens/s |",
         "|---|---|---|---|---|",

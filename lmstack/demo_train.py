@@ -16,17 +16,17 @@ by `lm.distributed.mwms`). SageMaker's checkpoint sync (LocalPath <-> S3Uri) is 
 a local directory standing for the S3 prefix: after a run every host's checkpoints are
 uploaded there, before a run they are downloaded to every host.
 
-A spot interruption: SIGTERM to every host's training process once the chief logged step
-`interrupt_at`; each must save a checkpoint and exit 0 within GRACE_SECONDS (else it is killed,
-as SageMaker would, and the step fails). The job is then started again on
-fresh trees (a new instance keeps nothing but what the checkpoint sync brings back) and
-resumes from the checkpoint to the end.
+A spot interruption as it reaches the training processes on SageMaker: the toolkit does not
+forward SIGTERM to them and MPI workers are killed without a save, so once the chief logged step
+`interrupt_at` every process of every host (the toolkit and what it started) gets SIGKILL at
+once, and nothing saves. The job is then started again on fresh trees (a new instance keeps
+nothing but what the checkpoint sync brings back) and resumes from the last periodic
+checkpoint to the end; the steps trained after that checkpoint are lost, and reported.
 """
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,10 +39,8 @@ from lmstack.demo_run import POLL_SECONDS, StepError, TRAINING_IMAGE, bar, envir
 
 SAGEMAKER_ROOT = "/opt/ml/"
 STEP = re.compile(r"\bstep=(\d+)\b")
-SIGTERM_SAVED = re.compile(r"SIGTERM: saved a checkpoint at step (\d+)")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 RUN_TIMEOUT_SECONDS = 600
-GRACE_SECONDS = 60  # SageMaker gives 120 s between its spot warning and the kill
 
 
 def decoded_hyperparameters(request):
@@ -126,40 +124,35 @@ class Host:
         self.process = subprocess.Popen([sys.executable, "-m", "sagemaker_training.cli.train"], cwd=self.base,
                                         env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
-    def program_process(self, program):
-        """The training program the toolkit started (None before it started or after it ended)."""
-        try:
-            children = psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return None
-        for child in children:
-            try:
-                if any(part.endswith(program) for part in child.cmdline()):
-                    return child
-            except psutil.NoSuchProcess:
-                continue
-        return None
-
     def log(self):
         with open(self.log_path, errors="replace") as handle:
             return handle.read()
+
+    def processes(self):
+        """The toolkit process and every process under it (empty once it ended)."""
+        try:
+            root = psutil.Process(self.process.pid)
+            return root.children(recursive=True) + [root]
+        except psutil.NoSuchProcess:
+            return []
 
     def stop(self):
         """Kill the toolkit and what it started, if still running (after a failure); close the log."""
         if self.process is None:
             return
         if self.process.poll() is None:
-            try:
-                children = psutil.Process(self.process.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                children = []
-            for process in children + [self.process]:
-                try:
-                    process.kill()
-                except psutil.NoSuchProcess:
-                    pass
+            kill(self.processes())
             self.process.wait()
         self._log.close()
+
+
+def kill(processes):
+    """SIGKILL to each of `processes`, skipping those already gone."""
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def last_step(text):
@@ -173,31 +166,17 @@ def _failed(hosts, why):
                                                 for host in hosts)))
 
 
-def _signal_programs(hosts, program, signum):
-    targets = [host.program_process(program) for host in hosts]
-    for target in targets:
-        if target is not None:
-            try:
-                target.send_signal(signum)
-            except psutil.NoSuchProcess:
-                pass
-    return targets
+def run_phase(request, hosts, phase, max_steps, kill_at=None, first_step=0):
+    """Start every host and wait for all; with `kill_at`, once the chief logged that step, SIGKILL
+    to every process of every host at once (collected first, so none outlives the others).
 
-
-def run_phase(request, hosts, phase, max_steps, interrupt_at=None, first_step=0):
-    """Start every host and wait for all; with `interrupt_at`, a spot interruption once the
-    chief logged that step: SIGTERM to every training process, and SIGKILL to those still
-    running GRACE_SECONDS later.
-
-    Returns (each host's log, the step SIGTERM was sent at). StepError when a host fails, or
-    when an interrupted run does not report a checkpoint and exit 0 within the grace period.
+    Returns (each host's log, the last step the chief had logged when it was killed, or None).
+    StepError when a host fails, or when a run to be killed ends before `kill_at`.
     """
-    program = decoded_hyperparameters(request)["sagemaker_program"]
     addresses = {host.name: "127.0.0.1:%d" % port for host, port in zip(hosts, free_ports(len(hosts)))}
     for host in hosts:
         host.start(request, addresses)
     chief = hosts[0]
-    signalled_at = signal_step = None
     killed = False
     deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
     try:
@@ -206,16 +185,12 @@ def run_phase(request, hosts, phase, max_steps, interrupt_at=None, first_step=0)
             while any(host.process.poll() is None for host in hosts):
                 step = last_step(chief.log())
                 progress.update(max(0, step - progress.n))
-                if interrupt_at is not None and signalled_at is None and step >= interrupt_at:
-                    if None in _signal_programs(hosts, program, signal.SIGTERM):
-                        raise _failed(hosts, "a host's training process was gone before the interruption")
-                    signalled_at, signal_step = time.monotonic(), step
-                    progress.set_postfix_str("SIGTERM at step %d" % step)
-                if signalled_at is not None and not killed and time.monotonic() - signalled_at > GRACE_SECONDS:
-                    _signal_programs(hosts, program, signal.SIGKILL)
+                if kill_at is not None and step >= kill_at:
+                    kill([process for host in hosts for process in host.processes()])
                     killed = True
-                    progress.set_postfix_str("SIGKILL after %d s" % GRACE_SECONDS)
-                if not killed and any(host.process.poll() not in (None, 0) for host in hosts):
+                    progress.set_postfix_str("SIGKILL at step %d" % step)
+                    break
+                if any(host.process.poll() not in (None, 0) for host in hosts):
                     break
                 if time.monotonic() > deadline:
                     raise _failed(hosts, "%s ran past %d s" % (phase, RUN_TIMEOUT_SECONDS))
@@ -227,21 +202,14 @@ def run_phase(request, hosts, phase, max_steps, interrupt_at=None, first_step=0)
         for host in hosts:
             host.stop()
     logs = {host.name: host.log() for host in hosts}
-    if killed:
-        raise _failed(hosts, "%s: the training processes did not checkpoint and exit within %d s of SIGTERM and "
-                             "were killed, as SageMaker kills them after its warning (the steps since the last "
-                             "periodic checkpoint are lost)" % (phase, GRACE_SECONDS))
+    if kill_at is not None:
+        if not killed:
+            raise _failed(hosts, "%s ended before the chief logged step %d (interrupt_at)" % (phase, kill_at))
+        return logs, last_step(logs[chief.name])
     statuses = {host.name: host.process.returncode for host in hosts}
     if any(statuses.values()):
         raise _failed(hosts, "%s: the toolkit exited with %s" % (phase, statuses))
-    if interrupt_at is None:
-        return logs, None
-    if signalled_at is None:
-        raise _failed(hosts, "%s ended before the chief logged step %d (interrupt_at)" % (phase, interrupt_at))
-    if not SIGTERM_SAVED.search(logs[chief.name]):
-        raise _failed(hosts, "%s ran to its end without reporting a checkpoint after SIGTERM at step %d"
-                             % (phase, signal_step))
-    return logs, signal_step
+    return logs, None
 
 
 def upload_checkpoints(hosts, local, remote):
@@ -262,7 +230,7 @@ def download_checkpoints(hosts, local, remote):
 
 
 def train(request, channel_dirs, out_dir, interrupt_at):
-    """Run the job with one spot interruption at `interrupt_at`; a summary of what happened."""
+    """Run the job, kill it at `interrupt_at`, run it again from its checkpoints; what happened."""
     out_dir = os.path.abspath(out_dir)  # the toolkit runs in each host's tree
     hp = decoded_hyperparameters(request)
     max_steps = hp["max_steps"]
@@ -285,28 +253,32 @@ def train(request, channel_dirs, out_dir, interrupt_at):
         return local_path(host.base, request["CheckpointConfig"]["LocalPath"])
 
     first = make_hosts("attempt-1")
-    logs_1, signal_step = run_phase(request, first, "attempt 1 (interrupted)", max_steps, interrupt_at=interrupt_at)
-    stop_step = int(SIGTERM_SAVED.search(logs_1[first[0].name]).group(1))
+    logs_1, killed_step = run_phase(request, first, "attempt 1 (killed)", max_steps, kill_at=interrupt_at)
     uploaded = upload_checkpoints(first, local, remote)
-    if checkpoint.checkpoint_name(stop_step) not in uploaded:
-        raise _failed(first, "no checkpoint of step %d among the synced checkpoints %s" % (stop_step, uploaded))
+    saved = [int(match.group(1)) for match in map(checkpoint.PATTERN.match, uploaded) if match]
+    if not saved:
+        raise _failed(first, "no periodic checkpoint was complete when the hosts were killed at step %d (lower "
+                             "checkpoint_every or raise interrupt_at)" % killed_step)
+    resume_step = max(saved)
     print("  checkpoint sync: %s -> %s (%s)" % (request["CheckpointConfig"]["LocalPath"],
                                                request["CheckpointConfig"]["S3Uri"], ", ".join(uploaded)))
 
     second = make_hosts("attempt-2")
     download_checkpoints(second, local, remote)
-    logs_2, _ = run_phase(request, second, "attempt 2 (resumed)", max_steps, first_step=stop_step)
+    logs_2, _ = run_phase(request, second, "attempt 2 (resumed)", max_steps, first_step=resume_step)
     resumed = RESUMED.search(logs_2[second[0].name])
-    if not resumed or int(resumed.group(2)) != stop_step:
-        raise _failed(second, "the second attempt did not resume from step %d" % stop_step)
+    if not resumed or int(resumed.group(2)) != resume_step:
+        raise _failed(second, "the second attempt did not resume from the last checkpoint, step %d" % resume_step)
     upload_checkpoints(second, local, remote)
     model_dir = os.path.join(second[0].base, "model")
     if not os.path.exists(os.path.join(model_dir, "model.json")):
         raise _failed(second, "the chief exported no model to %s" % model_dir)
     return {
         "hosts": [host.name for host in second],
-        "stop_step": stop_step,
-        "signal_step": signal_step,
+        "killed_step": killed_step,
+        "resume_step": resume_step,
+        # At least: steps run after the last [train] line the chief wrote are lost too.
+        "lost_steps": killed_step - resume_step,
         "max_steps": max_steps,
         "checkpoints": remote,
         "synced_checkpoints": sorted(os.listdir(remote)),

@@ -46,17 +46,20 @@ def test_the_training_request_comes_from_the_state_machine(finished):
 
 
 @pytest.mark.slow
-def test_training_is_interrupted_checkpoints_and_resumes_to_the_end(finished):
+def test_training_is_killed_and_resumes_from_the_last_periodic_checkpoint(finished):
     settings, results = finished
     training = results["train"]
-    stop = training["stop_step"]
-    assert training["signal_step"] <= stop < SMALL["max_steps"]
-    assert "ckpt-%08d.npz" % stop in training["synced_checkpoints"]
+    start, killed = training["resume_step"], training["killed_step"]
+    assert SMALL["interrupt_at"] <= killed < SMALL["max_steps"]
+    assert 0 < start <= killed and start % SMALL["checkpoint_every"] == 0
+    assert training["lost_steps"] == killed - start
+    assert "ckpt-%08d.npz" % start in training["synced_checkpoints"]
     before = [step for step, _ in demo_report.train_points(training["chief_logs"][0])]
     after = [step for step, _ in demo_report.train_points(training["chief_logs"][1])]
-    assert before and max(before) <= stop
+    assert before and max(before) == killed  # killed, not stopped: no save, no exit message
+    assert "SIGTERM" not in training["chief_logs"][0] and "exported the model" not in training["chief_logs"][0]
     log_every = int(results["state machine"]["request"]["HyperParameters"]["log_every"])
-    assert stop < after[0] <= stop + log_every and after[-1] == SMALL["max_steps"]
+    assert start < after[0] <= start + log_every and after[-1] == SMALL["max_steps"]
     assert after == sorted(set(after))
     model, config, tokenizer = load_exported(training["model_dir"])
     assert config.vocab_size == 512 and config.n_layer == 2
@@ -79,6 +82,7 @@ def test_the_server_answered_and_the_report_is_written(finished):
     with open(written["report"]) as handle:
         text = handle.read()
     assert "loss.png" in text and "shard bytes / text bytes" in text
+    assert "**Lost steps: %d**" % results["train"]["lost_steps"] in text
     assert results["train"]["model_dir"] in text
     shard_bytes, text_bytes, _ = demo_report.data_ratio(results["prepare"]["dataset"])
     assert written["data_ratio"] == pytest.approx(shard_bytes / text_bytes)
