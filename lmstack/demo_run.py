@@ -1,6 +1,7 @@
 """What every demo step shares: its error, the subprocess environment, and running a command
 with its output in a log file and a progress bar on the terminal."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,18 @@ def environment(**extra):
                OMP_NUM_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_NUM_INTRAOP_THREADS="1")
     env.update(extra)
     return env
+
+
+def cdk_environment():
+    """The literal `export NAME := value` lines of the Makefile, the one place that keeps the
+    CDK CLI and jsii offline and quiet: `make synth`, the demo's synth and the CDK tests use them."""
+    exports = {}
+    with open(os.path.join(ROOT, "Makefile")) as handle:
+        for line in handle:
+            match = re.match(r"^export (\w+) := (.*)$", line.rstrip("\n"))
+            if match and "$(" not in match.group(2):
+                exports[match.group(1)] = match.group(2).strip()
+    return exports
 
 
 def tail(path, lines=15):

@@ -16,7 +16,6 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from lm.contract import ARTIFACT_PREFIXES
-from stacks.config import Settings
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -29,12 +28,12 @@ NO_RESOURCE_LEVEL = "the action has no resource-level permissions, so IAM only a
 class Permissions(Construct):
     """The execution role jobs run as, and one role per state machine."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, bucket: s3.IBucket,
+    def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, bucket: s3.IBucket,
                  file_system: efs.IFileSystem, access_point: efs.IAccessPoint,
                  images: Mapping[str, ecr_assets.DockerImageAsset],
                  subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup) -> None:
         super().__init__(scope, construct_id)
-        self._settings = settings
+        self._name_prefix = name_prefix
         self.execution_role = iam.Role(
             self, "ExecutionRole", description="lmstack SageMaker training jobs and endpoints run as this role",
             assumed_by=iam.ServicePrincipal(SAGEMAKER_SERVICE, conditions={
@@ -68,7 +67,7 @@ class Permissions(Construct):
     def machine_resources(self, *, topic_arn: str) -> Dict[str, List[str]]:
         """ARN patterns per resource kind a state machine may target."""
         stack = Stack.of(self)
-        prefix = self._settings.name_prefix + "-*"
+        prefix = self._name_prefix + "-*"
 
         def sagemaker(resource):
             return [stack.format_arn(service="sagemaker", resource=resource, resource_name=prefix)]
@@ -89,7 +88,7 @@ class Permissions(Construct):
 
     def _execution_grants(self, bucket, file_system, access_point, images, subnets, security_group):
         stack = Stack.of(self)
-        prefix = self._settings.name_prefix
+        prefix = self._name_prefix
         repositories = list(dict.fromkeys(asset.repository.repository_arn for asset in images.values()))
         log_group = stack.format_arn(service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)

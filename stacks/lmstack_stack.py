@@ -24,10 +24,10 @@ class LmStack(Stack):
         self.storage = Storage(self, "Storage", settings=settings, vpc=self.network.vpc,
                                subnets=self.network.subnets,
                                training_security_group=self.network.training_security_group)
-        self.images = TrainingImages(self, "Images", settings=settings)
+        self.images = TrainingImages(self, "Images", runtimes=settings.runtimes, region=settings.region)
         self.notifications = Notifications(self, "Notifications", settings=settings)
         self.permissions = Permissions(
-            self, "Permissions", settings=settings, bucket=self.storage.bucket,
+            self, "Permissions", name_prefix=settings.name_prefix, bucket=self.storage.bucket,
             file_system=self.storage.file_system, access_point=self.storage.dataset_access_point,
             images=self.images.assets, subnets=self.network.subnets,
             training_security_group=self.network.training_security_group)
@@ -39,7 +39,7 @@ class LmStack(Stack):
             self.permissions.training_machine_role, state_machine.REQUIRED_ACTIONS["training"], resources)
         self.permissions.grant_machine_actions(
             self.permissions.stop_machine_role, state_machine.REQUIRED_ACTIONS["stop"], resources)
-        self.monitoring = Monitoring(self, "Monitoring", settings=settings,
+        self.monitoring = Monitoring(self, "Monitoring", name_prefix=settings.name_prefix,
                                      state_machine=self.orchestration.training_machine,
                                      topic=self.notifications.topic)
         self._outputs()

@@ -28,10 +28,10 @@ class Notifications(Construct):
 class Monitoring(Construct):
     """Dashboard (training metrics per host, executions) and an alarm on failed executions."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, state_machine: sfn.IStateMachine,
+    def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, state_machine: sfn.IStateMachine,
                  topic: sns.ITopic) -> None:
         super().__init__(scope, construct_id)
-        self._prefix = settings.name_prefix
+        self._prefix = name_prefix
         self.failed_alarm = cloudwatch.Alarm(
             self, "FailedExecutions", metric=state_machine.metric_failed(period=Duration.minutes(5), statistic="Sum"),
             threshold=1, evaluation_periods=1,
@@ -39,7 +39,7 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             alarm_description="An lmstack training execution failed; the execution's error cause says why.")
         self.failed_alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
-        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=settings.name_prefix + "-training")
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name_prefix + "-training")
         self.dashboard.add_widgets(
             self._per_host("Training loss", "train:loss"),
             self._per_host("Tokens per second (per host)", "train:tokens_per_second"),

@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.path.join(ROOT, "training_image")
 DOCKERFILE = os.path.join(IMAGE, "Dockerfile")
 TF_MODULES = ("tensorflow", "tf_keras", "keras")
-TF_FREE_MODULES = ("lm", "lm.config", "lm.job", "lm.shards", "lm.instances", "lm.plan")
+TF_FREE_MODULES = ("lm", "lm.config", "lm.contract", "lm.job", "lm.request", "lm.rules", "lm.shards", "lm.instances",
+                   "lm.plan")
 
 
 def _is_python_script(path):
@@ -36,7 +37,7 @@ def image_python_files():
 
 
 def _run(args):
-    return subprocess.run(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    return subprocess.run(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _tool(name):
@@ -136,6 +137,13 @@ def test_ruff_py38():
     assert result.returncode == 0, result.stdout
 
 
+def test_ruff_cdk_app_and_tools():
+    """The same rules (ruff.toml) on the CDK app and the tools that run outside the image."""
+    result = _run([sys.executable, "-m", "ruff", "check", "--config", os.path.join(ROOT, "ruff.toml"), "--no-cache",
+                   "app.py", "stacks", "lmstack"])
+    assert result.returncode == 0, result.stdout
+
+
 def test_ruff_rejects_match_on_py38(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(x):\n    match x:\n        case 1:\n            return 1\n")
@@ -203,7 +211,7 @@ print("imported", sys.argv[1])
 def _import_blocked(module):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, IMAGE]))
     return subprocess.run([sys.executable, "-c", BLOCKER, module], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True)
+                          stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.parametrize("module", TF_FREE_MODULES)

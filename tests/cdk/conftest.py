@@ -4,6 +4,8 @@ import subprocess
 
 import pytest
 
+from lmstack.demo_run import cdk_environment
+
 
 def _node_major():
     try:
@@ -15,8 +17,8 @@ def _node_major():
 
 # Before the first `import aws_cdk` (which starts the jsii Node process): as the Makefile does.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", _node_major())
-for _name in ("UNTESTED", "DEPRECATED", "KNOWN_BROKEN"):
-    os.environ.setdefault("JSII_SILENCE_WARNING_%s_NODE_VERSION" % _name, "1")
+for _name, _value in cdk_environment().items():
+    os.environ.setdefault(_name, _value)
 
 from cdk_synth import Synth  # noqa: E402
 from stacks.config import Settings  # noqa: E402

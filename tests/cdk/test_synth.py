@@ -2,7 +2,6 @@
 import ipaddress
 import json
 import os
-import re
 import subprocess
 
 import aws_cdk as cdk
@@ -12,6 +11,7 @@ from aws_cdk import aws_s3 as s3
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
+from lmstack.demo_run import cdk_environment
 from stacks.config import Settings
 from stacks.nag import Grant, add_grants, wildcard_findings
 
@@ -142,19 +142,9 @@ def test_synth_with_the_cdks_own_validation_on(tmp_path):
     assert violations == []
 
 
-def makefile_exports():
-    """The literal `export NAME := value` lines of the Makefile: the environment `make synth` runs in."""
-    exports = {}
-    for line in (ROOT / "Makefile").read_text().splitlines():
-        match = re.match(r"^export (\w+) := (.*)$", line)
-        if match and "$(" not in match.group(2):
-            exports[match.group(1)] = match.group(2).strip()
-    return exports
-
-
 @pytest.mark.slow
 def test_cdk_cli_synth_is_offline_and_quiet(tmp_path):
-    exports = makefile_exports()
+    exports = cdk_environment()
     for name in ("CDK_DISABLE_CLI_TELEMETRY", "CDK_DISABLE_VERSION_CHECK",
                  "AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED"):
         assert name in exports, name

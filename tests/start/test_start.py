@@ -203,7 +203,7 @@ def test_a_bad_cdk_json_is_a_clear_error(aws, cdk_json, capsys):
 
 
 def test_dry_run_prints_the_input_and_calls_nothing(capsys):
-    class NoAws(object):
+    class NoAws:
         def client(self, name):
             raise AssertionError("a dry run must not call AWS")
 

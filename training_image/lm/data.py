@@ -169,6 +169,5 @@ class TokenStream:
         """(inputs, labels) for global steps start_step, start_step + 1, ..., across epochs, forever."""
         epoch, first_batch = self.position(start_step)
         while True:
-            for batch in self.dataset(epoch, first_batch):
-                yield batch
+            yield from self.dataset(epoch, first_batch)
             epoch, first_batch = epoch + 1, 0

@@ -121,8 +121,7 @@ class Reader:
             for chunk in chunks:
                 lines = (tail + chunk).split(b"\n")
                 tail = lines.pop()
-                for line in lines:
-                    yield line
+                yield from lines
             if tail and not self.rejected["truncated"]:
                 yield tail
 

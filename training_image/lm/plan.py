@@ -98,7 +98,7 @@ def resolve_precision(precision, instance):
         return "fp32"
     gpu = prices.get_gpu(instance.gpu)
     if precision == "auto":
-        return gpu.default_precision
+        return prices.auto_precision(instance.gpu)
     if precision not in gpu.peak_flops:
         raise ValueError("precision %r is not supported on %s (%s); allowed there: %s" % (
             precision, instance.name, gpu.name, ", ".join(sorted(gpu.peak_flops))))
@@ -269,7 +269,7 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
         ("pipeline_efficiency", efficiency), ("tokens_per_second", step_tokens / step_s),
         ("step_seconds", step_s), ("compute_seconds", compute_s), ("allreduce_seconds", allreduce_s),
         ("steps", int(math.ceil(tokens / float(step_tokens)))), ("hours", hours),
-        ("cost_on_demand_usd", on_demand), ("cost_spot_usd", on_demand * (1 - prices.SPOT_DISCOUNT)),
+        ("cost_on_demand_usd", on_demand), ("cost_spot_usd", prices.spot_cost(on_demand)),
         ("lost_seconds_per_interruption", lost_seconds_per_interruption(step_s)),
     ])
 

@@ -79,5 +79,17 @@ def on_demand_price(instance_type):
             instance_type, ", ".join(ON_DEMAND_USD_PER_HOUR)))
 
 
-def spot_price(instance_type):
-    return on_demand_price(instance_type) * (1.0 - SPOT_DISCOUNT)
+def spot_cost(on_demand_usd):
+    """What an on-demand cost becomes with managed spot, under the SPOT_DISCOUNT assumption."""
+    return on_demand_usd * (1.0 - SPOT_DISCOUNT)
+
+
+def auto_precision(gpu=None, capability=None):
+    """What precision "auto" means: the GPU's default (bf16 on A100/H100, fp16 with loss scaling
+    on V100/T4/A10G) for a GPU in GPUS; for another GPU, bf16 from compute capability 8.0 on,
+    else fp16; fp32 without a GPU."""
+    if gpu is not None:
+        return get_gpu(gpu).default_precision
+    if capability:
+        return "bf16" if tuple(capability) >= (8, 0) else "fp16"
+    return "fp32"

@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT = 60
 DEFAULT_THREADS = 8
 
 
-class ExportedModel(object):
+class ExportedModel:
     """The engine `lm.serve_app` calls: the model `lm.export` wrote, behind `lm.generate.Generator`."""
 
     def __init__(self, model_dir):
@@ -84,7 +84,7 @@ class Server(BaseApplication):
         self.options = options
         self.model_dir = model_dir
         self.environ = environ
-        super(Server, self).__init__()
+        super().__init__()
 
     def load_config(self):
         for key, value in self.options.items():

@@ -35,7 +35,7 @@ class RequestError(Exception):
     """A client mistake: HTTP status, a stable code, a message, and the field at fault."""
 
     def __init__(self, status, code, message, field=None):
-        super(RequestError, self).__init__(message)
+        super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
@@ -265,7 +265,7 @@ def _check_prompt_length(index, tokens, max_new_tokens, limits, engine):
 
 # ---- the app ----
 
-class ServingState(object):
+class ServingState:
     """The model a worker serves, once its loader thread has put it there."""
 
     def __init__(self):
