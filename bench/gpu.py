@@ -189,8 +189,7 @@ def run_configuration(preset, xla, args):
     """The child's JSON result; a crash (the process killed by an out-of-memory abort, say) is
     reported as an error with the end of its output, never as a number."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TRAINING_IMAGE, os.environ.get("PYTHONPATH")])))
-    result = subprocess.run(child_command(preset, xla, args), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, universal_newlines=True)
+    result = subprocess.run(child_command(preset, xla, args), env=env, capture_output=True, text=True)
     for line in reversed(result.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)

@@ -67,7 +67,7 @@ def test_cpu_smoke_run_reports_every_configuration(tmp_path):
          "--max-batch", "2", "--steps", "2", "--warmup", "1", "--repeats", "1", "--peak-tflops", "1",
          "--json", report_path],
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        universal_newlines=True, timeout=600)
+        text=True, timeout=600)
     assert result.returncode == 0, result.stdout
     with open(report_path) as handle:
         report = json.load(handle)

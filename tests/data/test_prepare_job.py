@@ -51,7 +51,7 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     env = dict(os.environ, SAGEMAKER_BASE_DIR=str(base), SAGEMAKER_PROGRAM="prepare.py",
                SAGEMAKER_SUBMIT_DIRECTORY=str(code), SM_STUDIO_LOCAL_MODE="true")
     result = subprocess.run([sys.executable, "-m", "sagemaker_training.cli.train"], env=env, cwd=str(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert result.returncode == 0 and "Reporting training SUCCESS" in result.stdout, result.stdout[-4000:]
     assert "--train_tokenizer False" in result.stdout  # the toolkit's spelling of a boolean
     manifest = shards.load_manifest(str(dataset))

@@ -65,7 +65,7 @@ def test_killed_run_continues_to_the_bytes_of_an_uninterrupted_run(tokenizer_fil
                 assert os.path.getsize(os.path.join(root, name)) % RECORD_BYTES == 0
 
     rerun = subprocess.run(command(raw, output, tokenizer_file, workers), env=environment(),
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, check=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True)
     assert "resuming: %d of %d inputs already done" % (done, INPUTS) in rerun.stdout
     assert tree_bytes(output) == tree_bytes(reference)
     assert shards.load_manifest(output).prepare["complete"]

@@ -63,5 +63,5 @@ def test_the_start_up_check_reads_sizes_not_bytes(dataset):
 def test_no_manifest_is_status_2_and_runs_as_a_module(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "training_image"))
     result = subprocess.run([sys.executable, "-m", "lm.prepare", "verify", str(tmp_path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert result.returncode == 2 and "manifest.json" in result.stdout, result.stdout
