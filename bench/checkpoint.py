@@ -1,6 +1,6 @@
 """How long a checkpoint save stalls training: background write against a synchronous one.
 
-    python bench/checkpoint.py [--layers 4] [--d-model 512] [--heads 8] [--seq-len 256] [--batch 8]
+    python bench/checkpoint.py [--layers 4] [--d-model 512] [--heads 8] [--seq-len 128] [--batch 4]
                                [--vocab 8192] [--steps 12] [--save-every 4] [--repeats 3]
                                [--interval-minutes 15]
 
@@ -73,8 +73,8 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--save-every", type=int, default=4)

@@ -23,6 +23,7 @@ import concurrent.futures
 import json
 import os
 import re
+import threading
 import time
 
 import numpy as np
@@ -51,7 +52,7 @@ class Checkpointer:
 
     def __init__(self, directory, tag="", keep=2, background=True):
         self.directory, self.tag, self.keep = directory, tag, keep
-        self._writer = concurrent.futures.ThreadPoolExecutor(1) if background else None
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, initializer=_yield_to_training) if background else None
         self._pending = None
 
     def steps(self):
@@ -110,6 +111,16 @@ class Checkpointer:
         for old in self._steps_on_disk()[:-self.keep] if self.keep else []:
             os.remove(self.path(old))
         return path
+
+
+def _yield_to_training():
+    """Lowest CPU priority for the writer thread (Linux schedules threads by their own nice
+    value), so where cores are short the write waits for the training threads, not the reverse."""
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
 
 
 def read_meta(path):
