@@ -23,11 +23,11 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lm import plan, rules
+from lm import plan, request, rules
 from lm.config import ALL_PRESETS, PRESETS
 from lm.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
 from stacks.config import CONTEXT_KEY, Settings, SettingsError
-from stacks.state_machine import inputs
+from stacks.state_machine import inputs, jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_MACHINE_OUTPUT = "StateMachineArn"
@@ -89,7 +89,8 @@ def build_input(args):
 
 def validate_input(execution_input, settings):
     """Raise StartError naming the first bad field: the state machine's own schema
-    (`stacks.state_machine.inputs`) and rules (`lm.rules`), checked here before anything starts."""
+    (`stacks.state_machine.inputs`) and rules (`lm.rules`: the plan gate's, then the others, in the
+    order of its validation states), checked here before anything starts."""
     fields = inputs.schema(settings)
     try:
         rules.check_object(fields, execution_input)
@@ -98,7 +99,7 @@ def validate_input(execution_input, settings):
                                       strategy=config["strategy"]))
     except ValueError as error:
         raise StartError(str(error))
-    message = rules.broken(rules.cross_field_rules(settings.runtimes), config)
+    message = rules.broken(rules.plan_rules() + rules.cross_field_rules(settings.runtimes), config)
     if message:
         raise StartError(message)
 
@@ -116,6 +117,17 @@ def plan_estimate(execution_input, settings):
     return plan.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
                          global_batch=batch, seq_len=seq_len, tokens=hyperparameters["max_steps"] * batch * seq_len,
                          recompute=hyperparameters["recompute"], spot=config["spot"])
+
+
+def training_request(execution_input, settings, name):
+    """The CreateTrainingJob request of the execution's first training attempt, from the same
+    builder the state machine is generated from (`lm.request`), with this input's values.
+    `${Name}` stands for a resource of the deployed stack; the job name's middle part is the MD5 of
+    the execution ARN, which only Step Functions knows."""
+    config = rules.with_defaults(inputs.schema(settings), execution_input)
+    values = jobs.concrete_values(jobs.TRAIN, settings, config, execution_name=name,
+                                  job_name="%s-train-<md5 of the execution ARN>-1" % settings.name_prefix)
+    return request.create_training_job_request(values)
 
 
 def execution_name(given, execution_input, now):
@@ -238,6 +250,8 @@ def parse_args(argv):
     parser.add_argument("--watch", action="store_true", help="follow the execution until it ends")
     parser.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between status polls")
     parser.add_argument("--dry-run", action="store_true", help="print the input and start nothing")
+    parser.add_argument("--show-request", action="store_true",
+                        help="print the CreateTrainingJob request the run would send and start nothing")
     return parser.parse_args(argv)
 
 
@@ -250,6 +264,9 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if "plan_estimate" not in execution_input:
             execution_input["plan_estimate"] = plan_estimate(execution_input, settings)
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
+        if args.show_request:
+            out.write(json.dumps(training_request(execution_input, settings, name), indent=2) + "\n")
+            return 0
         if args.dry_run:
             out.write(json.dumps(execution_input, indent=2) + "\n")
             return 0

@@ -2,7 +2,7 @@
 import collections
 import re
 
-from lm import request
+from lm import request, rules
 
 
 _RESERVED = re.compile(r"['{}\\\\]")
@@ -129,3 +129,18 @@ def parameters(value):
             raise ValueError("a list item cannot come from a path in Parameters: %r" % (value,))
         return [parameters(item) for item in value]
     return value
+
+
+def condition(when):
+    """An `lm.rules` condition as a Choice condition on `$.config` (the checked input)."""
+    if isinstance(when, rules.Not):
+        return negate(condition(when.condition))
+    if isinstance(when, rules.All):
+        return all_of(*[condition(part) for part in when.conditions])
+    path = "$.config.%s" % when.path
+    if isinstance(when, rules.Is):
+        test = "BooleanEquals" if isinstance(when.value, bool) else "StringEquals"
+        return {"Variable": path, test: when.value}
+    if isinstance(when, rules.OneOf):
+        return string_in(path, when.values)
+    return {"Variable": path, "NumericGreaterThan": when.limit}

@@ -16,7 +16,7 @@ from lm.instances import INSTANCES
 from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
 
-ERROR = "InvalidInput"
+ERROR = rules.INVALID
 TOP = "top"
 
 
@@ -224,30 +224,15 @@ def _field_rules(path, field):
     return found
 
 
-def condition(when):
-    """An `lm.rules` condition as a Choice condition on `$.config`."""
-    if isinstance(when, rules.Not):
-        return asl.negate(condition(when.condition))
-    if isinstance(when, rules.All):
-        return asl.all_of(*[condition(part) for part in when.conditions])
-    path = "$.config.%s" % when.path
-    if isinstance(when, rules.Is):
-        test = "BooleanEquals" if isinstance(when.value, bool) else "StringEquals"
-        return {"Variable": path, test: when.value}
-    if isinstance(when, rules.OneOf):
-        return asl.string_in(path, when.values)
-    return {"Variable": path, "NumericGreaterThan": when.limit}
-
-
 def _cross_field_states(settings, name, next_state):
     """`lm.rules.cross_field_rules`: one Choice rule and one Fail state per rule."""
     states_ = collections.OrderedDict()
     choices = []
     for found in rules.cross_field_rules(settings.runtimes):
         state = "Invalid.%s" % found.name
-        choices.append(asl.rule(condition(found.when), state))
+        choices.append(asl.rule(asl.condition(found.when), state))
         pieces = found.message.split("{value}") if found.subject else [found.message]
-        states_[state] = asl.fail(ERROR, asl.fmt("{}".join(pieces), *[
+        states_[state] = asl.fail(found.error, asl.fmt("{}".join(pieces), *[
             asl.to_json("$.config.%s" % found.subject)] * (len(pieces) - 1)))
     states_[name] = asl.choice(choices, next_state)
     states_.move_to_end(name, last=False)

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 
 from lm import job, request
+from lm.instances import INSTANCES
 from stacks.state_machine import asl
 from stacks.state_machine.inputs import TOP_LEVEL_HYPERPARAMETERS
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
@@ -78,6 +79,19 @@ def job_values(kind, settings, value_at, strategy="single"):
         mp_parameters=value_at("$.config.mp_parameters"),
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None)
+
+
+def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
+    """`job_values` for one attempt of a concrete execution: `config` is the input with its
+    defaults (`lm.rules.with_defaults`), as the Validate stage leaves it in `$.config`."""
+    state = {
+        "config": config,
+        "hosts": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus)},
+        "run": {"dataset_key": dataset_key},
+        kind.slot[len("$."):]: {"name": job_name},
+    }
+    value_at = request.values_at(state, {"Execution": {"Name": execution_name}})
+    return job_values(kind, settings, value_at, config["strategy"] if kind is TRAIN else "single")
 
 
 def vpc_config(settings):

@@ -279,3 +279,24 @@ def test_status_line_rewrites_itself_on_a_terminal(aws):
     assert result["status"] == "SUCCEEDED"
     text = out.getvalue()
     assert "\r" in text and text.endswith("\n") and text.count("\n") == 1
+
+
+def test_show_request_prints_what_the_run_would_send_and_calls_nothing():
+    class NoAws:
+        def client(self, name):
+            raise AssertionError("--show-request must not call AWS")
+
+    out = io.StringIO()
+    assert start.main(["--preset", "gpt-125m", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
+                       "--instance-count", "2", "--spot", "--max-runtime", "7200", "--hp", "max_steps=5",
+                       "--name", "run-7", "--show-request"], session=NoAws(), out=out) == 0
+    sent = json.loads(out.getvalue())
+    assert sent["ResourceConfig"]["InstanceType"] == "ml.p3.16xlarge" and sent["ResourceConfig"]["InstanceCount"] == 2
+    assert sent["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
+    assert sent["EnableManagedSpotTraining"] is True
+    hyperparameters = sent["HyperParameters"]
+    assert hyperparameters["max_steps"] == "5" and hyperparameters["strategy"] == '"horovod"'
+    assert hyperparameters["sagemaker_mpi_num_of_processes_per_host"] == "8"  # one per V100 of a p3.16xlarge
+    assert sent["CheckpointConfig"]["S3Uri"] == "s3://${ArtifactBucket}/checkpoints/run-7/"
+    assert sent["AlgorithmSpecification"]["TrainingImage"] == "${Image_tf211}"
+    assert sent["ProfilerConfig"] == {"DisableProfiler": True}

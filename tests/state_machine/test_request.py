@@ -14,13 +14,12 @@ import pytest
 from state_machine.harness import StandInSettings
 
 from lm import job, request, rules
-from lm.instances import INSTANCES
 from stacks.state_machine import inputs, jobs, render
 
 INSTANCE_TYPE = "ml.p4d.24xlarge"
 
 
-def concrete_request(deployment, run, kind, execution_input, strategy):
+def concrete_request(deployment, run, kind, execution_input):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
     config = rules.with_defaults(inputs.schema(settings), execution_input)
@@ -29,14 +28,9 @@ def concrete_request(deployment, run, kind, execution_input, strategy):
         config["data_directory"], config["prepare"]["hyperparameters"]["tokenizer"],
         config["prepare"]["hyperparameters"]["train_tokenizer"], config["prepare"]["hyperparameters"]["vocab_size"],
         config["prepare"]["hyperparameters"]["seq_len"]))
-    state = {
-        "config": config,
-        "hosts": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus)},
-        "run": {"id": run_id, "dataset_key": hashlib.md5(dataset_key.encode()).hexdigest()},
-        kind.slot[2:]: {"name": "%s-%s-%s-1" % (settings.name_prefix, kind.token, run_id)},
-    }
-    context = {"Execution": {"Name": run.arn.split(":")[-1]}}
-    values = jobs.job_values(kind, settings, request.values_at(state, context), strategy)
+    values = jobs.concrete_values(
+        kind, settings, config, job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, run_id),
+        execution_name=run.arn.split(":")[-1], dataset_key=hashlib.md5(dataset_key.encode()).hexdigest())
     return json.loads(render(request.create_training_job_request(values), deployment.values))
 
 
@@ -73,7 +67,7 @@ def test_the_definition_sends_what_the_builder_builds_for_each_strategy(deployme
                        "hyperparameters": {"max_steps": 20, "learning_rate": 0.001}}
     run = deployment.run(execution_input, name="request-%s" % strategy)
     sent, = _created(run)
-    assert_equal_key_by_key(concrete_request(deployment, run, jobs.TRAIN, execution_input, strategy), sent)
+    assert_equal_key_by_key(concrete_request(deployment, run, jobs.TRAIN, execution_input), sent)
 
 
 def test_the_definition_sends_what_the_builder_builds_for_the_prepare_job(make_deployment):
@@ -82,8 +76,8 @@ def test_the_definition_sends_what_the_builder_builds_for_the_prepare_job(make_d
                                    "hyperparameters": {"seq_len": 512, "train_tokenizer": True}}}
     run = deployment.run(execution_input, name="request-prepare")
     prepare, train = _created(run)
-    assert_equal_key_by_key(concrete_request(deployment, run, jobs.PREPARE, execution_input, "single"), prepare)
-    assert_equal_key_by_key(concrete_request(deployment, run, jobs.TRAIN, execution_input, "single"), train)
+    assert_equal_key_by_key(concrete_request(deployment, run, jobs.PREPARE, execution_input), prepare)
+    assert_equal_key_by_key(concrete_request(deployment, run, jobs.TRAIN, execution_input), train)
 
 
 def test_a_changed_value_is_found():

@@ -70,3 +70,19 @@ def test_a_rule_added_to_the_table_is_enforced_on_every_path(with_new_rule, make
     assert deployment.jobs.created == []
     assert _rejections(dict(RUN, instance_count=4), deployment, "four") == {
         "asl": None, "start": None, "plan": None, "settings": found["settings"]}
+
+
+def test_start_rejects_what_the_plan_gate_rejects_with_its_message(deployment):
+    """The plan gate's rules (`rules.plan_rules`) are checked by lmstack.start too, before anything starts."""
+    found = next(item for item in rules.plan_rules() if item.error == rules.PLAN_REJECTED
+                 and len(item.when.conditions) == 3 and item.when.conditions[0].value == "single")
+    strategy, instance_type, presets = (condition.value if isinstance(condition, rules.Is) else condition.values
+                                        for condition in found.when.conditions)
+    execution_input = {"strategy": strategy, "instance_type": instance_type, "instance_count": 1,
+                       "preset": presets[-1]}
+    run = deployment.run(execution_input, name="plan-gate")
+    assert (run.status, run.description.get("error"), run.description.get("cause")) == (
+        "FAILED", rules.PLAN_REJECTED, found.message)
+    with pytest.raises(start.StartError) as error:
+        start.validate_input(execution_input, Settings())
+    assert str(error.value) == found.message

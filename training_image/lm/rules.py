@@ -15,6 +15,8 @@ run), and by `lm.job.validate_hyperparameters` (what `lm.train` and `lm.prepare`
   A message may hold `{value}`: the value at the rule's `subject` path.
 
 Adding a rule between fields is one entry in `cross_field_rules`; every path picks it up.
+`plan_rules()` are the same kind of rules, made from `lm.plan`'s feasibility table (error
+PlanRejected): the ones that say a preset cannot fit or run on an instance type.
 
 Pure Python 3.8, no TensorFlow: imported at synth time.
 """
@@ -168,12 +170,17 @@ class All(collections.namedtuple("All", "conditions")):
     pass
 
 
-class Rule(collections.namedtuple("Rule", "name when message subject")):
-    """Reject an input for which `when` holds, with `message` (`{value}`: the value at `subject`)."""
+INVALID = "InvalidInput"
+PLAN_REJECTED = "PlanRejected"
 
 
-def rule(name, when, message, subject=None):
-    return Rule(name, when, message, subject)
+class Rule(collections.namedtuple("Rule", "name when message subject error")):
+    """Reject an input for which `when` holds, with `message` (`{value}`: the value at `subject`);
+    `error`: the execution's error name."""
+
+
+def rule(name, when, message, subject=None, error=INVALID):
+    return Rule(name, when, message, subject, error)
 
 
 _MISSING = object()
@@ -231,6 +238,36 @@ def preset_family_rule(family, presets, label="preset"):
     return rule("preset.family.%s" % family, All((Is("hyperparameters.model", family), Not(OneOf("preset", presets)))),
                 "%s {value} is not a preset of model %s; allowed: %s" % (label, family, ", ".join(presets)),
                 subject="preset")
+
+
+def plan_rules():
+    """What `lm.plan.feasibility_table()` says cannot fit or run (one row per preset x GPU
+    instance type x strategy, for the smallest run: one sequence per replica), grouped by
+    instance type, strategy and reason. A combination that fits only with activation
+    recomputation is rejected while `hyperparameters.recompute` is false."""
+    from lm import plan  # lm.plan reads cross_field_rules: imported here, not at the top
+
+    grouped = collections.OrderedDict()  # (instance type, strategy, message, needs recompute) -> presets
+    for row in plan.feasibility_table():
+        if not row["ok"]:
+            key = (row["instance_type"], row["strategy"], "lm.plan: %s" % (row["reason"] or ""), False)
+            if row["suggestion"]:
+                key = key[:2] + ("%s; suggestion: %s" % (key[2], row["suggestion"]),) + key[3:]
+        elif row["recompute_required"]:
+            key = (row["instance_type"], row["strategy"],
+                   "lm.plan: this preset fits %s on %s only with activation recomputation; "
+                   "set hyperparameters.recompute to true" % (row["strategy"], row["instance_type"]), True)
+        else:
+            continue
+        grouped.setdefault(key, []).append(row["preset"])
+    found = []
+    for index, ((instance_type, strategy, message, needs_recompute), presets) in enumerate(grouped.items()):
+        conditions = (Is(STRATEGY_FIELD, strategy), Is(INSTANCE_TYPE_FIELD, instance_type), OneOf("preset", presets))
+        if needs_recompute:
+            conditions += (Is("hyperparameters.recompute", False),)
+        found.append(rule("%d.%s.%s" % (index, strategy, instance_type), All(conditions), message,
+                          error=PLAN_REJECTED))
+    return found
 
 
 def cross_field_rules(runtimes=None):
