@@ -26,12 +26,12 @@ import time
 
 import numpy as np
 
-from lm import checkpoint, data, job, prices, shards
+from lm import checkpoint, contract, data, job, prices, shards
 from lm.config import flops_per_token, get_preset
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
-DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+DEFAULT_CHECKPOINT_DIR = contract.CHECKPOINT_LOCAL_PATH
 # Local paths when not under SageMaker.
 LOCAL_CHECKPOINT_DIR = "checkpoints"
 LOCAL_EXPORT_DIR = "model"
@@ -59,7 +59,8 @@ def build_parser():
                             help="%s%s [default: %s]" % (spec.help, allowed, json.dumps(spec.default)))
     for name in SDK_PASSTHROUGH:
         parser.add_argument("--" + name, dest="sdk_" + name, help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", default=os.environ.get("SM_CHANNEL_TRAIN"),
+    parser.add_argument("--data-dir",
+                        default=os.environ.get(contract.channel_environment_variable(contract.TRAIN_CHANNEL)),
                         help="dataset directory with manifest.json [env SM_CHANNEL_TRAIN]")
     parser.add_argument("--export-dir", default=os.environ.get("SM_MODEL_DIR"),
                         help="where rank 0 exports the model [env SM_MODEL_DIR, else ./%s]" % LOCAL_EXPORT_DIR)
