@@ -208,7 +208,7 @@ def _field_rules(path, field):
         found.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), rules.type_message(field), "type"))
         if field.type is int:
             text = "$.checks.int_%s_%s" % (_key(path), field.name)
-            # Integral numbers written as floats (2.0) pass, as in `HyperParameter.validate`.
+            # Integral numbers written as floats (2.0) pass, as in `lm.rules.check`.
             found.append((asl.any_of(
                 asl.all_of({"Variable": text, "StringMatches": "*.*"},
                            asl.negate({"Variable": text, "StringMatches": "*.0"})),
