@@ -99,7 +99,7 @@ def main(argv=None):
         manifest = write_dataset(directory, args.seq_len, args.mib)
         list(numpy_sequential(directory, manifest))  # warm the page cache
         stream = TokenStream(directory, "train", global_batch_size=args.batch * args.dp_size,
-                             dp_size=args.dp_size, seed=1, checksums=False)
+                             dp_size=args.dp_size, seed=1)
         results = {}
         for name, batches in (("lm.data", lambda: stream.dataset(0)),
                               ("fixed_length_records", lambda: fixed_length_records(directory, manifest, args.batch)),

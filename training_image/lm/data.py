@@ -40,7 +40,7 @@ class TokenStream:
     """One split of a dataset directory, as this data-parallel rank sees it."""
 
     def __init__(self, directory, split, *, global_batch_size, dp_rank=0, dp_size=1, seed=0, shuffle=True,
-                 seq_len=None, vocab_size=None, checksums=True, block_records=DEFAULT_BLOCK_RECORDS,
+                 seq_len=None, vocab_size=None, block_records=DEFAULT_BLOCK_RECORDS,
                  readers=DEFAULT_READERS):
         if split not in shards.SPLITS:
             raise ValueError("split must be one of %s, got %r" % (", ".join(shards.SPLITS), split))

@@ -10,8 +10,10 @@ and in SageMaker's failure file.
 The loop: restore the newest complete checkpoint, then per step read this rank's slice of
 the global batch (`lm.data`), run the strategy's train step, log every `log_every` steps
 (`lm.job.format_train_log`), evaluate every `eval_every` steps and at the end
-(`lm.job.format_eval_log`), checkpoint every `checkpoint_every` steps, at the end and on
-SIGTERM (finish the step, save, exit 0). Rank 0 exports the model at the end.
+(`lm.job.format_eval_log`), checkpoint every `checkpoint_every` steps and every
+`checkpoint_minutes` of training (the spot protection: on SageMaker SIGTERM may never reach
+this process), at the end, and on SIGTERM (finish the step, save, exit 0). Rank 0 writes
+TensorBoard scalars (`lm.summaries`) and exports the model at the end.
 With LM_REPORT_WEIGHT_DIGEST=1 every rank prints a digest of its weights at the end, to
 check that the replicas stayed in sync.
 """
@@ -26,7 +28,7 @@ import time
 
 import numpy as np
 
-from lm import checkpoint, contract, data, job, prices, shards
+from lm import checkpoint, contract, data, job, prices, shards, summaries
 from lm.config import flops_per_token, get_preset
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
@@ -64,6 +66,11 @@ def build_parser():
                         help="dataset directory with manifest.json [env SM_CHANNEL_TRAIN]")
     parser.add_argument("--export-dir", default=os.environ.get("SM_MODEL_DIR"),
                         help="where rank 0 exports the model [env SM_MODEL_DIR, else ./%s]" % LOCAL_EXPORT_DIR)
+    parser.add_argument("--allow-new-data", dest="allow_new_data", action="store_const", const="true",
+                        help="the same as --allow_new_data true")
+    parser.add_argument("--tensorboard-dir", default=None,
+                        help="TensorBoard scalars from rank 0 [%s under SageMaker, else none]"
+                        % summaries.default_directory(True, {}))
     parser.add_argument("--checkpoint-dir", default=os.environ.get("LM_CHECKPOINT_DIR"),
                         help="checkpoints [env LM_CHECKPOINT_DIR; %s under SageMaker, else ./%s]"
                         % (DEFAULT_CHECKPOINT_DIR, LOCAL_CHECKPOINT_DIR))
@@ -103,6 +110,8 @@ def parse_args(argv=None):
         args.checkpoint_dir = (os.path.join(base, "checkpoints") if base else DEFAULT_CHECKPOINT_DIR) \
             if under_sagemaker else LOCAL_CHECKPOINT_DIR
     args.under_sagemaker = under_sagemaker
+    if not args.tensorboard_dir:
+        args.tensorboard_dir = summaries.default_directory(under_sagemaker)
     return hyperparameters, args
 
 
@@ -224,13 +233,13 @@ def run(hp, paths):
     train_stream = data.TokenStream(
         paths.data_dir, "train", global_batch_size=hp["global_batch_size"], dp_rank=strategy.data_parallel_rank,
         dp_size=strategy.data_parallel_size, seed=hp["seed"], seq_len=manifest.seq_len,
-        vocab_size=config.vocab_size, checksums=strategy.local_rank == 0)
+        vocab_size=config.vocab_size)
     eval_split = "val" if manifest.records("val") >= hp["global_batch_size"] else "train"
     if eval_split != "val":
         say("note: the dataset has no validation split of one global batch; evaluating on train data")
     eval_stream = data.TokenStream(
         paths.data_dir, eval_split, global_batch_size=hp["global_batch_size"], dp_rank=strategy.data_parallel_rank,
-        dp_size=strategy.data_parallel_size, shuffle=False, checksums=False)
+        dp_size=strategy.data_parallel_size, shuffle=False)
     eval_batches = min(hp["eval_batches"], eval_stream.steps_per_epoch)
 
     gpu, capability = detect_gpu(tf)
@@ -239,7 +248,8 @@ def run(hp, paths):
     keras.mixed_precision.set_global_policy(policy)
     seed_everything(tf, hp["seed"])
 
-    model = strategy.build_model(lambda: models.build(config, recompute=hp["recompute"]))
+    dropout_key = checkpoint.DropoutKey(hp["seed"], strategy.data_parallel_rank)
+    model = strategy.build_model(lambda: dropout_key.attach(models.build(config, recompute=hp["recompute"])))
     peak_lr = optim.scaled_learning_rate(hp["learning_rate"], hp["global_batch_size"], hp["scale_lr"])
 
     def schedule(step):
@@ -248,14 +258,20 @@ def run(hp, paths):
     with strategy.scope():
         optimizer = optim.AdamW(model.trainable_variables, schedule, weight_decay=hp["weight_decay"])
         loss_scale = optim.DynamicLossScale() if precision == "fp16" else None
+    dropout_key.count_steps_of(optimizer.step)
     state = list(model.weights) + optimizer.variables + (loss_scale.variables if loss_scale else [])
 
     checkpoints = checkpoint.Checkpointer(paths.checkpoint_dir, tag=strategy.checkpoint_tag)
+    fingerprint = shards.fingerprint(manifest)
+    clock = checkpoint.SaveClock(hp["checkpoint_minutes"] * 60.0)
+    tensorboard = summaries.Summaries(paths.tensorboard_dir, chief)
     step = 0
     latest = checkpoints.latest()
     if latest:
         meta = checkpoint.read_meta(latest)
         check_resume(meta, hp, latest)
+        if checkpoint.check_dataset(meta, fingerprint, hp["allow_new_data"], latest):
+            say("note: resuming %s on another dataset (allow_new_data)" % latest)
         checkpoint.restore(latest, state)
         step = meta["step"]
         say("resumed from %s at step %d (epoch %d, batch %d)" % ((latest, step) + train_stream.position(step)))
@@ -278,6 +294,7 @@ def run(hp, paths):
             total += float(eval_step(inputs, labels))
         batches.close()
         say(job.format_eval_log(at_step, total / eval_batches))
+        tensorboard.validation(at_step, total / eval_batches)
 
     # Every rank must take the same save/barrier decisions: track the last checkpoint here rather
     # than look at the directory, where rank 0 may already have renamed it in place (a hang).
@@ -285,10 +302,12 @@ def run(hp, paths):
 
     def save(at_step):
         saved["step"] = at_step
+        clock.saved()
         if strategy.writes_checkpoints:
             epoch, batch = train_stream.position(at_step)
             checkpoints.save(at_step, state, {"hyperparameters": dict(hp), "epoch": epoch, "batch": batch,
-                                              "config": config.to_dict(), "precision": precision})
+                                              "config": config.to_dict(), "precision": precision,
+                                              "dataset_fingerprint": fingerprint})
         strategy.barrier()
 
     say("training %s (%s, %s) with %s on %d device(s): %d steps of %d sequences x %d tokens, precision %s, xla %s"
@@ -330,9 +349,15 @@ def run(hp, paths):
             mfu = tokens_per_s * flops / (peak * strategy.devices) if peak else 0.0
             say(job.format_train_log(step, loss, float(schedule(step - 1)), tokens_per_s, mfu,
                                      elapsed / window_steps))
+            tensorboard.train(step, loss=loss, learning_rate=float(schedule(step - 1)), tokens_per_s=tokens_per_s,
+                              mfu=mfu, grad_norm=float(metrics["grad_norm"]), loss_scale=float(metrics["loss_scale"]))
             if progress:
                 progress.update(step, [("loss", loss), ("lr", float(schedule(step - 1)))])
             window_losses, window_start, window_steps = [], time.time(), 0
+            # Time-based checkpoints, at log windows: the ranks agree on the elapsed time first.
+            if hp["checkpoint_minutes"] and step < hp["max_steps"] and clock.due(
+                    float(strategy.allreduce_mean(clock.elapsed()))):
+                save(step)
         if agree(strategy, stop.requested):
             save(step)
             say("SIGTERM: saved a checkpoint at step %d; exiting" % step)
@@ -340,10 +365,13 @@ def run(hp, paths):
             break
         if hp["eval_every"] and step % hp["eval_every"] == 0 and step < hp["max_steps"]:
             evaluate(step)
-        if hp["checkpoint_every"] and step % hp["checkpoint_every"] == 0 and step < hp["max_steps"]:
+        if hp["checkpoint_every"] and step % hp["checkpoint_every"] == 0 and step < hp["max_steps"] \
+                and saved["step"] != step:
             save(step)
     batches.close()
     if stopped:
+        checkpoints.wait()
+        tensorboard.close()
         strategy.shutdown()
         return 0
     if saved["step"] != step:
@@ -353,6 +381,8 @@ def run(hp, paths):
         from lm.export import export_model
         export_model(model, config, os.path.join(paths.data_dir, manifest.tokenizer_file), paths.export_dir)
         say("exported the model to %s" % paths.export_dir)
+    checkpoints.wait()
+    tensorboard.close()
     if os.environ.get("LM_REPORT_WEIGHT_DIGEST") == "1":
         sys.stderr.write("rank %d/%d weights sha256 %s\n" % (strategy.rank, strategy.size, weight_digest(model)))
     strategy.barrier()
