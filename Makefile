@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # A second environment on current TensorFlow (Keras 2 via tf_keras), for the compatibility smoke test.
 VENV_TF_CURRENT := .venv-tfcurrent
+VENV_HF := .venv-hf
 
 # Keep the CDK CLI and jsii offline and quiet.
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -24,7 +25,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 
 .PHONY: setup test demo synth lint bench clean
 
-setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed node_modules/.installed
+setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed $(VENV_HF)/.installed node_modules/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt training_image/requirements.txt training_image/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,16 @@ $(VENV_TF_CURRENT)/.installed: training_image/requirements.txt
 	$(VENV_TF_CURRENT)/bin/python -m pip install -q --upgrade pip
 	$(VENV_TF_CURRENT)/bin/python -m pip install -q tensorflow-cpu==2.21.0 tf_keras==2.21.0 \
 		-r training_image/requirements.txt pytest==9.2.0
+	touch $@
+
+# transformers 4.46.3 (TF GPT-2, tests/hf and bench/hf_compare.py) needs tokenizers 0.20 while the
+# project pins 0.23: .venv-hf holds only requirements-hf.txt and reads the rest of .venv (TF
+# 2.15.1, numpy) through a .pth file that comes after its own site-packages.
+$(VENV_HF)/.installed: $(VENV)/.installed requirements-hf.txt
+	test -x $(VENV_HF)/bin/python || $(PY) -m venv $(VENV_HF)
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(VENV_HF)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-lmstack-venv.pth"
+	$(VENV_HF)/bin/python -m pip install -q --no-deps -r requirements-hf.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -105,3 +105,34 @@ def load_exported(model_dir):
     except Exception as error:  # tokenizers raises a bare Exception for a missing or bad file
         raise ExportError("%s: cannot load the tokenizer: %s" % (tokenizer_path, error))
     return model, config, tokenizer
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lm.export",
+        description="Convert exports: --format hf EXPORT_DIR OUTPUT_DIR writes a Hugging Face GPT-2 "
+                    "directory; --from-hf HF_DIR EXPORT_DIR reads one into this format.")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--format", choices=["hf"], help="write EXPORT_DIR (an lm.export directory) as OUTPUT_DIR")
+    mode.add_argument("--from-hf", action="store_true", help="read a Hugging Face GPT-2 directory into EXPORT_DIR")
+    parser.add_argument("source", help="EXPORT_DIR (--format) or HF_DIR (--from-hf)")
+    parser.add_argument("destination", help="OUTPUT_DIR (--format) or EXPORT_DIR (--from-hf)")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.source):
+        parser.error("source %s: not a directory" % args.source)
+    from lm import hf
+
+    try:
+        if args.from_hf:
+            hf.import_hf(args.source, args.destination)
+        else:
+            hf.export_hf(args.source, args.destination)
+    except ValueError as error:
+        parser.exit(1, "python -m lm.export: error: %s\n" % error)
+    print(args.destination)
+
+
+if __name__ == "__main__":
+    main()
