@@ -133,3 +133,17 @@ def test_a_preset_of_another_family_is_an_error(text_dataset, tmp_path, capsys):
     status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), model="gpt", preset="rnn-tiny")
     assert status == 2
     assert "rnn-tiny" in output and "allowed:" in output
+
+
+def test_hyperparameters_are_one_validated_frozen_dataclass_of_the_table():
+    import dataclasses
+
+    from lm import job, train
+    hp = train.Hyperparameters.from_values({"preset": "tiny", "max_steps": 5})
+    assert [field.name for field in dataclasses.fields(hp)] == list(job.HYPERPARAMETERS)
+    assert (hp.preset, hp.max_steps, hp.strategy) == ("tiny", 5, job.HYPERPARAMETERS["strategy"].default)
+    assert hp.as_dict() == job.validate_hyperparameters({"preset": "tiny", "max_steps": 5})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hp.max_steps = 6
+    with pytest.raises(ValueError, match="hyperparameters.max_steps"):
+        train.Hyperparameters.from_values({"max_steps": 0})

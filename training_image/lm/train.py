@@ -18,6 +18,8 @@ With LM_REPORT_WEIGHT_DIGEST=1 every rank prints a digest of its weights at the 
 check that the replicas stayed in sync.
 """
 import argparse
+import collections
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,6 +49,17 @@ GPU_ALIASES = {"H200": "H100"}
 
 class UsageError(ValueError):
     """Bad input from the user: reported as one line, exit status 2."""
+
+
+# ---- hyperparameters ----
+
+# One attribute per entry of lm.job.HYPERPARAMETERS, in the table's order; built from the
+# table so a new hyperparameter needs no second declaration here.
+Hyperparameters = dataclasses.make_dataclass(
+    "Hyperparameters", [(name, spec.type) for name, spec in job.HYPERPARAMETERS.items()], frozen=True,
+    namespace={"__doc__": "lm.train's hyperparameters, validated once (`from_values`); read as attributes.",
+               "from_values": classmethod(lambda cls, values: cls(**job.validate_hyperparameters(values))),
+               "as_dict": lambda self: collections.OrderedDict(dataclasses.asdict(self))})
 
 
 # ---- arguments and environment ----
@@ -90,7 +103,7 @@ def decode_cli_value(spec, raw):
 
 
 def parse_args(argv=None):
-    """(hyperparameters: validated OrderedDict, paths: argparse.Namespace)."""
+    """(hyperparameters: validated `Hyperparameters`, paths: argparse.Namespace)."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -99,7 +112,7 @@ def parse_args(argv=None):
                          % (", ".join(names), ", ".join(job.HYPERPARAMETERS)))
     given = {name: decode_cli_value(job.HYPERPARAMETERS[name], getattr(args, name))
              for name in job.HYPERPARAMETERS if getattr(args, name) is not None}
-    hyperparameters = job.validate_hyperparameters(given)
+    hyperparameters = Hyperparameters.from_values(given)
     if not args.data_dir:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")
     under_sagemaker = "SM_MODEL_DIR" in os.environ
@@ -151,13 +164,7 @@ def detect_gpu(tf):
 
 
 def resolve_precision(requested, gpu, capability):
-    if requested != "auto":
-        return requested
-    if gpu is not None:
-        return prices.GPUS[gpu].default_precision
-    if capability:
-        return "bf16" if tuple(capability) >= (8, 0) else "fp16"
-    return "fp32"
+    return requested if requested != "auto" else prices.auto_precision(gpu, capability)
 
 
 def peak_flops(gpu, precision):
@@ -195,199 +202,254 @@ def token_loss(tf):
 
 
 def model_config(hp, manifest, data_dir):
-    config = get_preset(hp["preset"], family=hp["model"]).replace(dropout=hp["dropout"])
+    config = get_preset(hp.preset, family=hp.model).replace(dropout=hp.dropout)
     source = shards.manifest_path(data_dir)
-    if hp["seq_len"] and hp["seq_len"] != manifest.seq_len:
+    if hp.seq_len and hp.seq_len != manifest.seq_len:
         raise UsageError("hyperparameters.seq_len is %d but the dataset's records hold %d tokens (%s); "
-                         "use 0 or %d" % (hp["seq_len"], manifest.seq_len, source, manifest.seq_len))
+                         "use 0 or %d" % (hp.seq_len, manifest.seq_len, source, manifest.seq_len))
     if manifest.seq_len > config.block_size:
         raise UsageError("%s: seq_len %d exceeds preset %s's context %d"
-                         % (source, manifest.seq_len, hp["preset"], config.block_size))
+                         % (source, manifest.seq_len, hp.preset, config.block_size))
     return config
 
 
 def check_resume(meta, hp, path):
     for name in ("global_batch_size", "seed", "preset", "model"):
-        if meta["hyperparameters"].get(name) != hp[name]:
+        if meta["hyperparameters"].get(name) != getattr(hp, name):
             raise checkpoint.CheckpointError(
                 "%s: was written with hyperparameters.%s=%r, this run has %r (use another --checkpoint-dir)"
-                % (path, name, meta["hyperparameters"].get(name), hp[name]))
+                % (path, name, meta["hyperparameters"].get(name), getattr(hp, name)))
+
+
+class Training:
+    """One run of `lm.train`: `Training(hp, paths)` sets up, `loop()` trains, `finish()` ends.
+
+    Setup builds the strategy, data streams, model, optimizer and steps and restores the newest
+    checkpoint; `loop()` runs `train_one` then `after_step` per step until max_steps or an agreed
+    stop; `finish()` saves, evaluates, exports (chief) and releases the strategy. Every rank takes
+    the same save/barrier decisions: `saved_step` tracks the last checkpoint rather than the
+    directory, where rank 0 may already have renamed it in place (a hang).
+    """
+
+    def __init__(self, hp, paths):
+        from lm.compat import keras, tf
+        from lm import distributed, models, optim
+
+        self.hp, self.paths, self.tf, self.keras = hp, paths, tf, keras
+        strategy = self.strategy = distributed.get_strategy(hp.strategy).setup()
+        # After setup: creating MultiWorkerMirroredStrategy installs TF's own SIGTERM handler, which
+        # would replace ours and turn a spot interruption into a hard kill.
+        self.stop = StopFlag()
+        self.chief = strategy.is_chief
+
+        manifest = self.manifest = shards.load_manifest(paths.data_dir)
+        config = self.config = model_config(hp, manifest, paths.data_dir)
+        self.train_stream = data.TokenStream(
+            paths.data_dir, "train", global_batch_size=hp.global_batch_size, dp_rank=strategy.data_parallel_rank,
+            dp_size=strategy.data_parallel_size, seed=hp.seed, seq_len=manifest.seq_len,
+            vocab_size=config.vocab_size)
+        eval_split = "val" if manifest.records("val") >= hp.global_batch_size else "train"
+        if eval_split != "val":
+            self.say("note: the dataset has no validation split of one global batch; evaluating on train data")
+        self.eval_stream = data.TokenStream(
+            paths.data_dir, eval_split, global_batch_size=hp.global_batch_size, dp_rank=strategy.data_parallel_rank,
+            dp_size=strategy.data_parallel_size, shuffle=False)
+        self.eval_batches = min(hp.eval_batches, self.eval_stream.steps_per_epoch)
+
+        self.gpu, capability = detect_gpu(tf)
+        precision = self.precision = resolve_precision(hp.precision, self.gpu, capability)
+        policy = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
+        keras.mixed_precision.set_global_policy(policy)
+        seed_everything(tf, hp.seed)
+
+        dropout_key = checkpoint.DropoutKey(hp.seed, strategy.data_parallel_rank)
+        self.model = strategy.build_model(lambda: dropout_key.attach(models.build(config, recompute=hp.recompute)))
+        self.learning_rate_at = optim.learning_rate_at
+        self.peak_lr = optim.scaled_learning_rate(hp.learning_rate, hp.global_batch_size, hp.scale_lr)
+        with strategy.scope():
+            self.optimizer = optim.AdamW(self.model.trainable_variables, self.schedule, weight_decay=hp.weight_decay)
+            self.loss_scale = optim.DynamicLossScale() if precision == "fp16" else None
+        dropout_key.count_steps_of(self.optimizer.step)
+        self.state = (list(self.model.weights) + self.optimizer.variables
+                      + (self.loss_scale.variables if self.loss_scale else []))
+
+        self.checkpoints = checkpoint.Checkpointer(paths.checkpoint_dir, tag=strategy.checkpoint_tag)
+        self.fingerprint = shards.fingerprint(manifest)
+        self.clock = checkpoint.SaveClock(hp.checkpoint_minutes * 60.0)
+        self.tensorboard = summaries.Summaries(paths.tensorboard_dir, self.chief)
+        self.step = self.restore()
+        self.saved_step = self.step if self.step else None
+
+        self.loss_fn = token_loss(tf)
+        self.xla = hp.xla
+        self.train_step, self.eval_step = self.make_steps(self.xla)
+        self.first_step_of_process = True
+
+    # -- setup helpers --
+
+    def say(self, line):
+        if self.chief:
+            print(line, flush=True)
+
+    def schedule(self, step):
+        hp = self.hp
+        return self.learning_rate_at(step, self.peak_lr, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
+
+    def restore(self):
+        """The step of the newest complete checkpoint, restored into `state`; 0 when there is none."""
+        latest = self.checkpoints.latest()
+        if not latest:
+            return 0
+        meta = checkpoint.read_meta(latest)
+        check_resume(meta, self.hp, latest)
+        if checkpoint.check_dataset(meta, self.fingerprint, self.hp.allow_new_data, latest):
+            self.say("note: resuming %s on another dataset (allow_new_data)" % latest)
+        checkpoint.restore(latest, self.state)
+        step = meta["step"]
+        self.say("resumed from %s at step %d (epoch %d, batch %d)" % ((latest, step) + self.train_stream.position(step)))
+        return step
+
+    def make_steps(self, jit):
+        return (self.strategy.build_train_step(self.model, self.optimizer, self.loss_fn, grad_clip=self.hp.grad_clip,
+                                               loss_scale=self.loss_scale, jit_compile=jit),
+                self.strategy.build_eval_step(self.model, self.loss_fn, jit_compile=jit))
+
+    # -- actions every rank takes together --
+
+    def evaluate(self, at_step):
+        batches = self.eval_stream.batches(0)
+        total = 0.0
+        for _ in range(self.eval_batches):
+            inputs, labels = next(batches)
+            total += float(self.eval_step(inputs, labels))
+        batches.close()
+        self.say(job.format_eval_log(at_step, total / self.eval_batches))
+        self.tensorboard.validation(at_step, total / self.eval_batches)
+
+    def save(self, at_step):
+        self.saved_step = at_step
+        self.clock.saved()
+        if self.strategy.writes_checkpoints:
+            epoch, batch = self.train_stream.position(at_step)
+            self.checkpoints.save(at_step, self.state, {
+                "hyperparameters": self.hp.as_dict(), "epoch": epoch, "batch": batch,
+                "config": self.config.to_dict(), "precision": self.precision,
+                "dataset_fingerprint": self.fingerprint})
+        self.strategy.barrier()
+
+    # -- the loop --
+
+    def train_one(self, inputs, labels):
+        """One optimizer step; the first of this process may fall back from XLA, then broadcasts state."""
+        if not self.first_step_of_process:
+            return self.train_step(inputs, labels)
+        try:
+            metrics = self.train_step(inputs, labels)
+        except self.tf.errors.OpError as error:
+            if not self.xla:
+                raise
+            # XLA compiles on the first call, before any variable changes: retry without it.
+            self.say("xla: the train step does not compile here (%s); running without XLA"
+                     % str(error).strip().splitlines()[0])
+            self.xla = False
+            self.train_step, self.eval_step = self.make_steps(False)
+            metrics = self.train_step(inputs, labels)
+        self.strategy.broadcast_initial_state(self.model, self.optimizer)
+        self.first_step_of_process = False
+        return metrics
+
+    def log_window(self, metrics):
+        """The train log line (and TensorBoard, progress bar) over the steps since the last one."""
+        hp, step = self.hp, self.step
+        loss = float(self.tf.reduce_mean(self.tf.stack(self.window_losses)))
+        elapsed = time.time() - self.window_start
+        window_steps = len(self.window_losses)
+        tokens_per_s = window_steps * self.train_stream.tokens_per_step / elapsed
+        mfu = tokens_per_s * self.flops / (self.peak * self.strategy.devices) if self.peak else 0.0
+        learning_rate = float(self.schedule(step - 1))
+        self.say(job.format_train_log(step, loss, learning_rate, tokens_per_s, mfu, elapsed / window_steps))
+        self.tensorboard.train(step, loss=loss, learning_rate=learning_rate, tokens_per_s=tokens_per_s,
+                               mfu=mfu, grad_norm=float(metrics["grad_norm"]), loss_scale=float(metrics["loss_scale"]))
+        if self.progress:
+            self.progress.update(step, [("loss", loss), ("lr", learning_rate)])
+        self.window_losses, self.window_start = [], time.time()
+        # Time-based checkpoints, at log windows: the ranks agree on the elapsed time first.
+        if hp.checkpoint_minutes and step < hp.max_steps and self.clock.due(
+                float(self.strategy.allreduce_mean(self.clock.elapsed()))):
+            self.save(step)
+
+    def after_step(self, metrics):
+        """Per-step hook, after `self.step` was counted: log, stop vote, eval, checkpoint.
+
+        Returns True when every rank agreed to stop (SIGTERM on any rank).
+        """
+        hp, step = self.hp, self.step
+        self.window_losses.append(metrics["loss"])
+        if step % hp.log_every == 0 or step == hp.max_steps:
+            self.log_window(metrics)
+        if agree(self.strategy, self.stop.requested):
+            self.save(step)
+            self.say("SIGTERM: saved a checkpoint at step %d; exiting" % step)
+            return True
+        if hp.eval_every and step % hp.eval_every == 0 and step < hp.max_steps:
+            self.evaluate(step)
+        if hp.checkpoint_every and step % hp.checkpoint_every == 0 and step < hp.max_steps \
+                and self.saved_step != step:
+            self.save(step)
+        return False
+
+    def loop(self):
+        """Train until max_steps; True when stopped early by an agreed SIGTERM."""
+        hp = self.hp
+        self.say("training %s (%s, %s) with %s on %d device(s): %d steps of %d sequences x %d tokens, precision %s, "
+                 "xla %s" % (hp.preset, hp.model, "%.1fM params" % (self.model.count_params() / 1e6),
+                             self.strategy.name, self.strategy.devices, hp.max_steps, hp.global_batch_size,
+                             self.manifest.seq_len, self.precision, self.xla))
+        self.flops = flops_per_token(self.config, self.manifest.seq_len)
+        self.peak = peak_flops(self.gpu, self.precision)
+        self.progress = self.keras.utils.Progbar(hp.max_steps, stateful_metrics=["loss", "lr"]) if (
+            self.chief and not self.paths.under_sagemaker and sys.stdout.isatty()) else None
+        batches = self.train_stream.batches(self.step)
+        self.window_losses, self.window_start = [], time.time()
+        stopped = False
+        while self.step < hp.max_steps:
+            inputs, labels = next(batches)
+            metrics = self.train_one(inputs, labels)
+            self.step += 1
+            if self.after_step(metrics):
+                stopped = True
+                break
+        batches.close()
+        return stopped
+
+    def finish(self, stopped):
+        """After the loop: the last save, evaluation and export (unless stopped), then release."""
+        if not stopped:
+            if self.saved_step != self.step:
+                self.save(self.step)
+            self.evaluate(self.step)
+            if self.chief:
+                from lm.export import export_model
+                export_model(self.model, self.config, os.path.join(self.paths.data_dir, self.manifest.tokenizer_file),
+                             self.paths.export_dir)
+                self.say("exported the model to %s" % self.paths.export_dir)
+        self.checkpoints.wait()
+        self.tensorboard.close()
+        if stopped:
+            self.strategy.shutdown()
+            return 0
+        if os.environ.get("LM_REPORT_WEIGHT_DIGEST") == "1":
+            sys.stderr.write("rank %d/%d weights sha256 %s\n"
+                             % (self.strategy.rank, self.strategy.size, weight_digest(self.model)))
+        self.strategy.barrier()
+        self.strategy.shutdown()
+        return 0
 
 
 def run(hp, paths):
-    from lm.compat import keras, tf
-    from lm import distributed, models, optim
-
-    strategy = distributed.get_strategy(hp["strategy"]).setup()
-    # After setup: creating MultiWorkerMirroredStrategy installs TF's own SIGTERM handler, which
-    # would replace ours and turn a spot interruption into a hard kill.
-    stop = StopFlag()
-    chief = strategy.is_chief
-
-    def say(line):
-        if chief:
-            print(line, flush=True)
-
-    manifest = shards.load_manifest(paths.data_dir)
-    config = model_config(hp, manifest, paths.data_dir)
-    train_stream = data.TokenStream(
-        paths.data_dir, "train", global_batch_size=hp["global_batch_size"], dp_rank=strategy.data_parallel_rank,
-        dp_size=strategy.data_parallel_size, seed=hp["seed"], seq_len=manifest.seq_len,
-        vocab_size=config.vocab_size)
-    eval_split = "val" if manifest.records("val") >= hp["global_batch_size"] else "train"
-    if eval_split != "val":
-        say("note: the dataset has no validation split of one global batch; evaluating on train data")
-    eval_stream = data.TokenStream(
-        paths.data_dir, eval_split, global_batch_size=hp["global_batch_size"], dp_rank=strategy.data_parallel_rank,
-        dp_size=strategy.data_parallel_size, shuffle=False)
-    eval_batches = min(hp["eval_batches"], eval_stream.steps_per_epoch)
-
-    gpu, capability = detect_gpu(tf)
-    precision = resolve_precision(hp["precision"], gpu, capability)
-    policy = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
-    keras.mixed_precision.set_global_policy(policy)
-    seed_everything(tf, hp["seed"])
-
-    dropout_key = checkpoint.DropoutKey(hp["seed"], strategy.data_parallel_rank)
-    model = strategy.build_model(lambda: dropout_key.attach(models.build(config, recompute=hp["recompute"])))
-    peak_lr = optim.scaled_learning_rate(hp["learning_rate"], hp["global_batch_size"], hp["scale_lr"])
-
-    def schedule(step):
-        return optim.learning_rate_at(step, peak_lr, hp["warmup_steps"], hp["max_steps"], hp["min_lr_ratio"])
-
-    with strategy.scope():
-        optimizer = optim.AdamW(model.trainable_variables, schedule, weight_decay=hp["weight_decay"])
-        loss_scale = optim.DynamicLossScale() if precision == "fp16" else None
-    dropout_key.count_steps_of(optimizer.step)
-    state = list(model.weights) + optimizer.variables + (loss_scale.variables if loss_scale else [])
-
-    checkpoints = checkpoint.Checkpointer(paths.checkpoint_dir, tag=strategy.checkpoint_tag)
-    fingerprint = shards.fingerprint(manifest)
-    clock = checkpoint.SaveClock(hp["checkpoint_minutes"] * 60.0)
-    tensorboard = summaries.Summaries(paths.tensorboard_dir, chief)
-    step = 0
-    latest = checkpoints.latest()
-    if latest:
-        meta = checkpoint.read_meta(latest)
-        check_resume(meta, hp, latest)
-        if checkpoint.check_dataset(meta, fingerprint, hp["allow_new_data"], latest):
-            say("note: resuming %s on another dataset (allow_new_data)" % latest)
-        checkpoint.restore(latest, state)
-        step = meta["step"]
-        say("resumed from %s at step %d (epoch %d, batch %d)" % ((latest, step) + train_stream.position(step)))
-
-    loss_fn = token_loss(tf)
-
-    def make_steps(jit):
-        return (strategy.build_train_step(model, optimizer, loss_fn, grad_clip=hp["grad_clip"],
-                                          loss_scale=loss_scale, jit_compile=jit),
-                strategy.build_eval_step(model, loss_fn, jit_compile=jit))
-
-    xla = hp["xla"]
-    train_step, eval_step = make_steps(xla)
-
-    def evaluate(at_step):
-        batches = eval_stream.batches(0)
-        total = 0.0
-        for _ in range(eval_batches):
-            inputs, labels = next(batches)
-            total += float(eval_step(inputs, labels))
-        batches.close()
-        say(job.format_eval_log(at_step, total / eval_batches))
-        tensorboard.validation(at_step, total / eval_batches)
-
-    # Every rank must take the same save/barrier decisions: track the last checkpoint here rather
-    # than look at the directory, where rank 0 may already have renamed it in place (a hang).
-    saved = {"step": step if step else None}
-
-    def save(at_step):
-        saved["step"] = at_step
-        clock.saved()
-        if strategy.writes_checkpoints:
-            epoch, batch = train_stream.position(at_step)
-            checkpoints.save(at_step, state, {"hyperparameters": dict(hp), "epoch": epoch, "batch": batch,
-                                              "config": config.to_dict(), "precision": precision,
-                                              "dataset_fingerprint": fingerprint})
-        strategy.barrier()
-
-    say("training %s (%s, %s) with %s on %d device(s): %d steps of %d sequences x %d tokens, precision %s, xla %s"
-        % (hp["preset"], hp["model"], "%.1fM params" % (model.count_params() / 1e6), strategy.name,
-           strategy.devices, hp["max_steps"], hp["global_batch_size"], manifest.seq_len, precision, xla))
-    flops = flops_per_token(config, manifest.seq_len)
-    peak = peak_flops(gpu, precision)
-    progress = keras.utils.Progbar(hp["max_steps"], stateful_metrics=["loss", "lr"]) if (
-        chief and not paths.under_sagemaker and sys.stdout.isatty()) else None
-    batches = train_stream.batches(step)
-    window_losses, window_start, window_steps = [], time.time(), 0
-    first_step_of_process = True
-    stopped = False
-    while step < hp["max_steps"]:
-        inputs, labels = next(batches)
-        if first_step_of_process:
-            try:
-                metrics = train_step(inputs, labels)
-            except tf.errors.OpError as error:
-                if not xla:
-                    raise
-                # XLA compiles on the first call, before any variable changes: retry without it.
-                say("xla: the train step does not compile here (%s); running without XLA"
-                    % str(error).strip().splitlines()[0])
-                xla = False
-                train_step, eval_step = make_steps(False)
-                metrics = train_step(inputs, labels)
-            strategy.broadcast_initial_state(model, optimizer)
-            first_step_of_process = False
-        else:
-            metrics = train_step(inputs, labels)
-        step += 1
-        window_losses.append(metrics["loss"])
-        window_steps += 1
-        if step % hp["log_every"] == 0 or step == hp["max_steps"]:
-            loss = float(tf.reduce_mean(tf.stack(window_losses)))
-            elapsed = time.time() - window_start
-            tokens_per_s = window_steps * train_stream.tokens_per_step / elapsed
-            mfu = tokens_per_s * flops / (peak * strategy.devices) if peak else 0.0
-            say(job.format_train_log(step, loss, float(schedule(step - 1)), tokens_per_s, mfu,
-                                     elapsed / window_steps))
-            tensorboard.train(step, loss=loss, learning_rate=float(schedule(step - 1)), tokens_per_s=tokens_per_s,
-                              mfu=mfu, grad_norm=float(metrics["grad_norm"]), loss_scale=float(metrics["loss_scale"]))
-            if progress:
-                progress.update(step, [("loss", loss), ("lr", float(schedule(step - 1)))])
-            window_losses, window_start, window_steps = [], time.time(), 0
-            # Time-based checkpoints, at log windows: the ranks agree on the elapsed time first.
-            if hp["checkpoint_minutes"] and step < hp["max_steps"] and clock.due(
-                    float(strategy.allreduce_mean(clock.elapsed()))):
-                save(step)
-        if agree(strategy, stop.requested):
-            save(step)
-            say("SIGTERM: saved a checkpoint at step %d; exiting" % step)
-            stopped = True
-            break
-        if hp["eval_every"] and step % hp["eval_every"] == 0 and step < hp["max_steps"]:
-            evaluate(step)
-        if hp["checkpoint_every"] and step % hp["checkpoint_every"] == 0 and step < hp["max_steps"] \
-                and saved["step"] != step:
-            save(step)
-    batches.close()
-    if stopped:
-        checkpoints.wait()
-        tensorboard.close()
-        strategy.shutdown()
-        return 0
-    if saved["step"] != step:
-        save(step)
-    evaluate(step)
-    if chief:
-        from lm.export import export_model
-        export_model(model, config, os.path.join(paths.data_dir, manifest.tokenizer_file), paths.export_dir)
-        say("exported the model to %s" % paths.export_dir)
-    checkpoints.wait()
-    tensorboard.close()
-    if os.environ.get("LM_REPORT_WEIGHT_DIGEST") == "1":
-        sys.stderr.write("rank %d/%d weights sha256 %s\n" % (strategy.rank, strategy.size, weight_digest(model)))
-    strategy.barrier()
-    strategy.shutdown()
-    return 0
+    """Train with validated `Hyperparameters` `hp`; the exit status."""
+    training = Training(hp, paths)
+    return training.finish(training.loop())
 
 
 def weight_digest(model):

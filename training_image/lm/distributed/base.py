@@ -20,7 +20,7 @@ from one process (MWMS with several local GPUs) splits that batch over them itse
 
 What an adapter must do (override only what differs from the single-device defaults):
 - `setup()`: initialise its library exactly once, then set `rank`, `size`, `local_rank`,
-  `local_size`, and pin this process to GPU `local_rank` (`pin_gpu`) when it runs one process
+  `local_size` (`take_ranks_from(library)`), and pin this process to GPU `local_rank` (`pin_gpu`) when it runs one process
   per GPU. Return self.
 - `data_parallel_rank` / `data_parallel_size`: which disjoint slice of the data this process
   reads, out of how many. Equal to rank/size except under model parallelism, where all
@@ -119,6 +119,11 @@ class Strategy:
     def setup(self):
         pin_gpu(self.local_rank)
         return self
+
+    def take_ranks_from(self, library):
+        """rank, size, local_rank, local_size from an initialized Horovod-style library (hvd, sdp, smp)."""
+        self.rank, self.size = library.rank(), library.size()
+        self.local_rank, self.local_size = library.local_rank(), library.local_size()
 
     @property
     def is_chief(self):

@@ -23,8 +23,7 @@ class HorovodStrategy(Strategy):
 
         hvd.init()
         self.hvd = hvd
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.take_ranks_from(hvd)
         pin_gpu(self.local_rank)
         return self
 

@@ -22,8 +22,7 @@ class SMDDPStrategy(Strategy):
 
         sdp.init()
         self._sdp = sdp
-        self.rank, self.size = sdp.rank(), sdp.size()
-        self.local_rank, self.local_size = sdp.local_rank(), sdp.local_size()
+        self.take_ranks_from(sdp)
         pin_gpu(self.local_rank)
         return self
 

@@ -79,8 +79,7 @@ class SMPStrategy(Strategy):
 
         smp.init()
         self._smp = smp
-        self.rank, self.size = smp.rank(), smp.size()
-        self.local_rank, self.local_size = smp.local_rank(), smp.local_size()
+        self.take_ranks_from(smp)
         self.mp_rank, self.mp_size = smp.mp_rank(), smp.mp_size()
         self._dp_rank, self._dp_size = smp.dp_rank(), smp.dp_size()
         if self.mp_parameters.get("horovod"):
