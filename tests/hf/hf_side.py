@@ -26,5 +26,27 @@ def export_check(hf_dir, inputs_file):
     }))
 
 
+def make_random(hf_dir, tokenizer_file, inputs_file):
+    """A random GPT-2 saved by transformers (TF, safetensors) with our tokenizer, and its loss
+    on the batch in inputs_file (labels = inputs, shifted inside transformers)."""
+    import shutil
+
+    import tensorflow as tf
+    from transformers import GPT2Config, TFGPT2LMHeadModel
+
+    tf.keras.utils.set_random_seed(7)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=300, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = TFGPT2LMHeadModel(config)
+    model(model.dummy_inputs)
+    for weight in model.weights:  # LayerNorm and biases too, so a wrong mapping shows
+        weight.assign(weight + tf.random.normal(weight.shape, stddev=0.2))
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    shutil.copyfile(tokenizer_file, hf_dir + "/tokenizer.json")
+    batch = np.load(inputs_file)["batch"]
+    loss = model(batch, labels=batch, training=True).loss.numpy()
+    print(json.dumps({"loss": float(np.mean(loss))}))
+
+
 if __name__ == "__main__":
-    {"export": export_check}[sys.argv[1]](*sys.argv[2:])
+    {"export": export_check, "make_random": make_random}[sys.argv[1]](*sys.argv[2:])

@@ -146,3 +146,51 @@ def test_transformers_loads_the_export_with_the_same_logits_and_greedy_tokens(ex
     assert np.abs(ours - theirs["logits"]).max() <= 1e-4
     our_tokens = generate_tokens(model, config, prompts.tolist(), 32, temperature=0.0)
     assert theirs["generated"].tolist() == our_tokens
+
+
+@requires_hf_venv
+def test_import_of_a_transformers_checkpoint_gives_transformers_loss(exported, tmp_path):
+    from lm.train import token_loss
+
+    _, _, export_dir, _ = exported
+    hf_dir, ours = str(tmp_path / "hf"), str(tmp_path / "export")
+    batch = np.random.default_rng(2).integers(0, 300, [3, 33]).astype(np.int32)
+    inputs = str(tmp_path / "inputs.npz")
+    np.savez(inputs, batch=batch)
+    theirs = run_hf_side("make_random", hf_dir, os.path.join(export_dir, "tokenizer.json"), inputs)["loss"]
+    subprocess.run([sys.executable, "-m", "lm.export", "--from-hf", hf_dir, ours], check=True,
+                   cwd=os.path.join(ROOT, "training_image"))
+    model, config, tokenizer = lm_export.load_exported(ours)
+    assert (config.n_layer, config.d_model, config.n_head, config.block_size) == (2, 32, 4, 64)
+    assert config.padded_vocab_size == config.vocab_size == 300
+    logits = model(tf.constant(batch[:, :-1]), training=True)
+    loss = float(token_loss(tf)(tf.constant(batch[:, 1:]), logits))
+    assert abs(loss - theirs) <= 1e-5 * max(1.0, abs(theirs))
+    assert tokenizer.to_str() == lm_export.load_exported(export_dir)[2].to_str()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "llama"}, "model_type 'llama'"), ({"activation_function": "relu"}, "activation_function"),
+    ({"n_inner": 7}, "n_inner 7"), ({"tie_word_embeddings": False}, "tie_word_embeddings"),
+])
+def test_import_refuses_what_is_not_our_gpt2(tmp_path, exported, change, message):
+    _, _, export_dir, _ = exported
+    hf_dir = str(tmp_path / "hf")
+    hf.export_hf(export_dir, hf_dir)
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        values = json.load(f)
+    values.update(change)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(values, f)
+    with pytest.raises(hf.HFError, match=message):
+        hf.import_hf(hf_dir, str(tmp_path / "export"))
+
+
+def test_our_export_imports_back_to_the_same_logits_on_real_tokens(exported, tmp_path):
+    model, config, export_dir, _ = exported
+    hf_dir = str(tmp_path / "hf")
+    hf.export_hf(export_dir, hf_dir)
+    back, back_config, _ = lm_export.load_exported(hf.import_hf(hf_dir, str(tmp_path / "export")))
+    assert back_config.vocab_size == config.vocab_size and back_config.padded_vocab_size == config.vocab_size
+    tokens = tf.constant(np.random.default_rng(3).integers(0, config.vocab_size, [2, 16]).astype(np.int32))
+    np.testing.assert_allclose(back(tokens).numpy(), model(tokens).numpy()[:, :, :config.vocab_size], atol=1e-5)

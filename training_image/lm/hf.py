@@ -211,6 +211,20 @@ def _read_hf_config(hf_dir):
                      dropout=values.get("resid_pdrop", 0.0))
 
 
+def _pytorch_name(name, value):
+    """(GPT2Model state-dict name, value) of a tensor as GPT2LMHeadModel, GPT2Model or
+    TFGPT2LMHeadModel.save_pretrained names it ("transformer/h_._0/ln_1/gamma:0": TF names,
+    biases [1, n])."""
+    if "/" in name:
+        name = name.split(":")[0].replace("/", ".").replace("h_._", "h.")
+        name = name.replace(".gamma", ".weight").replace(".beta", ".bias").replace(".embeddings", ".weight")
+        if name.endswith(".bias") and value.ndim == 2 and value.shape[0] == 1:
+            value = value[0]
+    if name.startswith("transformer."):
+        name = name[len("transformer."):]
+    return name, value
+
+
 def import_hf(hf_dir, export_dir):
     """Write an `lm.export` directory from a Hugging Face GPT-2 directory (config.json,
     model.safetensors, tokenizer.json); returns export_dir."""
@@ -219,9 +233,9 @@ def import_hf(hf_dir, export_dir):
     if not os.path.isfile(tokenizer_file):
         raise HFError("%s: not found; the import needs the fast tokenizer file" % tokenizer_file)
     tensors = read_safetensors(os.path.join(hf_dir, SAFETENSORS_FILE))
-    # save_pretrained of GPT2LMHeadModel writes "transformer."-prefixed names, of GPT2Model none
-    tensors = {name[len("transformer."):] if name.startswith("transformer.") else name: value
-               for name, value in tensors.items() if not name.endswith(".attn.bias") and name != "lm_head.weight"}
+    tensors = dict(_pytorch_name(name, value) for name, value in tensors.items())
+    tensors = {name: value for name, value in tensors.items()
+               if not name.endswith(".attn.bias") and name != "lm_head.weight"}  # causal mask, tied head
     model = models.build(config)
     variables = gpt2_variables(model)
     missing = sorted(set(variables) - set(tensors))
