@@ -8,6 +8,7 @@ from constructs import Construct
 from stacks import state_machine
 from lm import contract
 from stacks.config import Settings
+from stacks.encryption import EncryptionKey
 from stacks.iam import Permissions
 from stacks.images import TrainingImages
 from stacks.monitoring import Monitoring, Notifications
@@ -20,12 +21,14 @@ class LmStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.settings = settings
-        self.network = Network(self, "Network", settings=settings)
+        self.encryption = EncryptionKey(self, "Encryption")
+        self.network = Network(self, "Network", settings=settings, log_key=self.encryption.key)
         self.storage = Storage(self, "Storage", settings=settings, vpc=self.network.vpc,
                                subnets=self.network.subnets,
                                training_security_group=self.network.training_security_group)
         self.images = TrainingImages(self, "Images", runtimes=settings.runtimes, region=settings.region)
-        self.notifications = Notifications(self, "Notifications", settings=settings)
+        self.notifications = Notifications(self, "Notifications", notification_email=settings.notification_email,
+                                           key=self.encryption.key)
         self.permissions = Permissions(
             self, "Permissions", name_prefix=settings.name_prefix, bucket=self.storage.bucket,
             file_system=self.storage.file_system, access_point=self.storage.dataset_access_point,
@@ -33,7 +36,10 @@ class LmStack(Stack):
             training_security_group=self.network.training_security_group)
         self.orchestration = Orchestration(
             self, "Orchestration", settings=settings, values=self._substitution_values(),
-            training_role=self.permissions.training_machine_role, stop_role=self.permissions.stop_machine_role)
+            training_role=self.permissions.training_machine_role, stop_role=self.permissions.stop_machine_role,
+            log_key=self.encryption.key)
+        for role in (self.permissions.training_machine_role, self.permissions.stop_machine_role):
+            self.encryption.grant_publish(role)
         resources = self.permissions.machine_resources(topic_arn=self.notifications.topic.topic_arn)
         self.permissions.grant_machine_actions(
             self.permissions.training_machine_role, state_machine.REQUIRED_ACTIONS["training"], resources)

@@ -1,13 +1,15 @@
 """Monitoring: the notification topic, the training dashboard and the failed-execution alarm."""
-from aws_cdk import Duration
+from typing import Optional
+
+from aws_cdk import Aws, Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
-
-from stacks.config import Settings
 
 # SageMaker publishes the MetricDefinitions and the instance metrics of a training job here,
 # with the dimension Host = "<job name>/algo-<n>".
@@ -18,11 +20,20 @@ PERIOD = Duration.minutes(1)
 class Notifications(Construct):
     """The SNS topic the state machines publish phase changes and failures to (HTTPS-only publishing)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, notification_email: Optional[str],
+                 key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
-        self.topic = sns.Topic(self, "Topic", display_name="lmstack training", enforce_ssl=True)
-        if settings.notification_email:
-            self.topic.add_subscription(subscriptions.EmailSubscription(settings.notification_email))
+        self.topic = sns.Topic(self, "Topic", display_name="lmstack training", enforce_ssl=True, master_key=key)
+        # CloudWatch alarms publish with the cloudwatch.amazonaws.com principal; only this account's alarms
+        # (confused-deputy protection, SNS Developer Guide "Amazon SNS access control: cross-service").
+        self.topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchAlarmsOfThisAccount", actions=["sns:Publish"], resources=[self.topic.topic_arn],
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
+                        "ArnLike": {"aws:SourceArn": "arn:%s:cloudwatch:%s:%s:alarm:*" % (
+                            Aws.PARTITION, Aws.REGION, Aws.ACCOUNT_ID)}}))
+        if notification_email:
+            self.topic.add_subscription(subscriptions.EmailSubscription(notification_email))
 
 
 class Monitoring(Construct):

@@ -1,6 +1,7 @@
 """Network: the VPC the training jobs run in, its endpoints, flow logs and the training security group."""
 from aws_cdk import Fn
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks.common import log_group
@@ -23,10 +24,10 @@ SUBNET_GROUP = "training"
 class Network(Construct):
     """A new VPC (isolated subnets plus endpoints, or NAT by setting) or an imported one, and the job SG."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, log_key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
         if settings.creates_vpc:
-            self.vpc = self._create_vpc(settings)
+            self.vpc = self._create_vpc(settings, log_key)
             self.subnets = self.vpc.select_subnets(subnet_group_name=SUBNET_GROUP).subnets
         else:
             self.vpc = ec2.Vpc.from_vpc_attributes(
@@ -47,7 +48,7 @@ class Network(Construct):
     def subnet_ids(self):
         return [subnet.subnet_id for subnet in self.subnets]
 
-    def _create_vpc(self, settings):
+    def _create_vpc(self, settings, log_key):
         with_nat = settings.nat_gateways > 0
         # The training subnets share what the public ones leave: room for many job ENIs.
         subnets = [ec2.SubnetConfiguration(
@@ -65,7 +66,7 @@ class Network(Construct):
             restrict_default_security_group=False,
             gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
         )
-        flow_log_group = log_group(self, "FlowLogGroup", retention_days=settings.log_retention_days)
+        flow_log_group = log_group(self, "FlowLogGroup", retention_days=settings.log_retention_days, key=log_key)
         vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
                          traffic_type=ec2.FlowLogTrafficType.ALL)
         return vpc

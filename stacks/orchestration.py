@@ -10,6 +10,7 @@ from typing import Mapping
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -27,13 +28,18 @@ SERVICE_WILDCARD_REASON = (
     "actions (CreateLogDelivery, PutResourcePolicy, DescribeLogGroups, ...) and xray:PutTraceSegments / "
     "PutTelemetryRecords / GetSamplingRules / GetSamplingTargets have no resource-level permissions.")
 
+# Step Functions Developer Guide, "Avoiding Amazon CloudWatch Logs resource policy size restrictions":
+# log groups under /aws/vendedlogs/ keep the account's CloudWatch Logs resource policy under its 5120 characters.
+STATE_MACHINE_LOG_PREFIX = "/aws/vendedlogs/states/"
+
 
 class Orchestration(Construct):
     """The Standard training machine, the stop machine and the EventBridge rule (aborted, timed out, failed -> stop)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, values: Mapping[str, str],
-                 training_role: iam.IRole, stop_role: iam.IRole) -> None:
+                 training_role: iam.IRole, stop_role: iam.IRole, log_key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
+        self._log_key = log_key
         self.training_definition = state_machine.build_training_definition(settings)
         self.stop_definition = state_machine.build_stop_definition(settings)
         self.training_machine = self._machine(
@@ -58,7 +64,8 @@ class Orchestration(Construct):
             definition_body=sfn.DefinitionBody.from_string(json.dumps(definition)),
             definition_substitutions=dict(substitutions), role=role, tracing_enabled=True,
             logs=sfn.LogOptions(
-                destination=log_group(self, construct_id + "Logs", retention_days=settings.log_retention_days),
+                destination=log_group(self, construct_id + "Logs", retention_days=settings.log_retention_days,
+                                      key=self._log_key, name=STATE_MACHINE_LOG_PREFIX + name),
                 level=sfn.LogLevel.ALL, include_execution_data=True))
         acknowledge(role, "AwsSolutions-IAM5[Resource::*]", SERVICE_WILDCARD_REASON)
         return machine

@@ -210,6 +210,11 @@ def test_machine_roles_allow_exactly_what_their_definitions_call(default, machin
     required = state_machine.REQUIRED_ACTIONS[machine]
     assert set(required) <= set(granted)
     extra = set(granted) - set(required)
+    # Publishing to the KMS-encrypted topic needs these two on the stack's key (SNS "Encryption at rest").
+    key_id, _ = default.only("AWS::KMS::Key")
+    for action in ("kms:Decrypt", "kms:GenerateDataKey"):
+        assert "sns:Publish" in required and granted[action] == [json.dumps({"Fn::GetAtt": [key_id, "Arn"]})]
+        extra.discard(action)
     # The rest comes from the CDK for logging and tracing.
     assert all(action.startswith(("logs:", "xray:")) for action in extra), extra
     for action, kinds in required.items():

@@ -1,0 +1,146 @@
+"""Strict stand-in rules: what real AWS enforces (or documents as required) and moto / cdk synth do not.
+
+A stand-in, not AWS: each rule encodes one documented requirement, cited at the rule, and returns the list
+of violations (empty = the template or request passes). Tests run the rules on the synthesized template and
+show each one failing on a deliberately wrong copy.
+"""
+import copy
+import json
+
+STATE_MACHINE_LOG_PREFIX = "/aws/vendedlogs/"
+
+
+def _resources(template, type_name):
+    return {key: value for key, value in template["Resources"].items() if value["Type"] == type_name}
+
+
+def _refs(node):
+    """Logical ids referenced anywhere in `node` (Ref and Fn::GetAtt)."""
+    found = set()
+    if isinstance(node, dict):
+        if "Ref" in node:
+            found.add(node["Ref"])
+        if "Fn::GetAtt" in node:
+            found.add(node["Fn::GetAtt"][0])
+        for value in node.values():
+            found |= _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _refs(value)
+    return found
+
+
+def _statements(policy_document):
+    statements = policy_document["Statement"]
+    return statements if isinstance(statements, list) else [statements]
+
+
+def _service_principals(statement):
+    principal = statement.get("Principal", {})
+    services = principal.get("Service", []) if isinstance(principal, dict) else []
+    return [json.dumps(service, sort_keys=True) if not isinstance(service, str) else service
+            for service in (services if isinstance(services, list) else [services])]
+
+
+def _is_regional_logs_principal(service):
+    """logs.<region>.amazonaws.com, literal or as the template's Fn::Join over AWS::Region."""
+    return service.startswith("logs.") or service.startswith('{"Fn::Join": ["", ["logs.", {"Ref": "AWS::Region"}')
+
+
+def state_machine_log_groups_are_vended(template):
+    """Step Functions Developer Guide, "Avoiding Amazon CloudWatch Logs resource policy size restrictions"
+    (step-functions/latest/dg/bp-cwl.html): the account's CloudWatch Logs resource policy is limited to 5120
+    characters; log groups named /aws/vendedlogs/... keep state machine logging from hitting that limit."""
+    groups = _resources(template, "AWS::Logs::LogGroup")
+    problems = []
+    for key, machine in _resources(template, "AWS::StepFunctions::StateMachine").items():
+        destinations = machine["Properties"].get("LoggingConfiguration", {}).get("Destinations", [])
+        for group_id in sorted(_refs(destinations) & set(groups)):
+            name = groups[group_id]["Properties"].get("LogGroupName")
+            if not (isinstance(name, str) and name.startswith(STATE_MACHINE_LOG_PREFIX)):
+                problems.append("%s logs to %s named %r: name it %s..." % (key, group_id, name, STATE_MACHINE_LOG_PREFIX))
+    return problems
+
+
+def customer_managed_key_with_rotation(template):
+    """AWS Config rules cloudwatch-log-group-encrypted and sns-encrypted-kms: every log group (KmsKeyId) and
+    topic (KmsMasterKeyId) is encrypted with a KMS key; the key is one of this template's keys with
+    EnableKeyRotation (KMS Developer Guide, "Rotate AWS KMS keys")."""
+    keys = _resources(template, "AWS::KMS::Key")
+    problems = ["%s: EnableKeyRotation is not true" % key for key, value in keys.items()
+                if value["Properties"].get("EnableKeyRotation") is not True]
+    for type_name, field in (("AWS::Logs::LogGroup", "KmsKeyId"), ("AWS::SNS::Topic", "KmsMasterKeyId")):
+        for key, value in _resources(template, type_name).items():
+            if not _refs(value["Properties"].get(field)) & set(keys):
+                problems.append("%s (%s): %s is not a customer-managed key of this stack" % (key, type_name, field))
+    return problems
+
+
+def key_policy_service_principals(template):
+    """CloudWatch Logs User Guide, "Encrypt log data in CloudWatch Logs using AWS KMS" (encrypt-log-data-kms):
+    the key policy allows logs.<region>.amazonaws.com with a kms:EncryptionContext:aws:logs:arn condition;
+    SNS Developer Guide, "Encryption at rest" (sns-key-management, compatibility with AWS services): CloudWatch
+    alarms need kms:GenerateDataKey* and kms:Decrypt for cloudwatch.amazonaws.com. No other service principal,
+    and none without a condition."""
+    problems = []
+    for key, value in _resources(template, "AWS::KMS::Key").items():
+        services = {}
+        for statement in _statements(value["Properties"]["KeyPolicy"]):
+            for service in _service_principals(statement):
+                services[service] = statement
+        logs = [service for service in services if _is_regional_logs_principal(service)]
+        if not logs:
+            problems.append("%s: no statement for the logs.<region>.amazonaws.com principal" % key)
+        for service in logs:
+            condition = json.dumps(services[service].get("Condition", {}))
+            if "kms:EncryptionContext:aws:logs:arn" not in condition:
+                problems.append("%s: %s without a kms:EncryptionContext:aws:logs:arn condition" % (key, service))
+        if "cloudwatch.amazonaws.com" not in services:
+            problems.append("%s: no statement for cloudwatch.amazonaws.com (alarms cannot publish)" % key)
+        else:
+            actions = services["cloudwatch.amazonaws.com"]["Action"]
+            actions = actions if isinstance(actions, list) else [actions]
+            for needed in ("kms:Decrypt", "kms:GenerateDataKey"):
+                if not any(action.rstrip("*") == needed or action == needed + "*" for action in actions):
+                    problems.append("%s: cloudwatch.amazonaws.com lacks %s" % (key, needed))
+        allowed = set(logs) | {"cloudwatch.amazonaws.com"}
+        problems += ["%s: service principal %s is not one that uses the key" % (key, service)
+                     for service in sorted(set(services) - allowed)]
+    return problems
+
+
+def alarm_actions_can_publish(template):
+    """SNS Developer Guide, "Amazon SNS access control" / CloudWatch User Guide, "Using Amazon CloudWatch
+    alarms" (an encrypted topic needs the cloudwatch.amazonaws.com principal in its policy): every alarm action
+    that is a topic of this stack has a topic policy letting cloudwatch.amazonaws.com sns:Publish, with an
+    aws:SourceAccount or aws:SourceArn condition (confused-deputy protection)."""
+    policies = _resources(template, "AWS::SNS::TopicPolicy")
+    problems = []
+    for key, alarm in _resources(template, "AWS::CloudWatch::Alarm").items():
+        for topic in sorted(_refs(alarm["Properties"].get("AlarmActions", []))):
+            allowing = [statement for policy in policies.values() if topic in _refs(policy["Properties"]["Topics"])
+                        for statement in _statements(policy["Properties"]["PolicyDocument"])
+                        if statement.get("Effect") == "Allow" and "cloudwatch.amazonaws.com" in _service_principals(statement)]
+            if not allowing:
+                problems.append("%s: topic %s has no policy letting cloudwatch.amazonaws.com publish" % (key, topic))
+            elif not any(("aws:SourceAccount" in json.dumps(s.get("Condition", {}))
+                          or "aws:SourceArn" in json.dumps(s.get("Condition", {}))) for s in allowing):
+                problems.append("%s: topic %s lets cloudwatch.amazonaws.com publish without an aws:SourceAccount / "
+                                "aws:SourceArn condition" % (key, topic))
+    return problems
+
+
+TEMPLATE_RULES = (state_machine_log_groups_are_vended, customer_managed_key_with_rotation,
+                  key_policy_service_principals, alarm_actions_can_publish)
+
+
+def check_template(template):
+    """Every template rule's violations, prefixed with the rule's name."""
+    return ["%s: %s" % (rule.__name__, problem) for rule in TEMPLATE_RULES for problem in rule(template)]
+
+
+def mutated(template, change):
+    """A deep copy of `template` with `change(copy)` applied (for the deliberately wrong inputs)."""
+    wrong = copy.deepcopy(template)
+    change(wrong)
+    return wrong

@@ -1,0 +1,67 @@
+"""The strict stand-in rules (tests/aws_rules.py) on the synthesized template: ours passes, wrong copies fail."""
+import sys
+import pathlib
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import aws_rules  # noqa: E402
+
+
+def _first(template, type_name):
+    return next(value for value in template["Resources"].values() if value["Type"] == type_name)
+
+
+def _drop_log_group_name(template):
+    for value in template["Resources"].values():
+        if value["Type"] == "AWS::Logs::LogGroup":
+            value["Properties"].pop("LogGroupName", None)
+
+
+def _rotation_off(template):
+    _first(template, "AWS::KMS::Key")["Properties"]["EnableKeyRotation"] = False
+
+
+def _topic_unencrypted(template):
+    _first(template, "AWS::SNS::Topic")["Properties"].pop("KmsMasterKeyId")
+
+
+def _extra_principal(template):
+    _first(template, "AWS::KMS::Key")["Properties"]["KeyPolicy"]["Statement"].append(
+        {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "kms:*", "Resource": "*"})
+
+
+def _logs_without_condition(template):
+    for statement in _first(template, "AWS::KMS::Key")["Properties"]["KeyPolicy"]["Statement"]:
+        if statement.get("Sid") == "CloudWatchLogsOfThisAccount":
+            statement.pop("Condition")
+
+
+def _topic_policy_unconditioned(template):
+    for value in template["Resources"].values():
+        if value["Type"] == "AWS::SNS::TopicPolicy":
+            for statement in value["Properties"]["PolicyDocument"]["Statement"]:
+                statement.pop("Condition", None) if statement.get("Sid") == "CloudWatchAlarmsOfThisAccount" else None
+
+
+def _no_topic_policy(template):
+    for key in [k for k, v in template["Resources"].items() if v["Type"] == "AWS::SNS::TopicPolicy"]:
+        del template["Resources"][key]
+
+
+def test_our_template_passes_every_rule(default):
+    assert aws_rules.check_template(default.template) == []
+
+
+@pytest.mark.parametrize("rule, change", [
+    (aws_rules.state_machine_log_groups_are_vended, _drop_log_group_name),
+    (aws_rules.customer_managed_key_with_rotation, _rotation_off),
+    (aws_rules.customer_managed_key_with_rotation, _topic_unencrypted),
+    (aws_rules.key_policy_service_principals, _extra_principal),
+    (aws_rules.key_policy_service_principals, _logs_without_condition),
+    (aws_rules.alarm_actions_can_publish, _topic_policy_unconditioned),
+    (aws_rules.alarm_actions_can_publish, _no_topic_policy),
+])
+def test_rule_fails_on_a_wrong_template(default, rule, change):
+    assert rule(default.template) == []
+    assert rule(aws_rules.mutated(default.template, change))
