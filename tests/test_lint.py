@@ -144,6 +144,16 @@ def test_ruff_cdk_app_and_tools():
     assert result.returncode == 0, result.stdout
 
 
+def test_ruff_limits_complexity_and_statements(tmp_path):
+    bad = tmp_path / "bad.py"
+    branches = "".join("    if x == %d:\n        x += 1\n" % index for index in range(21))
+    statements = "".join("    y%d = %d\n" % (index, index) for index in range(71))
+    bad.write_text("def branchy(x):\n%s    return x\n\n\ndef long():\n%s" % (branches, statements))
+    result = _run([sys.executable, "-m", "ruff", "check", "--config", os.path.join(ROOT, "ruff.toml"), "--no-cache",
+                   str(bad)])
+    assert "C901" in result.stdout and "PLR0915" in result.stdout, result.stdout
+
+
 def test_ruff_rejects_match_on_py38(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(x):\n    match x:\n        case 1:\n            return 1\n")
