@@ -15,6 +15,15 @@ from constructs import Construct
 # with the dimension Host = "<job name>/algo-<n>".
 TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 PERIOD = Duration.minutes(1)
+# Low GPU utilization: a Metrics Insights alarm over the whole training namespace, not one alarm per job made by
+# the state machine: it needs no extra state, no PutMetricAlarm/DeleteMetricAlarm permissions and no clean-up
+# when an execution dies, and it covers every host of every running job ("Create a CloudWatch alarm based on a
+# Metrics Insights query", CloudWatch User Guide: the query must return one time series, so no GROUP BY).
+# MIN over the hosts: one idle host in a distributed job is enough to warn. Metrics Insights cannot filter
+# on a name prefix, so the alarm covers every training job of the account and region, ours or not.
+LOW_GPU_UTILIZATION_PERCENT = 20
+LOW_GPU_MINUTES = 15
+LOW_GPU_QUERY = 'SELECT MIN(GPUUtilization) FROM SCHEMA("%s", Host)' % TRAINING_NAMESPACE
 
 
 class Notifications(Construct):
@@ -37,7 +46,7 @@ class Notifications(Construct):
 
 
 class Monitoring(Construct):
-    """Dashboard (training metrics per host, executions) and an alarm on failed executions."""
+    """Dashboard (training and instance metrics per host, executions), alarms on failed executions and low GPU use."""
 
     def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, state_machine: sfn.IStateMachine,
                  topic: sns.ITopic) -> None:
@@ -50,6 +59,17 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             alarm_description="An lmstack training execution failed; the execution's error cause says why.")
         self.failed_alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+        self.low_gpu_alarm = cloudwatch.Alarm(
+            self, "LowGpuUtilization",
+            metric=cloudwatch.MathExpression(expression=LOW_GPU_QUERY, using_metrics={}, period=PERIOD,
+                                             label="lowest GPU utilization of any training host (%)"),
+            threshold=LOW_GPU_UTILIZATION_PERCENT, evaluation_periods=LOW_GPU_MINUTES,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            # No training job running: no data, not an alarm.
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description="A training host's GPUs were under %d%% busy for %d minutes: input-bound, hung, or "
+                              "waiting on a peer; see the dashboard." % (LOW_GPU_UTILIZATION_PERCENT, LOW_GPU_MINUTES))
+        self.low_gpu_alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name_prefix + "-training")
         self.dashboard.add_widgets(
             self._per_host("Training loss", "train:loss"),
@@ -57,9 +77,10 @@ class Monitoring(Construct):
             self._per_host("Model FLOPs utilization", "train:mfu"),
         )
         self.dashboard.add_widgets(
-            self._per_host("GPU utilization per host (%)", "GPUUtilization"),
-            self._per_host("GPU memory utilization per host (%)", "GPUMemoryUtilization"),
-            self._per_host("CPU utilization per host (%)", "CPUUtilization"),
+            self._per_host("GPU utilization per host (%)", "GPUUtilization", width=6),
+            self._per_host("GPU memory utilization per host (%)", "GPUMemoryUtilization", width=6),
+            self._per_host("CPU utilization per host (%)", "CPUUtilization", width=6),
+            self._per_host("Disk utilization per host (%)", "DiskUtilization", width=6),
         )
         self.dashboard.add_widgets(
             self._per_host("Validation loss", "validation:loss"),
@@ -71,12 +92,12 @@ class Monitoring(Construct):
                 state_machine.metric_aborted(period=PERIOD, statistic="Sum"),
                 state_machine.metric_timed_out(period=PERIOD, statistic="Sum"),
             ]),
-            cloudwatch.AlarmStatusWidget(title="Alarms", width=8, alarms=[self.failed_alarm]),
+            cloudwatch.AlarmStatusWidget(title="Alarms", width=8, alarms=[self.failed_alarm, self.low_gpu_alarm]),
         )
 
-    def _per_host(self, title, metric_name):
+    def _per_host(self, title, metric_name, width=8):
         """One line per host of every job with our prefix: a metrics SEARCH over the Host dimension."""
         search = "SEARCH('{%s,Host} MetricName=\"%s\" %s', 'Average', %d)" % (
             TRAINING_NAMESPACE, metric_name, self._prefix, PERIOD.to_seconds())
-        return cloudwatch.GraphWidget(title=title, width=8, left=[
+        return cloudwatch.GraphWidget(title=title, width=width, left=[
             cloudwatch.MathExpression(expression=search, using_metrics={}, label="", period=PERIOD)])

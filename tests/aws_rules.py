@@ -130,8 +130,27 @@ def alarm_actions_can_publish(template):
     return problems
 
 
+def metrics_insights_alarms_are_evaluable(template):
+    """CloudWatch User Guide, "Create a CloudWatch alarm based on a Metrics Insights query" and "Limits"
+    (alarm-limits): an alarm's Metrics Insights query must return one time series (a GROUP BY query only
+    inside a math expression that reduces it), and only the latest 3 hours of data are evaluated, so
+    Period x EvaluationPeriods must fit in 3 hours."""
+    problems = []
+    for key, alarm in _resources(template, "AWS::CloudWatch::Alarm").items():
+        queries = [query for query in alarm["Properties"].get("Metrics", [])
+                   if str(query.get("Expression", "")).lstrip().upper().startswith("SELECT")]
+        for query in queries:
+            if "GROUP BY" in query["Expression"].upper() and query.get("ReturnData", True):
+                problems.append("%s: query %s returns one series per group; alarms need one" % (key, query["Id"]))
+            window = query.get("Period", 0) * alarm["Properties"].get("EvaluationPeriods", 1)
+            if window > 3 * 3600:
+                problems.append("%s: evaluates %d s of a Metrics Insights query, at most 10800 s are kept for "
+                                "alarms" % (key, window))
+    return problems
+
+
 TEMPLATE_RULES = (state_machine_log_groups_are_vended, customer_managed_key_with_rotation,
-                  key_policy_service_principals, alarm_actions_can_publish)
+                  key_policy_service_principals, alarm_actions_can_publish, metrics_insights_alarms_are_evaluable)
 
 
 def check_template(template):
@@ -144,3 +163,89 @@ def mutated(template, change):
     wrong = copy.deepcopy(template)
     change(wrong)
     return wrong
+
+
+# ---- request rules: every SageMaker request the state machine makes in the moto tests ----
+
+def _sagemaker_model():
+    import botocore.session
+    return botocore.session.get_session().get_service_model("sagemaker")
+
+
+def _constraint_violations(shape, value, where, problems):
+    """The SageMaker API reference's Length Constraints, Pattern and Array/Map Members limits, read from
+    botocore's copy of the service model (botocore's own ParamValidator checks types, required and minimums
+    only, not maximums or patterns; AWS rejects those with a ValidationException)."""
+    import re
+    meta = shape.metadata
+    if shape.type_name == "structure" and isinstance(value, dict):
+        for name, member in value.items():
+            if name in shape.members:
+                _constraint_violations(shape.members[name], member, "%s.%s" % (where, name), problems)
+    elif shape.type_name == "list" and isinstance(value, list):
+        if "max" in meta and len(value) > meta["max"]:
+            problems.append("%s: %d items, at most %d allowed" % (where, len(value), meta["max"]))
+        for index, item in enumerate(value):
+            _constraint_violations(shape.member, item, "%s[%d]" % (where, index), problems)
+    elif shape.type_name == "map" and isinstance(value, dict):
+        if "max" in meta and len(value) > meta["max"]:
+            problems.append("%s: %d entries, at most %d allowed" % (where, len(value), meta["max"]))
+        for key, item in value.items():
+            _constraint_violations(shape.key, key, "%s key %r" % (where, key), problems)
+            _constraint_violations(shape.value, item, "%s[%r]" % (where, key), problems)
+    elif shape.type_name == "string" and isinstance(value, str):
+        if "max" in meta and len(value) > meta["max"]:
+            problems.append("%s: %d characters, at most %d allowed: %r" % (where, len(value), meta["max"], value))
+        pattern = meta.get("pattern")
+        if pattern:
+            try:
+                matched = re.fullmatch(pattern, value, re.DOTALL)
+            except re.error:
+                return  # a Java-only construct (\p{...}); botocore cannot check it either
+            if not matched:
+                problems.append("%s: %r does not match the API's pattern %s" % (where, value, pattern))
+
+
+def api_constraints(operation, parameters):
+    """Length, pattern and count limits of the SageMaker API reference for `operation` (e.g. TrainingJobName:
+    Pattern ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}, so at most 63 characters including any attempt suffix)."""
+    problems = []
+    _constraint_violations(_sagemaker_model().operation_model(operation).input_shape, parameters, operation,
+                           problems)
+    return problems
+
+
+def profiler_off_tensorboard_on(operation, parameters):
+    """SageMaker Developer Guide, "Amazon SageMaker Debugger availability change" / "Profiler availability
+    change": Debugger and Profiler are closed to new accounts, so a CreateTrainingJob must carry no
+    ProfilerRuleConfigurations / DebugRuleConfigurations (their rule images) and ProfilerConfig.DisableProfiler
+    true (what the SageMaker Python SDK sends for disable_profiler=True; leaving ProfilerConfig out turns the
+    default system monitoring on). TensorBoardOutputConfig (CreateTrainingJob API reference) is what replaces
+    them here, so a training job (tag lmstack:kind = train; a prepare job writes no events) must carry it with
+    an S3OutputPath."""
+    if operation != "CreateTrainingJob":
+        return []
+    tags = {tag["Key"]: tag["Value"] for tag in parameters.get("Tags", [])}
+    problems = ["%s: present (Debugger/Profiler rules are closed to new accounts)" % field
+                for field in ("ProfilerRuleConfigurations", "DebugRuleConfigurations") if field in parameters]
+    if parameters.get("ProfilerConfig", {}).get("DisableProfiler") is not True:
+        problems.append("ProfilerConfig.DisableProfiler: must be true, got %r" % parameters.get("ProfilerConfig"))
+    if tags.get("lmstack:kind") == "train" and not parameters.get("TensorBoardOutputConfig", {}).get("S3OutputPath"):
+        problems.append("TensorBoardOutputConfig.S3OutputPath: missing")
+    return problems
+
+
+REQUEST_RULES = (api_constraints, profiler_off_tensorboard_on)
+
+
+def check_requests(calls):
+    """Violations of every request rule by each SageMaker call in `calls` ((resource type, action, parameters)
+    as lmstack.local_sfn.scheduled_calls returns them)."""
+    problems = []
+    for resource_type, action, parameters in calls:
+        if "sagemaker" not in resource_type:
+            continue
+        operation = action[0].upper() + action[1:]
+        problems += ["%s: %s" % (rule.__name__, problem) for rule in REQUEST_RULES
+                     for problem in rule(operation, parameters)]
+    return problems

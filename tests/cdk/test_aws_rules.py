@@ -1,11 +1,7 @@
 """The strict stand-in rules (tests/aws_rules.py) on the synthesized template: ours passes, wrong copies fail."""
-import sys
-import pathlib
-
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import aws_rules  # noqa: E402
+import aws_rules
 
 
 def _first(template, type_name):
@@ -49,6 +45,20 @@ def _no_topic_policy(template):
         del template["Resources"][key]
 
 
+def _low_gpu_query(template):
+    return next(value for key, value in template["Resources"].items()
+                if key.startswith("MonitoringLowGpuUtilization"))["Properties"]
+
+
+def _group_by(template):
+    query = _low_gpu_query(template)["Metrics"][0]
+    query["Expression"] += " GROUP BY Host"
+
+
+def _window_too_long(template):
+    _low_gpu_query(template)["EvaluationPeriods"] = 181
+
+
 def test_our_template_passes_every_rule(default):
     assert aws_rules.check_template(default.template) == []
 
@@ -61,6 +71,8 @@ def test_our_template_passes_every_rule(default):
     (aws_rules.key_policy_service_principals, _logs_without_condition),
     (aws_rules.alarm_actions_can_publish, _topic_policy_unconditioned),
     (aws_rules.alarm_actions_can_publish, _no_topic_policy),
+    (aws_rules.metrics_insights_alarms_are_evaluable, _group_by),
+    (aws_rules.metrics_insights_alarms_are_evaluable, _window_too_long),
 ])
 def test_rule_fails_on_a_wrong_template(default, rule, change):
     assert rule(default.template) == []

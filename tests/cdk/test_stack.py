@@ -303,12 +303,25 @@ def test_stop_rule_starts_the_stop_machine_when_the_training_machine_ends_badly(
 
 # ---- monitoring and outputs ----
 
+def _alarm(default, prefix):
+    (alarm,) = [value for key, value in default.resources("AWS::CloudWatch::Alarm").items() if key.startswith(prefix)]
+    return alarm
+
+
 def test_alarm_on_failed_executions_notifies_the_topic(default):
-    _, alarm = default.only("AWS::CloudWatch::Alarm")
-    props = alarm["Properties"]
+    props = _alarm(default, "MonitoringFailedExecutions")["Properties"]
     assert (props["Namespace"], props["MetricName"]) == ("AWS/States", "ExecutionsFailed")
     assert _ref_id(props["AlarmActions"][0]).startswith("NotificationsTopic")
     default.assertions.resource_count_is("AWS::SNS::Subscription", 0)
+
+
+def test_low_gpu_utilization_alarm_watches_every_training_host_and_notifies_the_topic(default):
+    props = _alarm(default, "MonitoringLowGpuUtilization")["Properties"]
+    (query,) = props["Metrics"]
+    assert query["Expression"] == 'SELECT MIN(GPUUtilization) FROM SCHEMA("/aws/sagemaker/TrainingJobs", Host)'
+    assert (props["ComparisonOperator"], props["Threshold"]) == ("LessThanThreshold", 20)
+    assert props["TreatMissingData"] == "notBreaching"
+    assert _ref_id(props["AlarmActions"][0]).startswith("NotificationsTopic")
 
 
 def test_topic_requires_tls_for_publishers(default):
@@ -322,7 +335,8 @@ def test_dashboard_shows_training_metrics_per_host_and_executions(default):
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     metric_names = {definition["Name"] for definition in METRIC_DEFINITIONS}
     shown = set(re.findall(r'MetricName=\\\\\\"([^\\"]+)\\\\\\"', body))
-    for name in ("train:loss", "train:tokens_per_second", "train:mfu", "GPUUtilization", "CPUUtilization"):
+    for name in ("train:loss", "train:tokens_per_second", "train:mfu", "GPUUtilization", "GPUMemoryUtilization",
+                 "CPUUtilization", "DiskUtilization"):
         assert name in shown, (name, shown)
     assert {name for name in shown if ":" in name} <= metric_names, "dashboard metrics are ones lm.train logs"
     assert "{/aws/sagemaker/TrainingJobs,Host}" in body

@@ -30,6 +30,7 @@ from moto.core.responses import EmptyResult
 from moto.sagemaker import models as sagemaker_models
 from moto.sagemaker import responses as sagemaker_responses
 
+import aws_rules
 from lm import job
 from lmstack import local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
@@ -265,8 +266,9 @@ class Run:
 
 
 def invalid_sagemaker_requests(run):
-    """botocore's own parameter validation of every SageMaker request the execution made."""
-    return local_sfn.invalid_sagemaker_requests(run.calls())
+    """botocore's own parameter validation of every SageMaker request the execution made, then the strict
+    request rules of tests/aws_rules.py (the API reference's maximums and patterns, Profiler off)."""
+    return local_sfn.invalid_sagemaker_requests(run.calls()) + aws_rules.check_requests(run.calls())
 
 
 @pytest.fixture
