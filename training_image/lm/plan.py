@@ -284,6 +284,14 @@ def lost_seconds_per_interruption(step_seconds, checkpoint_minutes=None, checkpo
     return min(intervals) / 2.0 if intervals else None
 
 
+def _indivisible_batch(global_batch, data_parallel):
+    """The runtime splits the global batch evenly over the replicas (lm.data.TokenStream)."""
+    lower = global_batch // data_parallel * data_parallel
+    nearest = [value for value in (lower, lower + data_parallel) if value >= 1]
+    return "global_batch %d is not a multiple of the data-parallel size %d, which the runtime requires: use %s" % (
+        global_batch, data_parallel, " or ".join(str(value) for value in nearest))
+
+
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=False, tokens=None, mfu=None, spot=False,
          partitions=None, microbatches=None, pipeline="interleaved"):
@@ -329,13 +337,12 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         elif reason is None and name == "smp" and layout["per_replica_batch"] % layout["microbatches"]:
             reason = "the per-replica batch %d does not divide into %d microbatches" % (
                 layout["per_replica_batch"], layout["microbatches"])
+        elif reason is None and global_batch % layout["data_parallel"]:
+            reason = _indivisible_batch(global_batch, layout["data_parallel"])
         if reason is None and not layout["fits"]:
             reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
                 layout["memory"]["peak"] / GIB, instance_type, usable_bytes(instance) / GIB,
                 instance.gpu_memory_gib or instance.memory_gib, instance.gpu or "host memory")
-        if global_batch % layout["data_parallel"]:
-            warnings.append("global_batch %d is not a multiple of the data-parallel size %d: each step uses %d" % (
-                global_batch, layout["data_parallel"], layout["per_replica_batch"] * layout["data_parallel"]))
         if name == "single" and instance.gpus > 1:
             warnings.append("single uses 1 of the %d GPUs of %s" % (instance.gpus, instance_type))
         timing = None
@@ -358,6 +365,9 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             result["mp_parameters"] = collections.OrderedDict([
                 ("partitions", layout["partitions"]), ("microbatches", layout["microbatches"]),
                 ("pipeline", pipeline)])
+            if layout["data_parallel"] > 1:
+                # SMP v1 for TensorFlow averages gradients across model replicas with Horovod only.
+                result["mp_parameters"]["horovod"] = True
         result["memory_gib"] = collections.OrderedDict(
             (key, value / GIB) for key, value in layout["memory"].items() if key != "params")
         result["params_per_gpu"] = layout["memory"]["params"]
