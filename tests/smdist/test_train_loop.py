@@ -40,14 +40,6 @@ def test_smddp_rank_0_trains_checkpoints_and_exports(dataset, tmp_path):
     assert names[-1] == "sdp.shutdown"
 
 
-def test_smddp_other_ranks_write_nothing(dataset, tmp_path):
-    status, output, calls = run_train(dataset, str(tmp_path), "smddp", {"FAKE_SDP_RANK": "1", "FAKE_SDP_SIZE": "2"})
-    assert status == 0, output
-    assert "sdp.DistributedGradientTape.gradient" in [call["call"] for call in calls]
-    assert _files(str(tmp_path), "ckpt") == [] and _files(str(tmp_path), "model") == []
-    assert not any(line.startswith(job.TRAIN_LOG_PREFIX) for line in output.splitlines())
-
-
 MP = json.dumps({"partitions": 2, "microbatches": 2, "pipeline": "interleaved", "optimize": "speed", "horovod": True})
 
 

@@ -2,7 +2,9 @@
 
 The library's six documented steps: `sdp.init()`; pin GPU `sdp.local_rank()`; scale the
 learning rate by `sdp.size()` (lm.train does it from `data_parallel_size`); wrap the tape in
-`sdp.DistributedGradientTape`; `sdp.broadcast_variables` of model and optimizer state from
+`sdp.DistributedGradientTape` (with `sparse_as_dense=True`, documented from the v1.1.x API page
+on, SageMaker Python SDK pull request #2346; without it the library's handling of
+`tf.IndexedSlices` is undocumented); `sdp.broadcast_variables` of model and optimizer state from
 rank 0 after the first step; checkpoints and export on rank 0 only. SMDDP does not support
 Keras `model.fit`, which is why the loop is a plain GradientTape step.
 """
@@ -43,7 +45,9 @@ class SMDDPStrategy(Strategy):
             with tf.GradientTape() as tape:
                 loss = forward(inputs, labels)
                 scaled = loss_scale.scale(loss) if loss_scale is not None else loss
-            grads = self._sdp.DistributedGradientTape(tape).gradient(scaled, variables)
+            # The position table's gradient (a gather) is a tf.IndexedSlices, which AdamW cannot
+            # take; sparse_as_dense has the tape make it a tensor before the dense all-reduce.
+            grads = self._sdp.DistributedGradientTape(tape, sparse_as_dense=True).gradient(scaled, variables)
             if loss_scale is not None:
                 grads = loss_scale.unscale(grads)
             metrics = apply_update(optimizer, variables, grads, grad_clip, loss_scale)
