@@ -7,13 +7,19 @@
 - Names: model and endpoint config `<prefix>-<md5 of the execution ARN>` (one per
   execution), endpoint `<prefix>-<deploy.endpoint_name>`. An endpoint that exists (and is
   not failed) is updated to the new config, otherwise created.
+- Container (`deploy.container`): `lmstack` runs `lm.serve` in our image on the `lm.export`
+  files; `tgi` runs Text Generation Inference (`lm.containers`: this region's image) on the
+  Hugging Face files `lm.train` wrote next to them (hyperparameters.export_hf), with TGI's
+  Environment for the preset and instance type. Both take the training job's model.tar.gz.
 - Wait: DescribeEndpoint every POLL_SECONDS, at most MAX_POLLS times, until InService with
   our config (an update that rolled back is InService with the old config: a failure), or
   Failed; failures carry FailureReason, are notified and fail the execution.
 """
 import collections
 
-from lm import job
+from lm import containers, job, rules
+from lm.config import ALL_PRESETS
+from lm.instances import INSTANCES
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
 from stacks.state_machine.names import image_placeholder
@@ -64,20 +70,27 @@ def states(settings, first, next_state):
         "model of {} not deployed: {}", TRAIN.slot + ".name", "$.deploy_result.skipped"), next_state)
 
     resource = asl.fmt("%s-{}" % settings.name_prefix, "$.run.id")
-    result[d + ".Names"] = asl.pass_state(d + ".Model", {
+    result[d + ".Names"] = asl.pass_state(d + ".Container", {
         "model.$": resource, "config.$": resource,
         "endpoint.$": asl.fmt("%s-{}" % settings.name_prefix, "$.config.deploy.endpoint_name"),
         "polls": 0}, result_path=names)
-    result[d + ".Model"] = asl.task(asl.sdk("sagemaker", "createModel"), {
-        "ModelName.$": names + ".model",
-        "PrimaryContainer": {
-            "Image": "${%s}" % image_placeholder(job.SERVING_RUNTIME),
-            "ModelDataUrl.$": TRAIN.slot + ".result.model_artifacts",
-            "Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}},
-        "ExecutionRoleArn": "${ExecutionRoleArn}",
-        "VpcConfig": vpc_config(settings),
-        "EnableNetworkIsolation": False,
-        "Tags": tags("model")}, d + ".Config", catch=catch)
+    result[d + ".Container"] = asl.choice([asl.rule(
+        {"Variable": "$.config.deploy.container", "StringEquals": containers.TGI}, d + ".Tgi")], d + ".Model")
+
+    def create_model(name, image, environment):
+        result[name] = asl.task(asl.sdk("sagemaker", "createModel"), {
+            "ModelName.$": names + ".model",
+            "PrimaryContainer": dict({"Image": image, "ModelDataUrl.$": TRAIN.slot + ".result.model_artifacts"},
+                                     **environment),
+            "ExecutionRoleArn": "${ExecutionRoleArn}",
+            "VpcConfig": vpc_config(settings),
+            "EnableNetworkIsolation": False,
+            "Tags": tags("model")}, d + ".Config", catch=catch)
+
+    create_model(d + ".Model", "${%s}" % image_placeholder(job.SERVING_RUNTIME),
+                 {"Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}})
+    result.update(_tgi_environment_states(d + ".Tgi", d + ".TgiModel"))
+    create_model(d + ".TgiModel", containers.tgi_image(settings.region), {"Environment.$": "$.deploy_serving"})
     result[d + ".Config"] = asl.task(asl.sdk("sagemaker", "createEndpointConfig"), {
         "EndpointConfigName.$": names + ".config",
         "ProductionVariants": [{
@@ -139,3 +152,31 @@ def states(settings, first, next_state):
     result[d + ".Succeeded"] = asl.publish("${TopicArn}", asl.fmt(
         "endpoint {} is InService with model {}", names + ".endpoint", names + ".model"), next_state)
     return result
+
+
+def _tgi_environment_states(first, next_state):
+    """`$.deploy_serving` = TGI's Environment for this preset and deploy.instance_type, one Pass
+    state per distinct environment (`lm.containers.tgi_environment`). Pairs TGI cannot serve were
+    refused by the Validate stage (`lm.rules.serving_rules`)."""
+    groups = collections.OrderedDict()  # environment items -> {preset: [instance types]}
+    for preset, config in ALL_PRESETS.items():
+        for instance_type in INSTANCES:
+            shards, _ = containers.tgi_shards(config, instance_type)
+            if shards is not None:
+                environment = tuple(containers.tgi_environment(config, shards).items())
+                groups.setdefault(environment, collections.OrderedDict()).setdefault(preset, []).append(instance_type)
+    states_ = collections.OrderedDict()
+    choices = []
+    for index, (environment, pairs) in enumerate(groups.items()):
+        state = "%s.%d" % (first, index)
+        choices.append(asl.rule(asl.any_of(*[asl.all_of(
+            {"Variable": "$.config.preset", "StringEquals": preset}, asl.string_in("$.config.deploy.instance_type", types))
+            for preset, types in pairs.items()]), state))
+        states_[state] = asl.pass_state(next_state, result=collections.OrderedDict(environment),
+                                        result_path="$.deploy_serving")
+    states_[first] = asl.choice(choices, first + ".None")
+    states_[first + ".None"] = asl.fail(rules.INVALID, asl.fmt(
+        "deploy.container tgi cannot serve preset {} on deploy.instance_type {}", "$.config.preset",
+        "$.config.deploy.instance_type"))
+    states_.move_to_end(first, last=False)
+    return states_

@@ -11,7 +11,7 @@ allowed fields and echoes the object that was given (no intrinsic can list an ob
 """
 import collections
 
-from lm import job, rules
+from lm import containers, job, rules
 from lm.instances import INSTANCES
 from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
@@ -72,6 +72,8 @@ def schema(settings):
                   help="endpoint name after '<name_prefix>-'; an existing endpoint is updated"),
             Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=instance_types),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
+            Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
+                  help="lmstack (lm.serve) or tgi (Text Generation Inference on the Hugging Face export)"),
         )),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),

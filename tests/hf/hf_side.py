@@ -26,17 +26,20 @@ def export_check(hf_dir, inputs_file):
     }))
 
 
-def make_random(hf_dir, tokenizer_file, inputs_file):
+def make_random(hf_dir, tokenizer_file, inputs_file, overrides="{}"):
     """A random GPT-2 saved by transformers (TF, safetensors) with our tokenizer, and its loss
-    on the batch in inputs_file (labels = inputs, shifted inside transformers)."""
+    on the batch in inputs_file (labels = inputs, shifted inside transformers). `overrides`:
+    JSON of GPT2Config fields to change."""
     import shutil
 
     import tensorflow as tf
     from transformers import GPT2Config, TFGPT2LMHeadModel
 
     tf.keras.utils.set_random_seed(7)
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=300, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    values = dict(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=300, resid_pdrop=0.0,
+                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    values.update(json.loads(overrides))
+    config = GPT2Config(**values)
     model = TFGPT2LMHeadModel(config)
     model(model.dummy_inputs)
     for weight in model.weights:  # LayerNorm and biases too, so a wrong mapping shows

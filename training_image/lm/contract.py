@@ -19,6 +19,10 @@ OUTPUT_PREFIX = "output/"            # OutputDataConfig: <job>/output/model.tar.
 CHECKPOINT_PREFIX = "checkpoints/"   # CheckpointConfig: <execution name>/ (kept across attempts)
 TENSORBOARD_PREFIX = "tensorboard/"  # TensorBoardOutputConfig: <job>/ event files
 ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX)
+# Hugging Face GPT-2 directories a training run may start from (execution input init_from, the
+# channel below); jobs may only read them.
+INIT_PREFIX = "models/"
+INIT_CHANNEL = "init"
 
 # Paths inside the container (the SageMaker training contract).
 MODEL_DIR = "/opt/ml/model"

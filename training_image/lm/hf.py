@@ -165,19 +165,30 @@ def _write_json(path, value):
 
 def export_hf(export_dir, output_dir):
     """Write the Hugging Face GPT-2 directory of an `lm.export` directory; returns output_dir."""
-    model, config, tokenizer = lm_export.load_exported(export_dir)
+    model, config, _ = lm_export.load_exported(export_dir)
+    return write_hf(model, config, os.path.join(export_dir, lm_export.TOKENIZER_FILE), output_dir)
+
+
+def write_hf(model, config, tokenizer_file, output_dir):
+    """Write the Hugging Face GPT-2 files of a model; `output_dir` may be the `lm.export`
+    directory itself (lm.train's export_hf): no file name is shared but tokenizer.json, which
+    is the same file."""
+    from tokenizers import Tokenizer
+
     _check_gpt2_shaped(config)
-    eos = eod_id(tokenizer, EOD_TOKEN, os.path.join(export_dir, lm_export.TOKENIZER_FILE))
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    eos = eod_id(tokenizer, EOD_TOKEN, tokenizer_file)
     if tokenizer.get_vocab_size() > config.vocab_size:
         raise HFError("%s: tokenizer has %d tokens but the model's vocab_size is %d" % (
-            export_dir, tokenizer.get_vocab_size(), config.vocab_size))
+            tokenizer_file, tokenizer.get_vocab_size(), config.vocab_size))
     os.makedirs(output_dir, exist_ok=True)
     write_safetensors(gpt2_tensors(model, config), os.path.join(output_dir, SAFETENSORS_FILE), {"format": "pt"})
     _write_json(os.path.join(output_dir, HF_CONFIG_FILE), gpt2_config(config, eos))
     _write_json(os.path.join(output_dir, GENERATION_CONFIG_FILE),
                 {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos})
-    shutil.copyfile(os.path.join(export_dir, lm_export.TOKENIZER_FILE),
-                    os.path.join(output_dir, lm_export.TOKENIZER_FILE))
+    target = os.path.join(output_dir, lm_export.TOKENIZER_FILE)
+    if not (os.path.exists(target) and os.path.samefile(tokenizer_file, target)):
+        shutil.copyfile(tokenizer_file, target)
     _write_json(os.path.join(output_dir, TOKENIZER_CONFIG_FILE), {
         "tokenizer_class": "GPT2TokenizerFast", "model_max_length": config.block_size,
         "add_prefix_space": False, "bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN, "unk_token": EOD_TOKEN})
@@ -225,18 +236,50 @@ def _pytorch_name(name, value):
     return name, value
 
 
+def hf_tokenizer_file(hf_dir):
+    tokenizer_file = os.path.join(hf_dir, lm_export.TOKENIZER_FILE)
+    if not os.path.isfile(tokenizer_file):
+        raise HFError("%s: not found; the import needs the fast tokenizer file" % tokenizer_file)
+    return tokenizer_file
+
+
 def import_hf(hf_dir, export_dir):
     """Write an `lm.export` directory from a Hugging Face GPT-2 directory (config.json,
     model.safetensors, tokenizer.json); returns export_dir."""
     config = _read_hf_config(hf_dir)
-    tokenizer_file = os.path.join(hf_dir, lm_export.TOKENIZER_FILE)
-    if not os.path.isfile(tokenizer_file):
-        raise HFError("%s: not found; the import needs the fast tokenizer file" % tokenizer_file)
+    tokenizer_file = hf_tokenizer_file(hf_dir)
+    model = load_weights(models.build(config), hf_dir)
+    return lm_export.export_model(model, config, tokenizer_file, export_dir)
+
+
+def init_config(hf_dir, preset_config, label):
+    """The config to train from the GPT-2 in `hf_dir` (lm.train's init_from): the preset's shape
+    (layers, width, heads) must be the checkpoint's; vocabulary and context come from config.json."""
+    config = _read_hf_config(hf_dir)
+    differ = ["%s %r (checkpoint) vs %r" % (name, getattr(config, name), getattr(preset_config, name))
+              for name in ("n_layer", "d_model", "n_head") if getattr(config, name) != getattr(preset_config, name)]
+    if differ:
+        raise HFError("%s: the checkpoint is not %s: %s" % (os.path.join(hf_dir, HF_CONFIG_FILE), label,
+                                                           "; ".join(differ)))
+    return config.replace(dropout=preset_config.dropout)
+
+
+def check_same_tokenizer(hf_dir, tokenizer_file):
+    """The dataset must be tokenized with the checkpoint's tokenizer (same ids)."""
+    from tokenizers import Tokenizer
+
+    theirs = hf_tokenizer_file(hf_dir)
+    if Tokenizer.from_file(theirs).get_vocab() != Tokenizer.from_file(tokenizer_file).get_vocab():
+        raise HFError("the dataset was tokenized with %s, whose vocabulary differs from the checkpoint's %s: "
+                      "prepare the dataset with tokenizer=%s" % (tokenizer_file, theirs, theirs))
+
+
+def load_weights(model, hf_dir):
+    """Assign the GPT-2 tensors of `hf_dir`/model.safetensors to our GPT `model`; returns it."""
     tensors = read_safetensors(os.path.join(hf_dir, SAFETENSORS_FILE))
     tensors = dict(_pytorch_name(name, value) for name, value in tensors.items())
     tensors = {name: value for name, value in tensors.items()
                if not name.endswith(".attn.bias") and name != "lm_head.weight"}  # causal mask, tied head
-    model = models.build(config)
     variables = gpt2_variables(model)
     missing = sorted(set(variables) - set(tensors))
     unexpected = sorted(set(tensors) - set(variables))
@@ -248,4 +291,4 @@ def import_hf(hf_dir, export_dir):
             raise HFError("%s: tensor %s has shape %s, config.json implies %s" % (
                 SAFETENSORS_FILE, name, tensors[name].shape, tuple(variable.shape)))
         variable.assign(tensors[name])
-    return lm_export.export_model(model, config, tokenizer_file, export_dir)
+    return model

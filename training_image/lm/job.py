@@ -77,6 +77,8 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
         help="minutes of training between checkpoints, what protects a spot run (0 = off)"),
     _hp("allow_new_data", bool, False,
         help="resume a checkpoint on a dataset other than the one it was trained on"),
+    _hp("export_hf", bool, False,
+        help="also write the Hugging Face GPT-2 files (lm.hf) into the export directory (model gpt)"),
 ])
 
 
@@ -90,7 +92,8 @@ def validate_hyperparameters(values, table=HYPERPARAMETERS):
         merged[name] = rules.check(spec, values.get(name, spec.default), "hyperparameters.%s" % name)
     if table is HYPERPARAMETERS:
         family = FAMILIES[merged["model"]]
-        message = rules.broken([rules.preset_family_rule(merged["model"], family.presets, "hyperparameters.preset")],
+        message = rules.broken([rules.preset_family_rule(merged["model"], family.presets, "hyperparameters.preset"),
+                                rules.export_hf_family_rule()],
                                {"preset": merged["preset"], "hyperparameters": merged})
         if message:
             raise ValueError(message)

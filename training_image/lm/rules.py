@@ -270,12 +270,53 @@ def plan_rules():
     return found
 
 
+def export_hf_family_rule():
+    return rule("export_hf.family", All((Is("hyperparameters.export_hf", True), Not(Is("hyperparameters.model", "gpt")))),
+                "hyperparameters.export_hf needs model gpt (the GPT-2 layout), got model {value}",
+                subject="hyperparameters.model")
+
+
+def serving_rules():
+    """`deploy.container` tgi: it serves the Hugging Face export (which needs model gpt) on an
+    instance whose GPUs hold the model (`lm.containers.tgi_shards`, grouped by instance type)."""
+    from lm import containers
+    from lm.config import ALL_PRESETS
+    from lm.instances import INSTANCES
+
+    tgi = (Is("deploy.enabled", True), Is("deploy.container", containers.TGI))
+    found = [
+        export_hf_family_rule(),
+        rule("deploy.container.tgi.export_hf", All(tgi + (Is("hyperparameters.export_hf", False),)),
+             "deploy.container tgi serves the Hugging Face export: set hyperparameters.export_hf to true"),
+    ]
+    cannot = collections.OrderedDict()  # instance type -> [(preset, reason)]
+    for preset, config in ALL_PRESETS.items():
+        if config.family != "gpt":
+            continue  # export_hf.family rejects it first
+        for instance_type in INSTANCES:
+            shards, reason = containers.tgi_shards(config, instance_type)
+            if shards is None:
+                cannot.setdefault(instance_type, []).append((preset, reason))
+    for instance_type, rows in cannot.items():
+        presets = [preset for preset, _ in rows]
+        if len(presets) == len([c for c in ALL_PRESETS.values() if c.family == "gpt"]):
+            message = "deploy.container tgi: %s; choose another deploy.instance_type" % rows[0][1]
+        else:
+            message = "deploy.container tgi cannot serve preset {value} on deploy.instance_type %s (%s); " \
+                      "choose a larger deploy.instance_type or preset" % (instance_type, "; ".join(
+                          "%s %s" % row for row in rows))
+        found.append(rule("deploy.container.tgi.%s" % instance_type, All(tgi + (
+            Is("deploy.instance_type", instance_type), OneOf("preset", presets))), message, subject="preset"))
+    return found
+
+
 def cross_field_rules(runtimes=None):
     """The rules between fields for a deployment that builds `runtimes` (None: all of them)."""
     from lm import job  # lm.job's tables are made of Fields: imported here, not at the top
 
     built = tuple(job.RUNTIMES) if runtimes is None else tuple(runtimes)
     found = [preset_family_rule(family, spec.presets) for family, spec in job.FAMILIES.items()]
+    found.extend(serving_rules())
     for strategy in job.STRATEGIES:
         runtime = job.STRATEGY_RUNTIME[strategy]
         if runtime not in built:

@@ -77,6 +77,9 @@ def build_parser():
     parser.add_argument("--data-dir",
                         default=os.environ.get(contract.channel_environment_variable(contract.TRAIN_CHANNEL)),
                         help="dataset directory with manifest.json [env SM_CHANNEL_TRAIN]")
+    parser.add_argument("--init-from",
+                        default=os.environ.get(contract.channel_environment_variable(contract.INIT_CHANNEL)),
+                        help="start from the Hugging Face GPT-2 directory there (lm.hf) [env SM_CHANNEL_INIT]")
     parser.add_argument("--export-dir", default=os.environ.get("SM_MODEL_DIR"),
                         help="where rank 0 exports the model [env SM_MODEL_DIR, else ./%s]" % LOCAL_EXPORT_DIR)
     parser.add_argument("--allow-new-data", dest="allow_new_data", action="store_const", const="true",
@@ -213,6 +216,21 @@ def model_config(hp, manifest, data_dir):
     return config
 
 
+def init_from_config(hp, preset_config, manifest, paths):
+    """init_from: the checkpoint's config, whose shape must be the preset's; the dataset must be
+    tokenized with the checkpoint's tokenizer."""
+    from lm import hf
+
+    if hp.strategy == "smp":
+        raise UsageError("init_from is not supported with strategy smp (its model is partitioned across ranks)")
+    config = hf.init_config(paths.init_from, preset_config, "preset %s" % hp.preset)
+    hf.check_same_tokenizer(paths.init_from, os.path.join(paths.data_dir, manifest.tokenizer_file))
+    if manifest.seq_len > config.block_size:
+        raise UsageError("%s: seq_len %d exceeds the checkpoint's context %d (n_positions)"
+                         % (shards.manifest_path(paths.data_dir), manifest.seq_len, config.block_size))
+    return config
+
+
 def check_resume(meta, hp, path):
     for name in ("global_batch_size", "seed", "preset", "model"):
         if meta["hyperparameters"].get(name) != getattr(hp, name):
@@ -244,6 +262,8 @@ class Training:
 
         manifest = self.manifest = shards.load_manifest(paths.data_dir)
         config = self.config = model_config(hp, manifest, paths.data_dir)
+        if paths.init_from:
+            config = self.config = init_from_config(hp, config, manifest, paths)
         self.train_stream = data.TokenStream(
             paths.data_dir, "train", global_batch_size=hp.global_batch_size, dp_rank=strategy.data_parallel_rank,
             dp_size=strategy.data_parallel_size, seed=hp.seed, seq_len=manifest.seq_len,
@@ -264,6 +284,10 @@ class Training:
 
         dropout_key = checkpoint.DropoutKey(hp.seed, strategy.data_parallel_rank)
         self.model = strategy.build_model(lambda: dropout_key.attach(models.build(config, recompute=hp.recompute)))
+        if paths.init_from:  # a checkpoint of this run, if any, replaces these weights in restore()
+            from lm import hf
+            hf.load_weights(self.model, paths.init_from)
+            self.say("initialized the weights from the Hugging Face checkpoint in %s" % paths.init_from)
         self.learning_rate_at = optim.learning_rate_at
         self.peak_lr = optim.scaled_learning_rate(hp.learning_rate, hp.global_batch_size, hp.scale_lr)
         with strategy.scope():
@@ -433,6 +457,11 @@ class Training:
                 export_model(self.model, self.config, os.path.join(self.paths.data_dir, self.manifest.tokenizer_file),
                              self.paths.export_dir)
                 self.say("exported the model to %s" % self.paths.export_dir)
+                if self.hp.export_hf:
+                    from lm import export, hf
+                    hf.write_hf(self.model, self.config, os.path.join(self.paths.export_dir, export.TOKENIZER_FILE),
+                                self.paths.export_dir)
+                    self.say("wrote the Hugging Face GPT-2 files next to it (export_hf)")
         self.checkpoints.wait()
         self.tensorboard.close()
         if stopped:
