@@ -9,9 +9,12 @@ three ways, in turn, `--repeats` times (medians reported, so a busy machine slow
 
 - `none`: no checkpoint: the step time;
 - `sync`: `lm.checkpoint.Checkpointer(background=False).save` every `--save-every` steps, the
-  write (np.savez, fsync, rename) on the training thread;
-- `background`: the same saves with the default background writer: the training thread only
-  copies the variables to host memory, a thread writes while the next steps run.
+  write (.npz, fsync, rename) on the training thread;
+- `background-copy`: the snapshot lm.checkpoint took before: the training thread copies every
+  variable to host memory (`np.array(variable.numpy())`), a thread writes while the next steps
+  run;
+- `background`: lm.checkpoint's snapshot: one tf.function reads every variable (no copy; the
+  next step's updates copy on write), a thread moves the tensors to host memory and writes.
 
 The stall of one save is the time the save call blocks plus, for each step that runs while
 the background write is in flight, its time beyond the median of the steps that ran alone
@@ -28,6 +31,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
@@ -42,13 +47,27 @@ from lm.optim import AdamW, learning_rate_at  # noqa: E402
 from lm.train import token_loss  # noqa: E402
 
 TARGET_FRACTION_OF_STEP = 0.02
-MODES = ("none", "sync", "background")
+MODES = ("none", "sync", "background-copy", "background")
 
 
-def run(mode, step, state, tokens, steps, save_every, directory):
-    """This mode's stall per save: the save calls plus, for each step that ran beside a
+class CopyingCheckpointer(checkpoint.Checkpointer):
+    """lm.checkpoint's earlier snapshot: a host copy of every variable, made on the training thread."""
+
+    def _snapshot(self, variables):
+        return [np.array(variable.numpy()) for variable in variables]
+
+
+def make_saver(mode, directory):
+    if mode == "none":
+        return None
+    if mode == "background-copy":
+        return CopyingCheckpointer(directory)
+    return checkpoint.Checkpointer(directory, background=mode == "background")
+
+
+def run(saver, step, state, tokens, steps, save_every):
+    """This saver's stall per save: the save calls plus, for each step that ran beside a
     background write, its time beyond the median of the steps that ran alone."""
-    saver = None if mode == "none" else checkpoint.Checkpointer(directory, background=mode == "background")
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     alone, beside, calls = [], [], []
     for index in range(1, steps + 1):
@@ -94,12 +113,20 @@ def main(argv=None):
     tokens = tf.random.uniform([args.batch, args.seq_len + 1], maxval=args.vocab, dtype=tf.int32, seed=1)
 
     with tempfile.TemporaryDirectory(dir=args.directory) as directory:
-        run("none", step, state, tokens, 2, args.save_every, directory)  # trace and warm up
+        run(None, step, state, tokens, 2, args.save_every)  # trace and warm up
+        savers = {mode: make_saver(mode, os.path.join(directory, mode)) for mode in MODES}
+        # A process's first save also traces lm.checkpoint's read function: once, reported apart.
+        first_call = {}
+        for mode, saver in savers.items():
+            if saver:
+                started = time.perf_counter()
+                saver.save(0, state, {"bench": True})
+                first_call[mode] = time.perf_counter() - started
+                saver.wait()
         measured = {mode: [] for mode in MODES}
         for repeat in range(args.repeats):
             for mode in MODES:
-                measured[mode].append(run(mode, step, state, tokens, args.steps, args.save_every,
-                                          os.path.join(directory, "%s-%d" % (mode, repeat))))
+                measured[mode].append(run(savers[mode], step, state, tokens, args.steps, args.save_every))
 
     step_seconds = statistics.median(row["seconds_per_step"] for row in measured["none"])
     interval = args.interval_minutes * 60
@@ -107,7 +134,7 @@ def main(argv=None):
     for mode in MODES[1:]:
         row = {name: statistics.median(run_row[name] for run_row in measured[mode])
                for name in ("stall_per_save_s", "save_call_s", "steps_beside_a_write")}
-        row.update(stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
+        row.update(first_save_call_s=first_call[mode], stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
                    stall_fraction_per_interval=row["stall_per_save_s"] / interval)
         results[mode] = row
     report = {
@@ -120,13 +147,13 @@ def main(argv=None):
         "target_fraction_of_step": TARGET_FRACTION_OF_STEP,
     }
     print("state %.1f MB, step %.3f s" % (state_bytes / 1e6, step_seconds))
-    print("%-11s %16s %14s %16s %22s" % ("write", "stall/save (s)", "call (s)", "of one step", "per %g-min interval"
-                                         % args.interval_minutes))
+    print("%-15s %16s %14s %16s %22s %16s" % ("write", "stall/save (s)", "call (s)", "of one step",
+                                              "per %g-min interval" % args.interval_minutes, "first call (s)"))
     for mode in MODES[1:]:
         row = results[mode]
-        print("%-11s %16.3f %14.3f %15.1f %% %21.4f %%" % (mode, row["stall_per_save_s"], row["save_call_s"],
-                                                          100 * row["stall_fraction_of_step"],
-                                                          100 * row["stall_fraction_per_interval"]))
+        print("%-15s %16.3f %14.3f %15.1f %% %21.4f %% %16.3f" % (
+            mode, row["stall_per_save_s"], row["save_call_s"], 100 * row["stall_fraction_of_step"],
+            100 * row["stall_fraction_per_interval"], row["first_save_call_s"]))
     publish("checkpoint", report)
 
 

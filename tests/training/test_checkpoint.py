@@ -1,5 +1,6 @@
 """lm.checkpoint: atomic files, newest complete one wins, mismatches are named."""
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -67,6 +68,48 @@ def test_background_save_snapshots_the_values_at_the_call(tmp_path):
     np.testing.assert_array_equal(fresh[0].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
     assert int(fresh[1].numpy()) == 3
     assert sorted(os.listdir(str(tmp_path))) == ["ckpt-00000004.npz"]
+
+
+def test_a_pending_write_keeps_the_saved_values_through_updates_in_place(tmp_path, monkeypatch):
+    # The snapshot holds the tensors a read returned, not copies: updates in place in a
+    # tf.function (like the train step's assign_sub and a sparse scatter) while the write waits
+    # must copy on write and leave the file with the values of the save.
+    gate = threading.Event()
+    write_npz = checkpoint.write_npz
+    monkeypatch.setattr(checkpoint, "write_npz", lambda *args: (gate.wait(60), write_npz(*args)))
+    saver = checkpoint.Checkpointer(str(tmp_path))
+    state = variables()
+    path = saver.save(4, state, {})
+
+    @tf.function
+    def train_step():
+        state[0].assign_sub(tf.ones_like(state[0]) * 10.0)
+        state[0].scatter_nd_add([[0, 0]], [100.0])
+        state[1].assign_add(5)
+
+    train_step()
+    assert saver.writing()
+    gate.set()
+    saver.wait()
+    fresh = variables()
+    checkpoint.restore(path, fresh)
+    np.testing.assert_array_equal(fresh[0].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert int(fresh[1].numpy()) == 3
+    assert int(state[1].numpy()) == 8
+
+
+def test_the_file_is_the_npz_numpy_writes(tmp_path):
+    saver = checkpoint.Checkpointer(str(tmp_path), background=False)
+    path = saver.save(2, variables(), {"note": "x"})
+    with np.load(path) as ours:
+        names = sorted(ours.files)
+        reference = os.path.join(str(tmp_path), "reference.npz")
+        np.savez(reference, **{name: ours[name] for name in names})
+        with np.load(reference) as theirs:
+            assert sorted(theirs.files) == names == ["__meta__", "v00000", "v00001"]
+            for name in names:
+                assert ours[name].dtype == theirs[name].dtype and ours[name].shape == theirs[name].shape
+                np.testing.assert_array_equal(ours[name], theirs[name])
 
 
 def test_a_failed_background_write_is_raised_by_wait(tmp_path):

@@ -8,12 +8,21 @@ safe to resume from. The variables are saved in a fixed order (model weights, op
 state, loss scale) with their shapes, and checked on load. NumPy files read the same on every
 TF version we run, unlike Keras' checkpoint layouts.
 
-A save stalls training only while it copies the variables to host memory (a consistent
-snapshot between two steps); a background thread writes, syncs, renames and prunes while the
-next steps run (`bench/checkpoint.py` measures the stall). On SageMaker a spot interruption or
-a stop cannot be counted on to reach the training processes (the toolkit does not forward
-SIGTERM; MPI workers are killed without a save), so periodic checkpoints are the protection:
-every `checkpoint_every` steps and every `checkpoint_minutes` of training (`SaveClock`).
+A save copies nothing on the training thread: its snapshot is the tensors one tf.function
+reads from the variables between two steps. TensorFlow gives a read tensor value semantics:
+an update of a variable whose buffer a read still holds copies the buffer first (copy on
+write: `assign_sub` of the weights copies them once, on the device; `assign` of the AdamW
+moments just swaps buffers). A background thread then moves the tensors to host memory (on a
+GPU, device-to-host copies off the training thread; on a CPU, views) and lets the tensors go,
+then writes the .npz without another copy, syncs, renames and prunes while the next steps run.
+The price: until the copies to host are done the device holds the snapshot's buffers besides
+the live ones (at most one more copy of the state). `bench/checkpoint.py` measures the stall
+against the earlier snapshot (a host copy of every variable on the training thread).
+
+On SageMaker a spot interruption or a stop cannot be counted on to reach the training
+processes (the toolkit does not forward SIGTERM; MPI workers are killed without a save), so
+periodic checkpoints are the protection: every `checkpoint_every` steps and every
+`checkpoint_minutes` of training (`SaveClock`).
 
 Exact resume also needs the data and the randomness to be the same: the metadata records the
 dataset's fingerprint (`lm.shards.fingerprint`) and `check_dataset` refuses other data unless
@@ -25,6 +34,7 @@ import os
 import re
 import threading
 import time
+import zipfile
 
 import numpy as np
 
@@ -45,7 +55,7 @@ def checkpoint_name(step, tag=""):
 class Checkpointer:
     """Saves and finds checkpoints in `directory`; `tag` separates ranks that hold different variables.
 
-    With `background` (the default) `save` returns once the values are copied to host memory and
+    With `background` (the default) `save` returns once it holds a snapshot of the values and
     one thread writes the file; `wait()` returns when it is on disk (and raises what the write
     raised). A save while the previous write still runs waits for it first.
     """
@@ -54,6 +64,7 @@ class Checkpointer:
         self.directory, self.tag, self.keep = directory, tag, keep
         self._writer = concurrent.futures.ThreadPoolExecutor(1, initializer=_yield_to_training) if background else None
         self._pending = None
+        self._reader = (None, None)
 
     def steps(self):
         """Steps of the complete checkpoints with this tag, oldest first (after the pending write)."""
@@ -80,14 +91,22 @@ class Checkpointer:
     def save(self, step, variables, meta):
         """Save the values of `variables` at `step`; keep the newest `keep`. Returns the final path."""
         self.wait()
-        # Copies: on a CPU a tensor's buffer can be the variable's own, which the next step updates.
-        arrays = {"v%05d" % index: np.array(variable.numpy()) for index, variable in enumerate(variables)}
-        meta = dict(meta, step=step, shapes=[list(array.shape) for array in arrays.values()])
-        arrays[META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), np.uint8)
+        values = self._snapshot(variables)
+        meta = dict(meta, step=step, shapes=[list(variable.shape) for variable in variables])
         if self._writer is None:
-            return self._write(step, arrays)
-        self._pending = self._writer.submit(self._write, step, arrays)
+            return self._write(step, values, meta)
+        self._pending = self._writer.submit(self._write, step, values, meta)
         return self.path(step)
+
+    def _snapshot(self, variables):
+        """The variables' values now, as tensors that later updates do not change (see the module doc)."""
+        key = tuple(id(variable) for variable in variables)
+        if self._reader[0] != key:
+            from lm.compat import tf
+
+            variables = list(variables)
+            self._reader = (key, tf.function(lambda: [variable.read_value() for variable in variables]))
+        return self._reader[1]()
 
     def writing(self):
         """True while a background write is in flight."""
@@ -99,18 +118,37 @@ class Checkpointer:
         if pending is not None:
             pending.result()
 
-    def _write(self, step, arrays):
+    def _write(self, step, values, meta):
         os.makedirs(self.directory, exist_ok=True)
         path = self.path(step)
         tmp = "%s.tmp-%d" % (path, os.getpid())
+        # All to host memory first (on a GPU, device-to-host copies), so the snapshot's device
+        # buffers are released before the slower write to disk.
+        arrays = [np.asarray(value) for value in values]
+        del values[:]
         with open(tmp, "wb") as handle:
-            np.savez(handle, **arrays)
+            write_npz(handle, arrays, json.dumps(meta, sort_keys=True).encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         for old in self._steps_on_disk()[:-self.keep] if self.keep else []:
             os.remove(self.path(old))
         return path
+
+
+def write_npz(handle, arrays, meta_json):
+    """What `np.savez(handle, v00000=..., __meta__=...)` writes, without its copy of every array."""
+    with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for index, array in enumerate(arrays):
+            _write_npy(archive, "v%05d" % index, array)
+        _write_npy(archive, META_KEY, np.frombuffer(meta_json, np.uint8))
+
+
+def _write_npy(archive, name, array):
+    array = np.require(array, requirements="C")  # not ascontiguousarray: it makes scalars 1-d
+    with archive.open(name + ".npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
+        member.write(array.reshape(-1).view(np.uint8).data)
 
 
 def _yield_to_training():
