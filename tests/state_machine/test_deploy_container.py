@@ -1,0 +1,161 @@
+"""deploy.container: TGI on the Hugging Face export, executed on moto (issue 17.4).
+
+Every SageMaker request is checked by botocore's validator against the service model and by the
+strict request rules (`invalid_sagemaker_requests`). TGI's own container is not run here (no GPU,
+no image pull); what is checked is the request SageMaker would get: the image of this region from
+`lm.containers`' table, the model data of the training job, and the Environment that the TGI
+SageMaker entrypoint reads (HF_MODEL_ID, SM_NUM_GPUS) and its launcher's limits (MAX_INPUT_LENGTH,
+MAX_TOTAL_TOKENS).
+"""
+import collections
+import json
+
+import boto3
+import pytest
+from state_machine.harness import ROLE, invalid_sagemaker_requests
+
+from lm import containers, rules
+from lm.config import get_preset
+from lmstack import start
+from lmstack.local_sfn import REGION
+from stacks.state_machine import deploy
+
+# moto accepts only its own (older) list of hosting instance types: of ours, ml.g4dn.12xlarge and ml.p3.*.
+TGI_DEPLOY = {"enabled": True, "endpoint_name": "tgi", "instance_type": "ml.g4dn.12xlarge", "container": "tgi"}
+TINY_TGI = {"preset": "tiny", "hyperparameters": {"export_hf": True, "max_steps": 10}, "deploy": TGI_DEPLOY}
+
+
+def _failure(run):
+    return run.description.get("error"), run.description.get("cause"), run.states_entered()[-6:]
+
+
+@pytest.mark.slow
+def test_tgi_serves_the_hugging_face_export_of_the_training_job(deployment):
+    run = deployment.run(TINY_TGI, name="tgi-1")
+    assert run.status == "SUCCEEDED", _failure(run)
+    (_, _, training), = run.calls("createTrainingJob")
+    assert training["HyperParameters"]["export_hf"] == "true"
+    (_, _, model), = run.calls("createModel")
+    container = model["PrimaryContainer"]
+    assert container["Image"] == (
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-tgi-inference:"
+        "2.4.0-tgi3.0.1-gpu-py311-cu124-ubuntu22.04")
+    assert container["ModelDataUrl"] == run.output["model_artifacts"]
+    # tiny: context 128 tokens, half of it prompt; 141k parameters fit one T4.
+    assert container["Environment"] == {"HF_MODEL_ID": "/opt/ml/model", "SM_NUM_GPUS": "1",
+                                        "MAX_INPUT_LENGTH": "64", "MAX_TOTAL_TOKENS": "128"}
+    (_, _, config), = run.calls("createEndpointConfig")
+    assert config["ProductionVariants"][0]["InstanceType"] == "ml.g4dn.12xlarge"
+    assert run.output["deploy"]["status"] == "InService"
+    assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.slow
+def test_the_default_container_is_still_lmstack(deployment):
+    run = deployment.run(dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="lmstack")), name="lmstack-1")
+    assert run.status == "SUCCEEDED", _failure(run)
+    (_, _, model), = run.calls("createModel")
+    assert model["PrimaryContainer"]["Image"].endswith("/lmstack:tfcurrent")
+    assert "HF_MODEL_ID" not in model["PrimaryContainer"]["Environment"]
+    assert invalid_sagemaker_requests(run) == []
+
+
+def test_tgi_images_cover_every_deployable_region():
+    from stacks.config import REGIONS
+
+    for region in REGIONS:
+        assert containers.tgi_image(region).startswith("763104351884.dkr.ecr.%s.amazonaws.com/" % region)
+    with pytest.raises(ValueError, match="no TGI image for region 'xx-east-9'"):
+        containers.tgi_image("xx-east-9")
+
+
+def test_shards_follow_the_gpu_memory():
+    """gpt-13b in fp16: 12.85e9 parameters x 2 bytes = 23.9 GiB of weights, 1.6 GiB of KV cache for
+    2048 tokens, 2 GiB overhead per GPU. A T4 (16 GiB, 14.4 usable): on 2 GPUs 14.8 GiB each is too
+    much, on 4 it is 8.4 GiB. An A100 80 GB holds it on one."""
+    config = get_preset("gpt-13b")
+    assert containers.tgi_shards(config, "ml.g4dn.12xlarge") == (4, None)
+    assert containers.tgi_shards(config, "ml.p4de.24xlarge") == (1, None)
+    shards, reason = containers.tgi_shards(config, "ml.p3.2xlarge")
+    assert shards is None and "on 1 GPUs" in reason
+    assert containers.tgi_shards(config, "ml.m5.xlarge") == (None, "TGI needs a GPU instance; ml.m5.xlarge has none")
+    # The shard count divides n_head (tensor parallelism splits the heads): 40 heads on 8 V100s -> 4.
+    assert containers.tgi_shards(config, "ml.p3.16xlarge") == (4, None)
+
+
+def test_the_environment_states_choose_what_lm_containers_computes(engine):
+    """The per-preset, per-instance-type Choice of the deploy stage, run on moto alone, for every
+    pair TGI can serve: its Environment is `lm.containers.tgi_environment` with the computed shards."""
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    states = collections.OrderedDict(deploy._tgi_environment_states("Tgi", "Done"))
+    states["Done"] = {"Type": "Pass", "End": True}
+    machine = sfn.create_state_machine(name="tgi-env", roleArn=ROLE, definition=json.dumps(
+        {"StartAt": "Tgi", "States": states}))["stateMachineArn"]
+    cases = [("gpt-13b", "ml.g4dn.12xlarge"), ("gpt-13b", "ml.g5.12xlarge"), ("gpt-6.7b", "ml.p3.8xlarge"),
+             ("gpt-125m", "ml.g5.xlarge"), ("tiny", "ml.p5.48xlarge")]
+    for index, (preset, instance_type) in enumerate(cases):
+        arn = sfn.start_execution(stateMachineArn=machine, name="env-%d" % index, input=json.dumps(
+            {"config": {"preset": preset, "deploy": {"instance_type": instance_type}}}))["executionArn"]
+        description = _finished(sfn, arn)
+        assert description["status"] == "SUCCEEDED", description
+        shards, _ = containers.tgi_shards(get_preset(preset), instance_type)
+        assert json.loads(description["output"])["deploy_serving"] == dict(
+            containers.tgi_environment(get_preset(preset), shards)), (preset, instance_type)
+    arn = sfn.start_execution(stateMachineArn=machine, name="env-none", input=json.dumps(
+        {"config": {"preset": "gpt-13b", "deploy": {"instance_type": "ml.p3.2xlarge"}}}))["executionArn"]
+    assert _finished(sfn, arn)["status"] == "FAILED"
+
+
+def _finished(sfn, arn):
+    import time
+
+    for _ in range(400):
+        description = sfn.describe_execution(executionArn=arn)
+        if description["status"] != "RUNNING":
+            return description
+        time.sleep(0.05)
+    raise AssertionError("execution %s still running" % arn)
+
+
+REJECTED = [
+    (dict(TINY_TGI, hyperparameters={"max_steps": 10}),
+     "deploy.container tgi serves the Hugging Face export: set hyperparameters.export_hf to true"),
+    (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, instance_type="ml.m5.xlarge")),
+     "deploy.container tgi: TGI needs a GPU instance; ml.m5.xlarge has none; choose another deploy.instance_type"),
+    (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="vllm")),
+     "deploy.container must be one of lmstack, tgi, got \"vllm\""),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("execution_input,message", REJECTED)
+def test_the_validate_stage_refuses_what_tgi_cannot_serve(deployment, execution_input, message):
+    run = deployment.run(execution_input, name="bad")
+    assert run.status == "FAILED"
+    assert run.description["error"] == rules.INVALID
+    assert message in run.description["cause"]
+    assert run.calls("createTrainingJob") == []
+    with pytest.raises(start.StartError) as raised:
+        start.validate_input(execution_input, deployment.settings)
+    assert message.replace('"', "'") in str(raised.value)  # Python's repr quotes where the ASL writes JSON
+
+
+def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint():
+    """The plan gate would reject gpt-13b on the default training instance first, so the rule is
+    shown on the rule table itself (what the Validate stage and lmstack.start both read)."""
+    table = rules.cross_field_rules()
+    config = {"preset": "gpt-13b", "hyperparameters": {"export_hf": True, "model": "gpt"},
+              "deploy": {"enabled": True, "container": "tgi", "instance_type": "ml.p3.2xlarge"}}
+    message = rules.broken(table, config)
+    assert message.startswith("deploy.container tgi cannot serve preset 'gpt-13b' on deploy.instance_type ml.p3.2xlarge")
+    assert "gpt-6.7b" in message  # the other preset that does not fit one V100
+    assert rules.broken(table, dict(config, deploy=dict(config["deploy"], instance_type="ml.g5.12xlarge"))) is None
+    assert rules.broken(table, dict(config, deploy=dict(config["deploy"], container="lmstack"))) is None
+
+
+def test_export_hf_needs_the_gpt_family():
+    from lm import job
+
+    with pytest.raises(ValueError, match="hyperparameters.export_hf needs model gpt .*, got model 'rnn'"):
+        job.validate_hyperparameters({"model": "rnn", "preset": "rnn-tiny", "export_hf": True})
+    assert job.validate_hyperparameters({"model": "gpt", "preset": "tiny", "export_hf": True})["export_hf"] is True
