@@ -4,8 +4,8 @@ Every SageMaker request is checked by botocore's validator against the service m
 strict request rules (`invalid_sagemaker_requests`). TGI's own container is not run here (no GPU,
 no image pull); what is checked is the request SageMaker would get: the image of this region from
 `lm.containers`' table, the model data of the training job, and the Environment that the TGI
-SageMaker entrypoint reads (HF_MODEL_ID, SM_NUM_GPUS) and its launcher's limits (MAX_INPUT_LENGTH,
-MAX_TOTAL_TOKENS).
+SageMaker entrypoint reads (HF_MODEL_ID, SM_NUM_GPUS) and its launcher's limits and dtype
+(MAX_INPUT_LENGTH, MAX_TOTAL_TOKENS, DTYPE).
 """
 import collections
 import json
@@ -43,7 +43,7 @@ def test_tgi_serves_the_hugging_face_export_of_the_training_job(deployment):
     assert container["ModelDataUrl"] == run.output["model_artifacts"]
     # tiny: context 128 tokens, half of it prompt; 141k parameters fit one T4.
     assert container["Environment"] == {"HF_MODEL_ID": "/opt/ml/model", "SM_NUM_GPUS": "1",
-                                        "MAX_INPUT_LENGTH": "64", "MAX_TOTAL_TOKENS": "128"}
+                                        "MAX_INPUT_LENGTH": "64", "MAX_TOTAL_TOKENS": "128", "DTYPE": "float16"}
     (_, _, config), = run.calls("createEndpointConfig")
     assert config["ProductionVariants"][0]["InstanceType"] == "ml.g4dn.12xlarge"
     assert run.output["deploy"]["status"] == "InService"

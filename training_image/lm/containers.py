@@ -8,8 +8,8 @@
 
 TGI's SageMaker entrypoint reads HF_MODEL_ID (a hub id or a local directory) and SM_NUM_GPUS
 (the tensor-parallel shards), and the launcher's MAX_INPUT_LENGTH / MAX_TOTAL_TOKENS (prompt
-tokens, prompt + generated tokens per request). Tensor parallelism splits the attention heads,
-so the shard count divides n_head.
+tokens, prompt + generated tokens per request) and DTYPE. Tensor parallelism splits the
+attention heads, so the shard count divides n_head.
 
 Image table: TGI_IMAGES, taken on TGI_IMAGES_TAKEN from the SageMaker Python SDK's
 `src/sagemaker/image_uri_config/huggingface-llm.json` (versions 3.0.1, added by commit
@@ -48,7 +48,9 @@ TGI_IMAGES = collections.OrderedDict(
 
 # The container's own file system path of the model data (SageMaker extracts model.tar.gz there).
 MODEL_PATH = "/opt/ml/model"
-# TGI serves in float16 by default; the KV cache is float16 too.
+# The export is float32; the launcher's --dtype (env DTYPE) makes TGI load it as float16 (T4 and
+# V100 have no bfloat16), which the memory estimate assumes for weights and KV cache.
+TGI_DTYPE = "float16"
 SERVING_BYTES = 2
 # CUDA context, TGI's warm-up prefill buffers and fragmentation, per GPU (an estimate: TGI
 # measures the rest at start-up and fails if one MAX_TOTAL_TOKENS sequence does not fit).
@@ -109,4 +111,5 @@ def tgi_environment(config, shards):
         ("SM_NUM_GPUS", str(shards)),
         ("MAX_INPUT_LENGTH", str(max_input)),
         ("MAX_TOTAL_TOKENS", str(max_total)),
+        ("DTYPE", TGI_DTYPE),
     ])
