@@ -8,8 +8,9 @@
 
 TGI's SageMaker entrypoint reads HF_MODEL_ID (a hub id or a local directory) and SM_NUM_GPUS
 (the tensor-parallel shards), and the launcher's MAX_INPUT_LENGTH / MAX_TOTAL_TOKENS (prompt
-tokens, prompt + generated tokens per request) and DTYPE. Tensor parallelism splits the
-attention heads, so the shard count divides n_head.
+tokens, prompt + generated tokens per request) and DTYPE (TGI docs, "Text-generation-launcher
+arguments": each option's `[env: ...]`). Tensor parallelism splits the attention heads, so the
+shard count divides n_head.
 
 Image table: TGI_IMAGES, taken on TGI_IMAGES_TAKEN from the SageMaker Python SDK's
 `src/sagemaker/image_uri_config/huggingface-llm.json` (versions 3.0.1, added by commit
