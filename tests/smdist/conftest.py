@@ -15,8 +15,9 @@ tf.config.threading.set_intra_op_parallelism_threads(2)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
-FAKE_ENV = ("FAKE_SDP_RANK", "FAKE_SDP_SIZE", "FAKE_SDP_LOCAL_RANK", "FAKE_SDP_LOCAL_SIZE", "FAKE_SMP_RANK",
-            "FAKE_SMP_SIZE", "FAKE_SMP_LOCAL_SIZE", "FAKE_SMDIST_LOG", "SM_HP_MP_PARAMETERS")
+FAKE_ENV = ("FAKE_SDP_RANK", "FAKE_SDP_SIZE", "FAKE_SDP_LOCAL_RANK", "FAKE_SDP_LOCAL_SIZE", "FAKE_SDP_RENDEZVOUS",
+            "FAKE_SMP_RANK", "FAKE_SMP_SIZE", "FAKE_SMP_LOCAL_SIZE", "FAKE_SMP_TIMEOUT", "FAKE_SMDIST_LOG",
+            "SM_HP_MP_PARAMETERS")
 
 
 @pytest.fixture

@@ -11,12 +11,13 @@ def token_batch(batch, seq_len=16, seed=0, vocab=512):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def build_tiny():
-    """The `tiny` GPT with the same initial weights on every call."""
+def build_tiny(build=True):
+    """The `tiny` GPT with the same initial weights on every call (`build=False`: created by its
+    first call, in the same order and so with the same values)."""
     from lm.compat import keras
     from lm.model import PRESETS, build_model
     keras.utils.set_random_seed(7)
-    return build_model(PRESETS["tiny"])
+    return build_model(PRESETS["tiny"], build=build)
 
 
 def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
@@ -44,9 +45,12 @@ def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, sha
     import numpy as np
 
     from lm import shards
+    from tokenizers import Tokenizer, models, pre_tokenizers
     tokenizer_file = os.path.join(directory, "tokenizer.json")
-    with open(tokenizer_file, "w") as handle:
-        handle.write("{}")
+    # A real (tiny) tokenizer, so an export loads in lm.serve.
+    tokenizer = Tokenizer(models.WordLevel({"<eod>": 0, "a": 1, "b": 2}, unk_token="<eod>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(tokenizer_file)
     dtype = shards.dtype_for_vocab(vocab_size)
     rows = np.random.RandomState(0).randint(1, vocab_size, size=(records, seq_len + 1)).astype("<u2")
     manifest = shards.Manifest(dtype=dtype, seq_len=seq_len, vocab_size=vocab_size, eod_token_id=0,
@@ -62,9 +66,10 @@ def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, sha
     return directory
 
 
-def run_train(data_dir, out_dir, strategy, env, steps=3, **hyperparameters):
+def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperparameters):
     """`python -m lm.train` in a subprocess with the FAKES first on PYTHONPATH; returns
-    (exit status, output, recorded fake calls)."""
+    (exit status, output, recorded fake calls). `ranks`: run it as that many ranks of a fake
+    SMP job (threads, `smdistributed.modelparallel.run`)."""
     import json
     import os
     import subprocess
@@ -83,7 +88,8 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, **hyperparameters):
     values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02,
                   warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
     values.update(hyperparameters)
-    args = [sys.executable, "-m", "lm.train", "--data-dir", data_dir,
+    launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]
+    args = [sys.executable] + launcher + ["lm.train", "--data-dir", data_dir,
             "--checkpoint-dir", os.path.join(out_dir, "ckpt"), "--export-dir", os.path.join(out_dir, "model")]
     for name, value in job.encode_hyperparameters(values).items():
         args += ["--" + name, value]

@@ -1,4 +1,7 @@
-"""The SMP v1 adapter against the FAKE smdistributed.modelparallel (tests/fakes)."""
+"""The SMP v1 adapter against the FAKE smdistributed.modelparallel (tests/fakes): not AWS's
+library, but one written from its documentation (SageMaker Python SDK, smp_versions/latest
+"TensorFlow API" and "Common API"; "Parameters for modelparallel"). Several ranks run as
+threads of this process (`smp.run_ranks`), each holding only its partition's variables."""
 import itertools
 import json
 import os
@@ -95,7 +98,7 @@ def test_data_is_sharded_by_dp_rank(fake_smdist, monkeypatch, random_dataset):
 
 
 def test_batch_must_divide_into_microbatches(fake_smdist, monkeypatch):
-    _mp_parameters(monkeypatch, partitions=2, microbatches=4)
+    _mp_parameters(monkeypatch, partitions=1, microbatches=4)
     strategy = get_strategy("smp").setup()
     with pytest.raises(ValueError, match=r"per-replica batch of 6 sequences .* mp_parameters.microbatches=4"):
         train(strategy, steps=1, batch=6)
@@ -120,12 +123,13 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     for name in ("init", "allreduce", "broadcast_variables"):
         _spy(monkeypatch, hvd, name, hvd_calls)
 
-    _mp_parameters(monkeypatch, partitions=2, microbatches=4, horovod=True)
+    _mp_parameters(monkeypatch, partitions=1, microbatches=4, horovod=True)
     strategy = get_strategy("smp").setup()
     model, optimizer, losses = train(strategy, steps=3, batch=8)
 
     # Forward and backward ran in smp.step on a quarter of the batch per call.
-    steps = [details for name, details in fake_smdist.calls if name == "smp.step"]
+    steps = [details for name, details in fake_smdist.calls
+             if name == "smp.step" and details["function"] == "forward_backward"]
     assert steps and all(d["microbatches"] == 4 for d in steps)
     assert steps[0]["shapes"] == {"inputs": [2, 16], "labels": [2, 16]}
     # Horovod: initialized by the library only; gradients (then the loss) all-reduced; state
@@ -138,7 +142,7 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
 
     # The same run with one microbatch (the whole batch per call) ends with the same weights.
     smp.reset()
-    _mp_parameters(monkeypatch, partitions=2, microbatches=1, horovod=True)
+    _mp_parameters(monkeypatch, partitions=1, microbatches=1, horovod=True)
     whole_model, _, whole_losses = train(get_strategy("smp").setup(), steps=3, batch=8)
     np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
     for ours, reference in zip(model.get_weights(), whole_model.get_weights()):
@@ -146,7 +150,7 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
 
     # And the first step's loss and gradient norm are those of a plain tape on the full batch.
     smp.reset()
-    _mp_parameters(monkeypatch, partitions=2, microbatches=4, horovod=True)
+    _mp_parameters(monkeypatch, partitions=1, microbatches=4, horovod=True)
     first = get_strategy("smp").setup()
     probe = first.build_model(build_tiny)
     from lm.optim import AdamW
@@ -164,14 +168,26 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
 
 def test_model_is_one_distributed_model_called_only_in_steps(fake_smdist, monkeypatch):
     import smdistributed.modelparallel.tensorflow as smp
-    _mp_parameters(monkeypatch, partitions=2)
+    _mp_parameters(monkeypatch, partitions=1)
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)
     assert isinstance(model, smp.DistributedModel)
     assert model.count_params() == model.gpt.count_params() == parameter_count(PRESETS["tiny"])
     with pytest.raises(RuntimeError, match="outside smp.step"):
-        model(tf.zeros([1, 4], tf.int32))
+        model(tf.zeros([1, 4], tf.int32), tf.zeros([1, 4], tf.int32))
     assert os.environ["SM_HP_MP_PARAMETERS"]
+
+
+class _Scale:
+    pass
+
+
+def _doubling_model(smp):
+    class Doubling(smp.DistributedModel):
+        def call(self, x, scale):
+            return x * scale
+
+    return Doubling()
 
 
 def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypatch):
@@ -179,12 +195,13 @@ def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypa
     import smdistributed.modelparallel.tensorflow as smp
     _mp_parameters(monkeypatch, partitions=1, microbatches=4)
     smp.init()
+    model = _doubling_model(smp)
     seen = []
 
     @smp.step(non_split_inputs=["scale"])
     def double(x, scale):
         seen.append(x.shape[0])
-        return x * scale, tf.reduce_sum(x)
+        return model(x, scale), tf.reduce_sum(x)
 
     x = tf.reshape(tf.range(8, dtype=tf.float32), [8, 1])
     doubled, sums = double(x, tf.constant(2.0))
@@ -192,5 +209,171 @@ def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypa
     np.testing.assert_array_equal(doubled.merge().numpy(), 2 * x.numpy())
     assert [float(v) for v in sums.outputs] == [1.0, 5.0, 9.0, 13.0]
     assert float(sums.reduce_mean()) == float(sums.accumulate()) == 7.0
+    assert float(sums.reduce_sum()) == 28.0
     with pytest.raises(ValueError, match="not divisible by microbatches=4"):
         double(tf.zeros([6, 1]), tf.constant(1.0))
+
+
+def test_fake_refuses_what_the_documentation_does_not_allow(fake_smdist, monkeypatch):
+    """Each refusal cites the documented rule; a wrong call must fail, the right one pass."""
+    import smdistributed.modelparallel.tensorflow as smp
+    _mp_parameters(monkeypatch, partitions=1, microbatches=2, pipline="simple")
+    with pytest.raises(ValueError, match="pipline are not TensorFlow parameters"):
+        smp.init()
+    _mp_parameters(monkeypatch, partitions=2, auto_partition=False)
+    with pytest.raises(ValueError, match="default_partition is required when auto_partition is false"):
+        smp.init()
+    _mp_parameters(monkeypatch, partitions=1, microbatches=2)
+    smp.init()
+    model = _doubling_model(smp)
+    with pytest.raises(ValueError, match="interferes with pipelining"):
+        smp.step(jit_compile=True)(lambda x: x)
+    with pytest.raises(TypeError, match="not tf.function arguments"):
+        smp.step(compile=True)(lambda x: x)
+    with pytest.raises(ValueError, match="smaller than partitions=1"):
+        smp.partition(1)
+    with pytest.raises(TypeError, match="must be an smp.CommGroup"):
+        smp.allgather(1, "world")
+    assert smp.allgather(1, smp.CommGroup.WORLD) == [1]
+
+    @smp.step
+    def no_model(x):
+        return x * 2
+
+    with pytest.raises(ValueError, match="must return a value that depends on the output of smp.DistributedModel"):
+        no_model(tf.zeros([2, 1]))
+
+    @smp.step
+    def with_tape(x):
+        with tf.GradientTape():
+            return model(x, tf.constant(1.0))
+
+    with pytest.raises(RuntimeError, match="tf.GradientTape is not supported inside smp.step"):
+        with_tape(tf.zeros([2, 1]))
+
+    @smp.step
+    def with_python_object(x, scale):
+        return model(x, tf.constant(1.0))
+
+    with pytest.raises(TypeError, match="neither a tensor nor a list"):
+        with_python_object(tf.zeros([2, 1]), _Scale())
+    manager = smp.CheckpointManager(tf.train.Checkpoint(step=tf.Variable(1)), directory=str(fake_smdist.__file__) + "x")
+    with pytest.raises(RuntimeError, match="after the first smp.step"):
+        manager.restore()
+
+
+# ---- several ranks (threads), each holding only its partition ----
+
+def _job(monkeypatch, ranks, target, **values):
+    import smdistributed.modelparallel.tensorflow as smp
+    _mp_parameters(monkeypatch, **values)
+    return smp.run_ranks(ranks, target)
+
+
+MANUAL = dict(microbatches=2, auto_partition=False, default_partition=0)
+
+
+def _partitioned_tiny():
+    strategy = get_strategy("smp").setup()
+    unbuilt = build_tiny(build=False)
+    before = len(unbuilt.weights)
+    model = strategy.build_model(lambda build: unbuilt)
+    from lm.optim import AdamW
+    optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
+    names = [weight.name for weight in model.weights]
+    held = sum(weight.shape.num_elements() for weight in model.weights)
+    return strategy.mp_rank, before, names, [id(w) for w in model.weights], len(model.gpt.weights), \
+        len(optimizer.variables), [id(w) for w in model.gpt.weights], held
+
+
+def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, monkeypatch):
+    results = _job(monkeypatch, 2, _partitioned_tiny, partitions=2, **MANUAL)
+    (rank0, before0, names0, ids0, total, slots0, everything, held0), \
+        (rank1, before1, names1, ids1, _, slots1, _, held1) = results
+    assert (rank0, rank1) == (0, 1) and before0 == before1 == 0  # nothing built before the partition
+    # Manual placement: the embeddings, ln_f and block 0 on partition 0; block 1 on partition 1.
+    assert any("embedding" in name for name in names0) and all("block_1" not in name for name in names0)
+    assert names1 and all("block_1" in name for name in names1)
+    # Every variable on exactly one rank, and Adam keeps state (m, v) for that rank's only.
+    assert not set(ids0) & set(ids1) and len(ids0) + len(ids1) == total
+    assert set(ids0) | set(ids1) == set(everything)
+    assert (slots0, slots1) == (1 + 2 * len(ids0), 1 + 2 * len(ids1))
+    # lm.plan's SMP memory model counts what partition 0, the busiest, holds.
+    from lm import plan
+    assert held0 + held1 == parameter_count(PRESETS["tiny"])
+    assert plan.memory(PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
+
+
+def _train_and_report(grad_clip=0.05):
+    strategy = get_strategy("smp").setup()
+    model, optimizer, losses = train(strategy, steps=3, batch=8, grad_clip=grad_clip)
+    whole = strategy.whole_model(model)
+    return strategy.mp_rank, losses, None if whole is None else whole.get_weights()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", [MANUAL, dict(microbatches=2)], ids=["manual", "auto"])
+def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch, placement):
+    # grad_clip 0.05 is far below the tiny model's gradient norm (about 1), so every step clips:
+    # both partitions must scale by the factor of the WHOLE model's norm.
+    (_, reference_losses, reference), = _job(monkeypatch, 1, _train_and_report, partitions=1, microbatches=2)
+    first, second = _job(monkeypatch, 2, _train_and_report, partitions=2, **placement)
+    assert first[1] == second[1]  # both ranks report the same (replica-wide) loss
+    np.testing.assert_allclose(first[1], reference_losses, rtol=1e-5)
+    assert second[2] is None  # the whole model is gathered on the chief only
+    assert len(first[2]) == len(reference)
+    for ours, theirs in zip(first[2], reference):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+def _norm_of_partitions(squares):
+    strategy = get_strategy("smp").setup()
+    return float(strategy.model_parallel_norm(squares[strategy.mp_rank]))
+
+
+@pytest.mark.parametrize("squares, expected", [((9.0, 16.0), 5.0), ((4.0, float("inf")), float("inf")),
+                                               ((float("nan"), 1.0), float("nan"))])
+def test_gradient_norm_and_overflow_are_decided_over_the_model_parallel_group(fake_smdist, monkeypatch, squares,
+                                                                             expected):
+    # An inf/nan on one partition gives every partition a non-finite norm: all skip the step.
+    norms = _job(monkeypatch, 2, lambda: _norm_of_partitions(squares), partitions=2, **MANUAL)
+    np.testing.assert_equal(norms, [expected, expected])
+
+
+def _vote(stopping_rank):
+    from lm.train import agree
+    strategy = get_strategy("smp").setup()
+    return agree(strategy, strategy.rank == stopping_rank)
+
+
+@pytest.mark.parametrize("stopping_rank", [None, 0, 1])
+def test_the_stop_vote_spans_every_rank(fake_smdist, monkeypatch, stopping_rank):
+    # With one replica the data-parallel group of each rank is that rank alone: a vote over it
+    # would let rank 0 stop while its pipeline partner trains on (and hangs).
+    votes = _job(monkeypatch, 2, lambda: _vote(stopping_rank), partitions=2, **MANUAL)
+    assert votes == [stopping_rank is not None] * 2
+
+
+def _choose(newest):
+    strategy = get_strategy("smp").setup()
+    return strategy.choose_checkpoint(newest[strategy.rank])
+
+
+def test_every_rank_resumes_from_rank_0s_choice(fake_smdist, monkeypatch):
+    # Rank 1's partition has a newer file than rank 0's (its write finished, rank 0's did not).
+    assert _job(monkeypatch, 2, lambda: _choose([4, 6]), partitions=2, **MANUAL) == [4, 4]
+    assert _job(monkeypatch, 2, lambda: _choose([None, 6]), partitions=2, **MANUAL) == [None, None]
+
+
+def _outputs_of_the_model():
+    strategy = get_strategy("smp").setup()
+    train(strategy, steps=1, batch=8)
+    import smdistributed
+    return [details for name, details in smdistributed.calls if name == "smp.DistributedModel.output"]
+
+
+def test_the_model_returns_the_scalar_loss_not_the_logits(fake_smdist, monkeypatch):
+    # Tensors returned by DistributedModel.call are broadcast to every partition: the logits
+    # (vocab floats per token) must not be among them.
+    outputs = _job(monkeypatch, 2, _outputs_of_the_model, partitions=2, **MANUAL)[0]
+    assert outputs and all(details["shapes"] == [[]] and details["bytes"] == 4 for details in outputs)

@@ -8,6 +8,7 @@ activation="relu", head_dim=d_model` is the seed's block, kept for the benchmark
 optional per-layer key/value cache (see `lm.generate`).
 """
 import argparse
+import contextlib
 import json
 import math
 
@@ -243,16 +244,27 @@ class GPT(keras.Model):
         logits = self.embedding.project(x) if self.head is None else self.head(x)
         return tf.cast(logits, tf.float32)
 
+    # None, or a callable mapping a layer to a context manager that places it (its variables and
+    # operations): `place(None)` for the embeddings and the output, `place(i)` for block i. SMP v1
+    # sets it to put each block in its pipeline partition (lm.distributed.smp).
+    place = None
+
+    def _placed(self, block_index):
+        return contextlib.nullcontext() if self.place is None else self.place(block_index)
+
     def call(self, tokens, training=None):
         bias = causal_bias(tf.shape(tokens)[1])
         seeds = self._dropout_seeds(training)
-        x = dropout(self.embedding(tokens), self.model_config.dropout, seeds[-1])
-        for block, seed in zip(self.blocks, seeds):
-            if self.recompute and training:
-                x = tf.recompute_grad(lambda h, block=block, seed=seed: block(h, bias, seed=seed))(x)
-            else:
-                x = block(x, bias, seed=seed)
-        return self._logits(x)
+        with self._placed(None):
+            x = dropout(self.embedding(tokens), self.model_config.dropout, seeds[-1])
+        for index, (block, seed) in enumerate(zip(self.blocks, seeds)):
+            with self._placed(index):
+                if self.recompute and training:
+                    x = tf.recompute_grad(lambda h, block=block, seed=seed: block(h, bias, seed=seed))(x)
+                else:
+                    x = block(x, bias, seed=seed)
+        with self._placed(None):
+            return self._logits(x)
 
     supports_cache = True
 
@@ -289,10 +301,14 @@ class GPT(keras.Model):
         return cls(**config)
 
 
-def build_model(config, recompute=False):
-    """The GPT for `config` with its weights created (call it on int32 tokens [batch, seq])."""
+def build_model(config, recompute=False, build=True):
+    """The GPT for `config` with its weights created (call it on int32 tokens [batch, seq]).
+
+    `build=False` leaves the weights to its first call (under SMP v1 each rank then creates only
+    the weights of its own partition)."""
     model = GPT(config, recompute=recompute, name="gpt")
-    model(tf.zeros([1, 1], tf.int32))
+    if build:
+        model(tf.zeros([1, 1], tf.int32))
     return model
 
 

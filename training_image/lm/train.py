@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -184,7 +185,10 @@ class StopFlag:
 
     def __init__(self):
         self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
+        # Only the main thread may install handlers (and receives signals); test fakes run
+        # ranks as threads.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
         self.requested = True
@@ -283,7 +287,8 @@ class Training:
         seed_everything(tf, hp.seed)
 
         dropout_key = checkpoint.DropoutKey(hp.seed, strategy.data_parallel_rank)
-        self.model = strategy.build_model(lambda: dropout_key.attach(models.build(config, recompute=hp.recompute)))
+        self.model = strategy.build_model(
+            lambda **options: dropout_key.attach(models.build(config, recompute=hp.recompute, **options)))
         if paths.init_from:  # a checkpoint of this run, if any, replaces these weights in restore()
             from lm import hf
             hf.load_weights(self.model, paths.init_from)
@@ -320,10 +325,17 @@ class Training:
         return self.learning_rate_at(step, self.peak_lr, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
 
     def restore(self):
-        """The step of the newest complete checkpoint, restored into `state`; 0 when there is none."""
-        latest = self.checkpoints.latest()
-        if not latest:
+        """The step of the newest complete checkpoint, restored into `state`; 0 when there is none.
+
+        The strategy chooses the step, so ranks whose files differ (SMP partitions) resume together."""
+        steps = self.checkpoints.steps()
+        chosen = self.strategy.choose_checkpoint(steps[-1] if steps else None)
+        if chosen is None:
             return 0
+        latest = self.checkpoints.path(chosen)
+        if chosen not in steps:
+            raise checkpoint.CheckpointError("%s: not found on rank %d, but the run resumes from step %d"
+                                             % (latest, self.strategy.rank, chosen))
         meta = checkpoint.read_meta(latest)
         check_resume(meta, self.hp, latest)
         if checkpoint.check_dataset(meta, self.fingerprint, self.hp.allow_new_data, latest):
@@ -452,9 +464,10 @@ class Training:
             if self.saved_step != self.step:
                 self.save(self.step)
             self.evaluate(self.step)
+            whole_model = self.strategy.whole_model(self.model)
             if self.chief:
                 from lm.export import export_model
-                export_model(self.model, self.config, os.path.join(self.paths.data_dir, self.manifest.tokenizer_file),
+                export_model(whole_model, self.config, os.path.join(self.paths.data_dir, self.manifest.tokenizer_file),
                              self.paths.export_dir)
                 self.say("exported the model to %s" % self.paths.export_dir)
                 if self.hp.export_hf:

@@ -4,16 +4,19 @@ Keeps a log of the calls made to the fake modules below.
 """
 import json
 import os
+import threading
 
 calls = []
+_lock = threading.Lock()  # the fake SMP runs ranks as threads
 
 
 def record(name, **details):
-    calls.append((name, details))
     path = os.environ.get("FAKE_SMDIST_LOG")
-    if path:
-        with open(path, "a") as handle:
-            handle.write(json.dumps({"call": name, "details": details}, sort_keys=True, default=str) + "\n")
+    with _lock:
+        calls.append((name, details))
+        if path:
+            with open(path, "a") as handle:
+                handle.write(json.dumps({"call": name, "details": details}, sort_keys=True, default=str) + "\n")
 
 
 def names():

@@ -46,6 +46,10 @@ What an adapter must do (override only what differs from the single-device defau
 - `broadcast_initial_state(model, optimizer)`: make every rank's weights and optimizer state
   equal rank 0's (Horovod: `hvd.broadcast_variables`). Called once, after the first step, when
   the optimizer's variables exist. A no-op where variables are mirrored by construction.
+- `choose_checkpoint(newest_step)`: the step all ranks resume from (SMP: rank 0's choice,
+  broadcast, since each partition's files are its own).
+- `whole_model(model)`: called on every rank before the export; the complete model on the
+  chief (SMP: the partitions gathered from the model-parallel group).
 - `barrier()`: return when every rank has called it.
 - `writes_checkpoints` / `checkpoint_tag`: which ranks save, and a tag that keeps the files of
   ranks holding different variables apart (SMP: one file per pipeline partition).
@@ -87,13 +91,15 @@ def compute_gradients(model, loss_fn, inputs, labels, loss_scale=None):
     return loss, grads
 
 
-def apply_update(optimizer, variables, grads, grad_clip=0.0, loss_scale=None):
+def apply_update(optimizer, variables, grads, grad_clip=0.0, loss_scale=None, grad_norm=None):
     """Clip by global norm, then apply; with a loss scale, skip the update on inf/nan gradients.
 
     Returns {"grad_norm", "loss_scale"}. The same averaged gradients give the same update on
-    every replica.
+    every replica. `grad_norm`: the norm of the whole model's gradients when `grads` are only
+    this process's share of them (SMP partitions); by default the norm of `grads`.
     """
-    grad_norm = tf.linalg.global_norm(grads)
+    if grad_norm is None:
+        grad_norm = tf.linalg.global_norm(grads)
     if grad_clip and grad_clip > 0:
         grads, _ = tf.clip_by_global_norm(grads, grad_clip, use_norm=grad_norm)
     if loss_scale is None:
@@ -193,6 +199,14 @@ class Strategy:
 
     def broadcast_initial_state(self, model, optimizer):
         """Single device: nothing to broadcast."""
+
+    def choose_checkpoint(self, newest_step):
+        """The checkpoint step every rank resumes from, given this rank's newest (None: none)."""
+        return newest_step
+
+    def whole_model(self, model):
+        """Called on every rank before the export: the complete model on the chief (it exports it)."""
+        return model
 
     def barrier(self):
         """Single process: nothing to wait for."""

@@ -1,19 +1,40 @@
 """SageMaker model parallel v1 (SMP, TensorFlow; TF 2.6 image): pipeline over `partitions` GPUs.
 
-What the library's documentation asks of a TF script, and where it happens here:
+What the library's documentation asks of a TF script, and where it happens here (SageMaker
+Python SDK docs, "TensorFlow API" and "Common API" of smp_versions/latest, and the developer
+guide's "Modify a TensorFlow Training Script"):
 - `smp.init()` in `setup`; `mp_parameters` (SM_HP_MP_PARAMETERS) checked first, so a bad value
   fails with the field's name instead of deep inside the library.
-- the model subclasses `smp.DistributedModel`: `build_model` wraps our Keras GPT in one
-  (`DistributedGPT`), so SMP partitions the ops of its `call`.
+- the model subclasses `smp.DistributedModel` (`DistributedGPT`); "any operation that is part of
+  `call()` executes in exactly one of the devices". Our GPT is built without weights
+  (`build=False`) and each block runs in `smp.partition(i * partitions // n_layer)`, the
+  embeddings, the output layer and the loss in partition 0 (which holds the tied token table),
+  so with `auto_partition: false` block i's variables are created on that partition's rank
+  only, and with auto-partitioning the library places them. The model is partitioned in the
+  first `smp.step` call, so `build_model` runs one forward step on a tiny batch first: the
+  optimizer's slots are then created for this rank's variables only.
+- the loss is computed inside `call`: "tensors returned from the call method will be broadcast
+  across model-parallel devices", so the model returns the scalar loss, not the logits.
 - forward and backward inside an `@smp.step` function that returns gradients and loss; outside
   it, `accumulate()` the gradients and `reduce_mean()` the loss over the microbatches.
-- `tf.GradientTape` is not supported inside `smp.step`; the documented alternative
+  `tf.GradientTape` is not supported inside `smp.step`; the documented alternative
   (`Optimizer.get_gradients`) is `tf.gradients` of the loss, which is what we call.
+- clipping and the fp16 overflow skip need the norm of the whole model's gradients: each rank
+  holds its partition's, so the squared norms are summed over the model-parallel group
+  (`smp.allgather(..., smp.CommGroup.MP_GROUP)`); an inf/nan anywhere makes the sum non-finite
+  on every partition, so all skip the same steps.
 - with `"horovod": true` the library initializes Horovod itself (never `hvd.init()` here); the
   accumulated gradients are averaged over the data-parallel replicas with `hvd.allreduce`, and
   model and optimizer state is broadcast from rank 0 after the first step.
+- votes and agreed values (stop after SIGTERM, time-based checkpoints) span every rank
+  (`smp.CommGroup.WORLD`): a pipeline partner that missed the vote would wait forever.
+- checkpoints: one file per partition; rank 0 chooses the step to resume from and sends it to
+  every rank (`smp.broadcast` / `smp.recv_from`). The restore happens after the partition step
+  ("checkpoint restores ... should take place after the first step").
+- the export gathers every partition's weights on the chief (`smp.allgather` over the
+  model-parallel group) into one plain model, which `lm.export` writes as for any strategy.
 - data is sharded and seeded by `smp.dp_rank()` (`data_parallel_rank`), batches divide into
-  microbatches (`drop_remainder=True`; checked when the step is traced).
+  microbatches (`drop_remainder=True`; checked before each step).
 - XLA through `tf.config.optimizer.set_jit`: `jit_compile` on `smp.step` interferes with the
   pipeline.
 """
@@ -41,19 +62,39 @@ def read_mp_parameters(environ=None):
     return validate_mp_parameters(values)
 
 
+def partition_of_block(index, n_layer, partitions):
+    """The pipeline partition of block `index`: contiguous, equal shares (lm.plan counts the same)."""
+    return index * partitions // n_layer
+
+
+def sequence_loss(labels, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=tf.cast(logits, tf.float32)))
+
+
 def _distributed_gpt(smp, gpt):
+    from lm.model import GPT
+    if not isinstance(gpt, GPT):
+        raise ValueError("strategy smp partitions the gpt model family only, got %s" % type(gpt).__name__)
+    n_layer, partitions = gpt.model_config.n_layer, smp.mp_size()
+    gpt.place = lambda block: smp.partition(0 if block is None else partition_of_block(block, n_layer, partitions))
+
     class DistributedGPT(smp.DistributedModel):
-        """Our GPT as the one `smp.DistributedModel`; `gpt` stays a plain Keras model."""
+        """Our GPT as the one `smp.DistributedModel`; returns the mean token loss."""
+
+        loss_fn = staticmethod(sequence_loss)
 
         def __init__(self, inner):
             super().__init__(name="distributed_%s" % inner.name)
             self.gpt = inner
 
-        def call(self, inputs, training=None):
-            return self.gpt(inputs, training=training)
+        def call(self, inputs, labels, training=None):
+            logits = self.gpt(inputs, training=training)
+            with smp.partition(0):
+                return tf.cast(self.loss_fn(labels, logits), tf.float32)
 
         def count_params(self):
-            # Keras counts only after a first call, and this model may be called only in smp.step.
+            # Every partition's parameters (Keras would count this rank's only).
             return self.gpt.count_params()
 
     return DistributedGPT(gpt)
@@ -114,10 +155,25 @@ class SMPStrategy(Strategy):
         return "mp%d" % self.mp_rank
 
     def build_model(self, build_fn):
-        return _distributed_gpt(self._smp, build_fn())
+        """The DistributedGPT, partitioned: each rank holds (and later trains) only its variables."""
+        model = _distributed_gpt(self._smp, build_fn(build=False))
+
+        @self._smp.step
+        def partition_step(inputs, labels):
+            return model(inputs, labels, training=False)
+
+        tokens = tf.zeros([self.microbatches, 1], tf.int32)
+        partition_step(tokens, tokens)
+        return model
+
+    def _dp_mean(self, value):
+        """Mean over the model replicas (the partitions of one replica agree already)."""
+        return self._hvd.allreduce(value) if self._hvd is not None else value
 
     def allreduce_mean(self, value):
-        return self._hvd.allreduce(tf.convert_to_tensor(value)) if self._hvd is not None else value
+        """Mean over every rank (eager: lm.train's votes and agreed clocks)."""
+        values = self._smp.allgather(float(value), self._smp.CommGroup.WORLD)
+        return sum(values) / len(values)
 
     def _check_batch(self, inputs):
         batch = inputs.shape[0]
@@ -127,42 +183,56 @@ class SMPStrategy(Strategy):
             raise ValueError("the per-replica batch of %d sequences (global_batch_size / %d model replicas) is not "
                              "divisible by mp_parameters.microbatches=%d" % (batch, self._dp_size, self.microbatches))
 
+    def model_parallel_norm(self, squared_norm):
+        """sqrt of the sum of the partitions' squared gradient norms (inf/nan if any is)."""
+        squares = self._smp.allgather(float(squared_norm), self._smp.CommGroup.MP_GROUP)
+        return tf.sqrt(tf.constant(sum(squares), tf.float32))
+
     def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
         # Set both ways: lm.train rebuilds the steps without XLA when XLA fails to compile.
         tf.config.optimizer.set_jit(bool(jit_compile))
-        variables = model.trainable_variables
+        model.loss_fn = loss_fn
+        variables = model.trainable_variables  # this rank's partition
 
         @self._smp.step
         def forward_backward(inputs, labels):
-            loss = tf.cast(loss_fn(labels, model(inputs, training=True)), tf.float32)
+            loss = model(inputs, labels, training=True)
             scaled = loss_scale.scale(loss) if loss_scale is not None else loss
             # Dense gradients: StepOutput is documented for tensors, not IndexedSlices.
             return [tf.convert_to_tensor(grad) for grad in tf.gradients(scaled, variables)], loss
 
         @tf.function
+        def average(grads, loss):
+            grads = [self._dp_mean(grad) for grad in grads]
+            if loss_scale is not None:
+                grads = loss_scale.unscale(grads)
+            squared = tf.add_n([tf.reduce_sum(tf.square(grad)) for grad in grads]) if grads else tf.constant(0.0)
+            return grads, squared, self._dp_mean(loss)
+
+        @tf.function
+        def update(grads, grad_norm):
+            return apply_update(optimizer, variables, grads, grad_clip, loss_scale, grad_norm=grad_norm)
+
         def train_step(inputs, labels):
             self._check_batch(inputs)
             grads, loss = forward_backward(inputs, labels)
-            grads = [grad.accumulate() for grad in grads]
-            if self._hvd is not None:
-                grads = [self._hvd.allreduce(grad) for grad in grads]
-            if loss_scale is not None:
-                grads = loss_scale.unscale(grads)
-            metrics = apply_update(optimizer, variables, grads, grad_clip, loss_scale)
-            metrics["loss"] = self.allreduce_mean(loss.reduce_mean())
+            grads, squared, loss = average([grad.accumulate() for grad in grads], loss.reduce_mean())
+            metrics = update(grads, self.model_parallel_norm(squared))
+            metrics["loss"] = loss
             return metrics
 
         return train_step
 
     def build_eval_step(self, model, loss_fn, *, jit_compile=False):
+        model.loss_fn = loss_fn
+
         @self._smp.step
         def forward(inputs, labels):
-            return tf.cast(loss_fn(labels, model(inputs, training=False)), tf.float32)
+            return model(inputs, labels, training=False)
 
-        @tf.function
         def eval_step(inputs, labels):
             self._check_batch(inputs)
-            return self.allreduce_mean(forward(inputs, labels).reduce_mean())
+            return self._dp_mean(forward(inputs, labels).reduce_mean())
 
         return eval_step
 
@@ -170,6 +240,42 @@ class SMPStrategy(Strategy):
         if self._hvd is not None:
             self._hvd.broadcast_variables(model.variables, root_rank=0)
             self._hvd.broadcast_variables(optimizer.variables, root_rank=0)
+
+    def choose_checkpoint(self, newest_step):
+        """Rank 0's newest step, on every rank."""
+        smp = self._smp
+        if self.size == 1:
+            return newest_step
+        if self.rank == 0:
+            smp.broadcast(newest_step, smp.CommGroup.WORLD)
+            return newest_step
+        return smp.recv_from(0, smp.RankType.WORLD_RANK)
+
+    def whole_model(self, model):
+        """Every partition's weights in one plain GPT on the chief's CPU; None on other ranks."""
+        import numpy as np
+
+        from lm import models
+        smp = self._smp
+        owned = {id(weight) for weight in model.weights}
+        everything = model.gpt.weights
+        local = {index: np.asarray(weight.numpy()) for index, weight in enumerate(everything)
+                 if id(weight) in owned}
+        if self._dp_rank != 0:
+            return None  # the first replica's partitions hold the same weights
+        parts = smp.allgather(local, smp.CommGroup.MP_GROUP)
+        if not self.is_chief:
+            return None
+        gathered = {}
+        for part in parts:
+            gathered.update(part)
+        missing = sorted(set(range(len(everything))) - set(gathered))
+        if missing:
+            raise RuntimeError("smp: no partition holds weights %s of the model" % missing)
+        with tf.device("/CPU:0"):
+            whole = models.build(model.gpt.model_config)
+        whole.set_weights([gathered[index] for index in range(len(everything))])
+        return whole
 
     def barrier(self):
         self._smp.barrier()

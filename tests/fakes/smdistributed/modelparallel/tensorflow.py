@@ -1,67 +1,225 @@
-"""FAKE `smdistributed.modelparallel.tensorflow` (SMP v1) for tests: not AWS's library.
+"""FAKE `smdistributed.modelparallel.tensorflow` (SMP v1) for tests: NOT AWS's library.
 
-Implements the documented TF API subset lmstack uses (SageMaker Python SDK v2,
-doc/api/training/smp_versions/latest/smd_model_parallel_common_api.rst and
-smd_model_parallel_tensorflow.rst): init, step, StepOutput (outputs, reduce_mean, merge,
-accumulate), DistributedModel, the rank/size queries and barrier.
-Nothing is partitioned: `step` splits the tensor inputs along the batch axis into
-`microbatches` pieces and runs the function once per piece inside a `tf.function`.
-mp_parameters come from SM_HP_MP_PARAMETERS; with "horovod": true, init() initializes
-Horovod itself, as the library does (scripts must never call hvd.init).
+Written from the library's documentation (SageMaker Python SDK v2,
+doc/api/training/smp_versions/latest/smd_model_parallel_common_api.rst ("Common API":
+smp.init, smp.step, StepOutput, MPI basics, CommGroup / RankType, broadcast, send, recv_from,
+allgather, barrier), .../smd_model_parallel_tensorflow.rst ("TensorFlow API": DistributedModel,
+save_model, smp.partition, smp.CheckpointManager, register_post_partition_hook),
+doc/api/training/smd_model_parallel_general.rst ("Parameters for modelparallel",
+"Ranking Basics") and the developer guide's "Modify a TensorFlow Training Script"
+(unsupported: tf.GradientTape, tf.train.Checkpoint.restore; restores after the first step)).
+Only what those pages list exists here; a call, argument or value they do not allow raises.
+
+Ranks are threads of one process (`run_ranks(size, target)`), each with its own state, model
+object and variables. Without `run_ranks` the process is one rank whose place in the layout
+comes from FAKE_SMP_RANK / FAKE_SMP_SIZE: rank queries work, any collective raises (its peers
+are not running), so no call answers for a peer that does not exist.
+
+What the fake emulates, and where it simplifies:
+- Placement: the model is partitioned in the first `smp.step` call ("after the model is
+  partitioned during the first call to smp.step", register_post_partition_hook). Each
+  variable the DistributedModel creates then lives on exactly one rank of the mp group: with
+  `auto_partition: false` the rank whose mp_rank is the innermost `smp.partition` index at
+  creation (else `default_partition`); with auto-partitioning (the default) the library
+  decides, and the fake assigns variables round-robin in creation order, a placement the
+  caller must cope with like any other. `model.variables` / `trainable_variables` / `weights`
+  on a rank are that rank's variables only.
+- Compute is not pipelined: every rank of an mp group runs the whole forward and backward
+  pass, reading the variables other ranks hold (their storage, never a copy), so each rank's
+  gradients are exact for its own variables. Each `smp.step` call starts and ends with an
+  mp-group barrier, so no rank reads a variable while its owner updates it; the step must be
+  called eagerly when there is more than one partition.
+- Tensors returned by `DistributedModel.call` are "broadcast across model-parallel devices";
+  the fake records their shapes and bytes (`smp.DistributedModel.output`).
+- Collectives (`allgather`, `broadcast` / `recv_from`, `send`, `barrier`) run over the rank
+  lists of the documented groups (WORLD, MP_GROUP, DP_GROUP, RDP_GROUP = DP_GROUP without
+  tensor parallelism), exchanging pickled copies. A peer that does not arrive within
+  FAKE_SMP_TIMEOUT seconds (default 60) makes the call raise: a hang becomes an error.
+- With "horovod": true, init() initializes the real Horovod of this process (scripts must
+  never call hvd.init); thread ranks cannot share it, so run_ranks refuses dp_size > 1 there.
 """
+import enum
 import functools
 import inspect
 import json
 import os
+import pickle
+import sys
+import threading
 
 from lm.compat import keras, tf
 from smdistributed import env_int, record
 
-_state = {"initialized": False, "config": None, "in_step": False}
+FAKE = "fake smdistributed.modelparallel"
+TIMEOUT_ENV = "FAKE_SMP_TIMEOUT"
+# "Parameters for modelparallel" that apply to TensorFlow, with their documented defaults.
+PARAMETERS = {"partitions": None, "microbatches": 1, "pipeline": "interleaved", "optimize": "memory",
+              "placement_strategy": "cluster", "auto_partition": True, "default_partition": 0, "contiguous": True,
+              "horovod": False}
+CHOICES = {"pipeline": ("interleaved", "simple"), "optimize": ("memory", "speed"),
+           "placement_strategy": ("cluster", "spread")}
+BOOLEANS = ("auto_partition", "contiguous", "horovod")
+
+
+class CommGroup(enum.Enum):
+    WORLD = "world"
+    MP_GROUP = "mp_group"
+    DP_GROUP = "dp_group"
+    RDP_GROUP = "rdp_group"
+
+
+class RankType(enum.Enum):
+    WORLD_RANK = "world_rank"
+    MP_RANK = "mp_rank"
+    DP_RANK = "dp_rank"
+
+
+WORLD, MP_GROUP, DP_GROUP = CommGroup.WORLD, CommGroup.MP_GROUP, CommGroup.DP_GROUP
+
+
+class FakeHang(RuntimeError):
+    """A collective whose peers did not all arrive: on the real library, a hang."""
+
+
+class _World:
+    """What the ranks of one fake job share: exchange slots, mailboxes, the placed variables."""
+
+    def __init__(self, size):
+        self.size = size
+        self.lock = threading.Condition()
+        self.slots = {}
+        self.mailboxes = {}
+        self.placed = {}     # (mp group, creation index) -> (variable, owning rank)
+        self.broken = None
+
+    def wait(self, predicate, what):
+        timeout = float(os.environ.get(TIMEOUT_ENV) or 60)
+        if not self.lock.wait_for(lambda: predicate() or self.broken, timeout):
+            self.broken = "%s timed out after %.0f s" % (what, timeout)
+            self.lock.notify_all()
+            raise FakeHang("%s: %s (on the real library: a hang)" % (FAKE, self.broken))
+        if self.broken:
+            raise FakeHang("%s: %s, while another rank %s" % (FAKE, what, self.broken))
+
+
+_local = threading.local()
+_process_world = {"world": None}
+
+
+def _state():
+    if not hasattr(_local, "state"):
+        _local.state = {"initialized": False, "config": None, "in_step": False, "partitioned": False,
+                        "world": _process_world["world"], "rank": None, "sequence": {}, "hooks": [],
+                        "created": 0, "partition_stack": [], "owned": set()}
+    return _local.state
+
+
+def reset():
+    """Test helper (not part of the library): forget init in this thread."""
+    if hasattr(_local, "state"):
+        del _local.state
+
+
+def run_ranks(size, target, *args):
+    """Test helper (not part of the library): run `target(*args)` as ranks 0..size-1 of one job,
+    one thread each; returns their results in rank order and re-raises the first error."""
+    world = _World(size)
+    results, errors = [None] * size, [None] * size
+
+    def main(rank):
+        reset()
+        state = _state()
+        state.update(world=world, rank=rank)
+        try:
+            results[rank] = target(*args)
+        except BaseException as error:  # noqa: B036 - reported to the caller below
+            errors[rank] = error
+            with world.lock:
+                world.broken = world.broken or "rank %d failed: %s: %s" % (rank, type(error).__name__, error)
+                world.lock.notify_all()
+        finally:
+            reset()
+
+    threads = [threading.Thread(target=main, args=(rank,), name="fake-smp-rank-%d" % rank) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first = next((error for error in errors if error is not None and not isinstance(error, FakeHang)),
+                 next((error for error in errors if error is not None), None))
+    if first is not None:
+        raise first
+    return results
 
 
 def _require_init(name):
-    if not _state["initialized"]:
-        raise RuntimeError("fake smdistributed.modelparallel: %s() before smp.init()" % name)
+    if not _state()["initialized"]:
+        raise RuntimeError("%s: smp.%s() before smp.init()" % (FAKE, name))
+
+
+def _read_parameters():
+    raw = os.environ.get("SM_HP_MP_PARAMETERS")
+    config = json.loads(raw) if raw else {}
+    unknown = sorted(set(config) - set(PARAMETERS))
+    if unknown:
+        raise ValueError("%s: mp_parameters %s are not TensorFlow parameters of SMP v1 (allowed: %s)"
+                         % (FAKE, ", ".join(unknown), ", ".join(PARAMETERS)))
+    if "partitions" not in config:
+        raise ValueError("%s: mp_parameters need 'partitions'" % FAKE)
+    if config.get("auto_partition") is False and "default_partition" not in config:
+        raise ValueError("%s: default_partition is required when auto_partition is false" % FAKE)
+    for name in ("partitions", "microbatches", "default_partition"):
+        if name in config and (not isinstance(config[name], int) or isinstance(config[name], bool)):
+            raise ValueError("%s: mp_parameters.%s must be an int, got %r" % (FAKE, name, config[name]))
+    for name, choices in CHOICES.items():
+        if name in config and config[name] not in choices:
+            raise ValueError("%s: mp_parameters.%s must be one of %s" % (FAKE, name, choices))
+    for name in BOOLEANS:
+        if name in config and not isinstance(config[name], bool):
+            raise ValueError("%s: mp_parameters.%s must be a bool" % (FAKE, name))
+    values = dict(PARAMETERS)
+    values.update(config)
+    if not 0 <= values["default_partition"] < values["partitions"]:
+        raise ValueError("%s: default_partition must be below partitions" % FAKE)
+    return values
 
 
 def init():
-    if _state["initialized"]:
-        raise RuntimeError("fake smdistributed.modelparallel: smp.init() called twice")
-    config = json.loads(os.environ.get("SM_HP_MP_PARAMETERS") or "{}")
-    if "partitions" not in config:
-        raise ValueError("fake smdistributed.modelparallel: mp_parameters need 'partitions'")
-    config.setdefault("microbatches", 1)
-    _state.update(initialized=True, config=config)
-    record("smp.init", mp_parameters=config)
-    if config.get("horovod"):
+    state = _state()
+    if state["initialized"]:
+        raise RuntimeError("%s: smp.init() called twice" % FAKE)
+    config = _read_parameters()
+    world = state["world"]
+    if world is None:
+        state.update(rank=env_int("FAKE_SMP_RANK", 0), size=env_int("FAKE_SMP_SIZE", config["partitions"]))
+    else:
+        state["size"] = world.size
+    if state["size"] % config["partitions"]:
+        raise ValueError("%s: %d processes are not a multiple of partitions=%d"
+                         % (FAKE, state["size"], config["partitions"]))
+    if world is not None and config["horovod"] and state["size"] > config["partitions"]:
+        raise NotImplementedError("%s: Horovod across thread ranks (dp_size > 1) is not emulated" % FAKE)
+    state.update(initialized=True, config=config)
+    record("smp.init", mp_parameters=config, rank=state["rank"])
+    if config["horovod"]:
         import horovod.tensorflow as hvd
         hvd.init()
 
 
-def reset():
-    """Test helper (not part of the library): forget init."""
-    _state.update(initialized=False, config=None, in_step=False)
-
-
 def _config():
-    _require_init("config")
-    return _state["config"]
+    return _state()["config"]
 
 
-def mp_size():
-    _require_init("mp_size")
-    return int(_config()["partitions"])
-
+# ---- ranks ("MPI Basics" and "Ranking Basics without Tensor Parallelism") ----
 
 def size():
     _require_init("size")
-    return env_int("FAKE_SMP_SIZE", mp_size())
+    return _state()["size"]
 
 
 def rank():
     _require_init("rank")
-    return env_int("FAKE_SMP_RANK", 0)
+    return _state()["rank"]
 
 
 def local_size():
@@ -74,31 +232,167 @@ def local_rank():
     return rank() % local_size()
 
 
-# The fake's layout: the partitions of one model replica hold consecutive ranks.
-def mp_rank():
-    _require_init("mp_rank")
-    return rank() % mp_size()
+def mp_size():
+    _require_init("mp_size")
+    return _config()["partitions"]
 
 
 def dp_size():
     _require_init("dp_size")
-    if size() % mp_size():
-        raise ValueError("fake smdistributed.modelparallel: size %d is not a multiple of partitions %d"
-                         % (size(), mp_size()))
     return size() // mp_size()
+
+
+def _layout(world_rank):
+    """(mp_rank, dp_rank) of a rank: cluster puts one replica on neighbouring ranks, spread far apart."""
+    if _config()["placement_strategy"] == "cluster":
+        return world_rank % mp_size(), world_rank // mp_size()
+    return world_rank // dp_size(), world_rank % dp_size()
+
+
+def mp_rank():
+    _require_init("mp_rank")
+    return _layout(rank())[0]
 
 
 def dp_rank():
     _require_init("dp_rank")
-    return rank() // mp_size()
+    return _layout(rank())[1]
 
 
-def barrier(group=None):
+rdp_rank, rdp_size = dp_rank, dp_size
+
+
+def get_mp_group():
+    _require_init("get_mp_group")
+    return [r for r in range(size()) if _layout(r)[1] == dp_rank()]
+
+
+def get_dp_group():
+    _require_init("get_dp_group")
+    return [r for r in range(size()) if _layout(r)[0] == mp_rank()]
+
+
+def _members(group):
+    if not isinstance(group, CommGroup):
+        raise TypeError("%s: group must be an smp.CommGroup, got %r" % (FAKE, group))
+    if group is CommGroup.WORLD:
+        return list(range(size()))
+    return get_mp_group() if group is CommGroup.MP_GROUP else get_dp_group()
+
+
+def _peer(peer_rank, rank_type):
+    if not isinstance(rank_type, RankType):
+        raise TypeError("%s: rank_type must be an smp.RankType, got %r" % (FAKE, rank_type))
+    members = {RankType.WORLD_RANK: list(range(size())), RankType.MP_RANK: get_mp_group(),
+               RankType.DP_RANK: get_dp_group()}[rank_type]
+    if not isinstance(peer_rank, int) or not 0 <= peer_rank < len(members):
+        raise ValueError("%s: rank %r is not a %s of %d ranks" % (FAKE, peer_rank, rank_type.name, len(members)))
+    return members[peer_rank]
+
+
+def _world(call):
+    world = _state()["world"]
+    if world is None and size() > 1:
+        raise RuntimeError("%s: smp.%s needs the other %d ranks, which do not run in this process "
+                           "(FAKE_SMP_SIZE without run_ranks)" % (FAKE, call, size() - 1))
+    return world
+
+
+# ---- communication ("Communication API") ----
+
+def _exchange(call, group, obj):
+    """Every member of `group` contributes `obj`; returns the contributions in member order."""
+    members = _members(group)
+    world = _world(call)
+    payload = pickle.dumps(obj)
+    if world is None:
+        return [pickle.loads(payload)]
+    state = _state()
+    key = tuple(members)
+    sequence = state["sequence"].get(key, 0)
+    state["sequence"][key] = sequence + 1
+    slot_key = (key, sequence)
+    with world.lock:
+        slot = world.slots.setdefault(slot_key, {"values": {}, "read": 0})
+        slot["values"][state["rank"]] = (call, payload)
+        world.lock.notify_all()
+        world.wait(lambda: len(slot["values"]) == len(members),
+                   "smp.%s over %s: rank %d waited for ranks %s" % (call, group.name, state["rank"], members))
+        calls = {name for name, _ in slot["values"].values()}
+        if len(calls) > 1:
+            raise RuntimeError("%s: ranks %s made different collective calls %s" % (FAKE, members, sorted(calls)))
+        values = [pickle.loads(slot["values"][member][1]) for member in members]
+        slot["read"] += 1
+        if slot["read"] == len(members):
+            del world.slots[slot_key]
+    return values
+
+
+def allgather(obj, group):
+    _require_init("allgather")
+    record("smp.allgather", group=group.name if isinstance(group, CommGroup) else repr(group))
+    return _exchange("allgather", group, obj)
+
+
+def barrier(group=CommGroup.WORLD):
     _require_init("barrier")
-    record("smp.barrier")
+    record("smp.barrier", group=group.name if isinstance(group, CommGroup) else repr(group))
+    _exchange("barrier", group, None)
 
 
-class StepOutput(object):
+def dp_barrier():
+    barrier(CommGroup.DP_GROUP)
+
+
+def mp_barrier():
+    barrier(CommGroup.MP_GROUP)
+
+
+def _post(call, destinations, obj):
+    world = _world(call)
+    me = _state()["rank"]
+    payload = pickle.dumps(obj)
+    with world.lock:
+        for destination in destinations:
+            world.mailboxes.setdefault((me, destination), []).append([payload, False])
+        world.lock.notify_all()
+        entries = [world.mailboxes[(me, d)][-1] for d in destinations]
+        world.wait(lambda: all(entry[1] for entry in entries),
+                   "smp.%s from rank %d: ranks %s did not call recv_from" % (call, me, destinations))
+
+
+def broadcast(obj, group):
+    _require_init("broadcast")
+    record("smp.broadcast", group=group.name if isinstance(group, CommGroup) else repr(group))
+    members = _members(group)
+    if _world("broadcast") is not None:
+        _post("broadcast", [m for m in members if m != rank()], obj)
+
+
+def send(obj, dest_rank, rank_type):
+    _require_init("send")
+    destination = _peer(dest_rank, rank_type)
+    _post("send", [destination], obj)
+
+
+def recv_from(src_rank, rank_type):
+    _require_init("recv_from")
+    source = _peer(src_rank, rank_type)
+    world = _world("recv_from")
+    me = _state()["rank"]
+    with world.lock:
+        queue = world.mailboxes.setdefault((source, me), [])
+        world.wait(lambda: any(not entry[1] for entry in queue),
+                   "smp.recv_from on rank %d: rank %d sent nothing" % (me, source))
+        entry = next(entry for entry in queue if not entry[1])
+        entry[1] = True
+        world.lock.notify_all()
+        return pickle.loads(entry[0])
+
+
+# ---- smp.step and StepOutput ----
+
+class StepOutput:
     """All microbatch versions of one tensor returned from an smp.step function."""
 
     def __init__(self, outputs):
@@ -107,37 +401,53 @@ class StepOutput(object):
     def reduce_mean(self):
         return tf.add_n(self.outputs) / tf.cast(len(self.outputs), self.outputs[0].dtype)
 
+    def reduce_sum(self):
+        return tf.add_n(self.outputs)
+
+    def concat(self):
+        return tf.concat(self.outputs, axis=0)
+
+    def stack(self):
+        return tf.stack(self.outputs)
+
     def merge(self):
         return tf.concat(self.outputs, axis=0)
 
     def accumulate(self, method="variable", var=None):
         if method not in ("add_n", "accumulate_n", "variable"):
-            raise ValueError("fake smdistributed.modelparallel: accumulate(method=%r)" % (method,))
+            raise ValueError("%s: accumulate(method=%r): one of add_n, accumulate_n, variable" % (FAKE, method))
+        if var is not None and not isinstance(var, tf.Variable):
+            raise TypeError("%s: accumulate(var=...) takes a tf.Variable" % FAKE)
         return self.reduce_mean()
 
 
+def _is_tensor(value):
+    return isinstance(value, (tf.Tensor, tf.Variable))
+
+
 def _split(value, microbatches, axis, name):
-    if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "dtype") and hasattr(value, "shape"):
-        value = tf.convert_to_tensor(value)
+    if _is_tensor(value):
         length = value.shape[axis]
         if length is None:
-            raise ValueError("fake smdistributed.modelparallel: argument %r has an unknown batch size; batch "
-                             "with drop_remainder=True" % name)
+            raise ValueError("%s: argument %r has an unknown batch size; batch with drop_remainder=True"
+                             % (FAKE, name))
         if length % microbatches:
-            raise ValueError("fake smdistributed.modelparallel: batch size %d of argument %r is not divisible "
-                             "by microbatches=%d" % (length, name, microbatches))
+            raise ValueError("%s: batch size %d of argument %r is not divisible by microbatches=%d"
+                             % (FAKE, length, name, microbatches))
         return tf.split(value, microbatches, axis=axis)
-    if isinstance(value, (list, tuple)):
+    if hasattr(value, "smp_slice"):
+        return [value.smp_slice(microbatches, index, axis) for index in range(microbatches)]
+    if isinstance(value, (list, tuple, set)):
         parts = [_split(item, microbatches, axis, name) for item in value]
         return [type(value)(part[i] for part in parts) for i in range(microbatches)]
     if isinstance(value, dict):
         parts = {key: _split(item, microbatches, axis, name) for key, item in value.items()}
         return [{key: part[i] for key, part in parts.items()} for i in range(microbatches)]
-    return [value] * microbatches
+    raise TypeError("%s: argument %r of type %s is neither a tensor nor a list, tuple, dict or set, has no "
+                    "smp_slice and is not in non_split_inputs" % (FAKE, name, type(value).__name__))
 
 
-def _is_tensor(value):
-    return isinstance(value, (tf.Tensor, tf.Variable))
+_TF_FUNCTION_ARGUMENTS = set(inspect.signature(tf.function).parameters) - {"func"}
 
 
 def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_function_kwargs):
@@ -145,15 +455,37 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
     if function is None:
         return functools.partial(step, non_split_inputs=non_split_inputs, input_split_axes=input_split_axes,
                                  **tf_function_kwargs)
+    unknown = sorted(set(tf_function_kwargs) - _TF_FUNCTION_ARGUMENTS)
+    if unknown:
+        raise TypeError("%s: smp.step got %s, which are not tf.function arguments" % (FAKE, unknown))
+    for name in ("jit_compile", "experimental_compile"):
+        if tf_function_kwargs.get(name):
+            raise ValueError("%s: smp.step(%s=True) interferes with pipelining and partitioning; use "
+                             "tf.config.optimizer.set_jit(True)" % (FAKE, name))
+    signature = inspect.signature(function)
+    for name in list(non_split_inputs or ()) + list(input_split_axes or {}):
+        if name not in signature.parameters:
+            raise ValueError("%s: %r is not an argument of %s" % (FAKE, name, function.__name__))
     non_split = set(non_split_inputs or ())
     axes = dict(input_split_axes or {})
-    signature = inspect.signature(function)
     traced = tf.function(function, **tf_function_kwargs)
+    calls_model = {}
+
+    def checked(**values):
+        _state()["model_called"] = False
+        outputs = traced(**values)
+        calls_model.setdefault(True, _state()["model_called"])
+        return outputs
 
     @functools.wraps(function)
     def run(*args, **kwargs):
         _require_init("step")
-        microbatches = int(_config()["microbatches"])
+        state = _state()
+        several = mp_size() > 1
+        if several and not tf.executing_eagerly():
+            raise NotImplementedError("%s: with more than one partition, call an smp.step function eagerly "
+                                      "(the fake synchronizes the ranks around it in Python)" % FAKE)
+        microbatches = _config()["microbatches"]
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         per_mb = [dict() for _ in range(microbatches)]
@@ -162,15 +494,26 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
                                                                           axes.get(name, 0), name)
             for index, piece in enumerate(pieces):
                 per_mb[index][name] = piece
-        record("smp.step", function=function.__name__, microbatches=microbatches,
-               shapes={name: list(getattr(v, "shape", ())) for name, v in per_mb[0].items() if _is_tensor(v)})
+        record("smp.step", function=function.__name__, microbatches=microbatches, rank=state["rank"],
+               shapes={name: list(v.shape) for name, v in per_mb[0].items() if _is_tensor(v)})
+        if several:
+            barrier(CommGroup.MP_GROUP)
         outputs = []
-        _state["in_step"] = True
+        state["in_step"] = True
         try:
             for values in per_mb:
-                outputs.append(traced(**values))
+                outputs.append(checked(**values))
         finally:
-            _state["in_step"] = False
+            state["in_step"] = False
+        if not calls_model.get(True):
+            raise ValueError("%s: the smp.step function %s must return a value that depends on the output of "
+                             "smp.DistributedModel (it never calls the model)" % (FAKE, function.__name__))
+        if not state["partitioned"]:
+            state["partitioned"] = True
+            for hook in state["hooks"]:
+                hook()
+        if several:
+            barrier(CommGroup.MP_GROUP)
         first = outputs[0]
         flat = [tf.nest.flatten(out) for out in outputs]
         wrapped = [StepOutput([f[i] for f in flat]) if _is_tensor(item) else item
@@ -180,11 +523,165 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
     return run
 
 
+def register_post_partition_hook(hook):
+    _require_init("register_post_partition_hook")
+    _state()["hooks"].append(hook)
+    return hook
+
+
+_original_tape_init = tf.GradientTape.__init__
+
+
+def _tape_init(self, *args, **kwargs):
+    # TensorFlow's own tapes (tf.recompute_grad's backward) are not the script's.
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    if getattr(_local, "state", {}).get("in_step") and not caller.startswith("tensorflow"):
+        raise RuntimeError("%s: tf.GradientTape is not supported inside smp.step; use Optimizer.get_gradients "
+                           "(tf.gradients)" % FAKE)
+    _original_tape_init(self, *args, **kwargs)
+
+
+tf.GradientTape.__init__ = _tape_init
+
+
+# ---- smp.partition and DistributedModel ----
+
+class partition:  # noqa: N801 - the library's name
+    """`with smp.partition(index):` places the operations (and variables) created inside on `index`."""
+
+    def __init__(self, index):
+        _require_init("partition")
+        if not isinstance(index, int) or not 0 <= index < mp_size():
+            raise ValueError("%s: smp.partition(%r): index must be smaller than partitions=%d"
+                             % (FAKE, index, mp_size()))
+        self.index = index
+
+    def __enter__(self):
+        _state()["partition_stack"].append(self.index)
+        return self
+
+    def __exit__(self, *exc_info):
+        _state()["partition_stack"].pop()
+        return False
+
+
+def _place(next_creator, **kwargs):
+    """Variable creator of the partition step: the variable exists on its owner only."""
+    state, config = _state(), _config()
+    index = state["created"]
+    state["created"] += 1
+    if not config["auto_partition"]:
+        owner = state["partition_stack"][-1] if state["partition_stack"] else config["default_partition"]
+    else:
+        owner = index % mp_size()
+    group = tuple(get_mp_group())
+    world = state["world"]
+    if world is None:
+        if size() > 1 and mp_size() > 1:
+            raise RuntimeError("%s: the partition step needs the other ranks of the mp group" % FAKE)
+        variable = next_creator(**kwargs)
+        state["owned"].add(id(variable))
+        return variable
+    with world.lock:
+        if owner == mp_rank():
+            # In creation order across the group, so initial values draw the same random numbers
+            # as one process building the whole model.
+            world.wait(lambda: (group, index - 1) in world.placed or index == 0,
+                       "creating variable %d on rank %d" % (index, rank()))
+            with _random_of(world.placed.setdefault((group, "random"), _seed_generator())):
+                variable = next_creator(**kwargs)
+            world.placed[(group, index)] = variable
+            world.lock.notify_all()
+            state["owned"].add(id(variable))
+            return variable
+        world.wait(lambda: (group, index) in world.placed,
+                   "rank %d waiting for variable %d from its owner" % (rank(), index))
+        return world.placed[(group, index)]
+
+
+def _keras_backend():
+    return sys.modules[keras.backend.clear_session.__module__]
+
+
+def _seed_generator():
+    """The Python generator Keras draws unseeded initializers' seeds from in this thread."""
+    return getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+
+
+class _random_of:  # noqa: N801
+    """Draw initial values from one generator for the whole mp group (Keras keeps it per thread),
+    so a partitioned model starts from the values one process building it would draw."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.holder = getattr(_keras_backend(), "_SEED_GENERATOR", None)
+
+    def __enter__(self):
+        if self.holder is not None:
+            self.saved = getattr(self.holder, "generator", None)
+            self.holder.generator = self.generator
+
+    def __exit__(self, *exc_info):
+        if self.holder is not None:
+            self.holder.generator = self.saved
+        return False
+
+
+def _dummy(value):
+    return tf.zeros(value.shape, value.dtype) if _is_tensor(value) else value
+
+
 class DistributedModel(keras.Model):
     """Subclass and implement `call`; calling the model is allowed only inside smp.step."""
 
     def __call__(self, *args, **kwargs):
-        if not _state["in_step"]:
-            raise RuntimeError("fake smdistributed.modelparallel: a DistributedModel is called outside smp.step")
-        record("smp.DistributedModel.__call__", model=type(self).__name__)
-        return super(DistributedModel, self).__call__(*args, **kwargs)
+        state = _state()
+        if not state["in_step"]:
+            raise RuntimeError("%s: a DistributedModel is called outside smp.step" % FAKE)
+        state["model_called"] = True
+        if not getattr(self, "_fake_partitioned", False):
+            # The partition: variables are created (each on its owner) in a first, eager call.
+            with tf.init_scope(), tf.variable_creator_scope(_place):
+                super().__call__(*tf.nest.map_structure(_dummy, args),
+                                                       **tf.nest.map_structure(_dummy, kwargs))
+            self._fake_partitioned = True
+        outputs = super().__call__(*args, **kwargs)
+        flat = [t for t in tf.nest.flatten(outputs) if _is_tensor(t)]
+        record("smp.DistributedModel.output", model=type(self).__name__, rank=state["rank"],
+               shapes=[list(t.shape) for t in flat],
+               bytes=sum(t.shape.num_elements() * t.dtype.size for t in flat))
+        return outputs
+
+    def _local(self, variables):
+        owned = _state()["owned"]
+        # Keras wraps a mixed-precision variable in an AutoCastVariable around the created one.
+        return [v for v in variables if id(getattr(v, "_variable", v)) in owned]
+
+    @property
+    def weights(self):
+        return self._local(super().weights)
+
+    @property
+    def trainable_weights(self):
+        return self._local(super().trainable_weights)
+
+    @property
+    def non_trainable_weights(self):
+        return self._local(super().non_trainable_weights)
+
+    def save_model(self, save_path="/opt/ml/model"):
+        raise NotImplementedError("%s: save_model (a SavedModel of the unpartitioned model) is not emulated"
+                                  % FAKE)
+
+
+class CheckpointManager(tf.train.CheckpointManager):
+    """smp.CheckpointManager(checkpoint, directory="/opt/ml/checkpoints", max_to_keep=None, checkpoint_name="ckpt")."""
+
+    def __init__(self, checkpoint, directory="/opt/ml/checkpoints", max_to_keep=None, checkpoint_name="ckpt"):
+        _require_init("CheckpointManager")
+        super().__init__(checkpoint, directory, max_to_keep, checkpoint_name=checkpoint_name)
+
+    def restore(self):
+        if not _state()["partitioned"]:
+            raise RuntimeError("%s: restore with smp.CheckpointManager after the first smp.step" % FAKE)
+        return self.checkpoint.restore(self.latest_checkpoint)
