@@ -11,11 +11,12 @@ runs it regardless, e.g. after the directory was emptied.)
 """
 import collections
 
-from lm import request
+from lm import contract, request
 from stacks.state_machine import asl, deploy, inputs, jobs
 
 VALIDATE = "Validate"
 RUN = "Run"
+INIT_FROM = "InitFrom"
 PREPARE = "Prepare"
 DEPLOY = "Deploy"
 OUTPUTS = "Outputs"
@@ -31,6 +32,7 @@ EXAMPLE_INPUT = {
     "min_quality": 3.5,
 }
 
+DATASET_NOT_PREPARED = "DatasetNotPrepared"
 DATASET_KEY_FIELDS = ("$.config.data_directory", "$.config.prepare.hyperparameters.tokenizer",
                       "$.config.prepare.hyperparameters.train_tokenizer",
                       "$.config.prepare.hyperparameters.vocab_size", "$.config.prepare.hyperparameters.seq_len")
@@ -45,14 +47,76 @@ def _run_state(next_state):
     }, result_path="$.run")
 
 
+def _dataset_check_states(first, next_state):
+    """Without a prepare stage, the dataset must have been made by a completed prepare job (tag
+    lmstack:dataset-directory = data_directory): SageMaker fails a job whose EFS directory does not
+    exist only after its instances were provisioned, so this is checked before any job starts. Only
+    prepare jobs carry the tag. (One Tags.* filter: moto's Search ignores the filters after the first.)"""
+    states = collections.OrderedDict()
+    states[first] = asl.task(asl.sdk("sagemaker", "search"), {
+        "Resource": "TrainingJob",
+        "SearchExpression": {"Filters": [
+            {"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "Completed"},
+            {"Name": "Tags.%s" % request.DATASET_DIRECTORY_TAG, "Operator": "Equals",
+             "Value.$": "$.config.data_directory"},
+        ]},
+        "MaxResults": 1,
+    }, first + ".Found", result_path="$.scratch", retry=jobs.RETRY)
+    # Search's Results is optional in its response: no match may come back without it.
+    states[first + ".Found"] = asl.choice([asl.rule(
+        {"Variable": "$.scratch.Results[0]", "IsPresent": True}, first + ".Skip")], first + ".NotPrepared")
+    states[first + ".Skip"] = asl.pass_state(next_state, result={"skipped": "prepare.enabled is false"},
+                                             result_path="$.prepare_result")
+    states[first + ".NotPrepared"] = asl.fail(DATASET_NOT_PREPARED, asl.fmt(
+        "data_directory {} was never prepared: no completed prepare job made it. Prepare it in this run: set "
+        "prepare.enabled to true with prepare.raw_s3_uri (an S3 prefix of Pile-format files; "
+        "python -m lmstack.start --upload-corpus DIR uploads a local corpus) or prepare.raw_directory (on EFS)",
+        "$.config.data_directory"))
+    return states
+
+
+def _init_from_states(first, next_state):
+    """init_from is read by the job role, which may read only the artifact bucket's INIT_PREFIX:
+    another prefix is refused here, before any job starts (the bucket name is filled in at deploy)."""
+    allowed = "s3://${ArtifactBucket}/%s" % contract.INIT_PREFIX
+    return collections.OrderedDict([
+        (first, asl.choice([asl.rule(asl.any_of({"Variable": jobs.INIT_FROM_PATH, "IsNull": True}, {
+            "Variable": jobs.INIT_FROM_PATH, "StringMatches": allowed + "*"}), next_state)], first + ".Outside")),
+        (first + ".Outside", asl.fail(inputs.ERROR, asl.fmt(
+            "init_from must start with %s (the prefix the training jobs may read), got {}" % allowed,
+            jobs.INIT_FROM_PATH))),
+    ])
+
+
+def raw_prefixes(settings):
+    """The S3 prefixes prepare.raw_s3_uri may name: what the execution role may read."""
+    return ("s3://${ArtifactBucket}/%s" % contract.RAW_PREFIX,) + tuple(settings.raw_data_prefixes)
+
+
+def _raw_source_states(settings, first, next_state):
+    """prepare.raw_s3_uri below a prefix the jobs may read (a job refused S3 access fails only after
+    its instances started)."""
+    allowed = raw_prefixes(settings)
+    return collections.OrderedDict([
+        (first, asl.choice([asl.rule(asl.any_of({"Variable": jobs.RAW_S3_URI_PATH, "IsNull": True}, *[
+            {"Variable": jobs.RAW_S3_URI_PATH, "StringMatches": prefix + "*"} for prefix in allowed]), next_state)],
+            first + ".Outside")),
+        (first + ".Outside", asl.fail(inputs.ERROR, asl.fmt(
+            "prepare.raw_s3_uri must start with one of %s (the prefixes the jobs may read; add a bucket prefix "
+            "with the raw_data_prefixes setting), got {}" % ", ".join(allowed), jobs.RAW_S3_URI_PATH))),
+    ])
+
+
 def _prepare_states(settings, first, next_state):
     states = collections.OrderedDict()
     states[first] = asl.choice([
         asl.rule({"Variable": "$.config.prepare.enabled", "BooleanEquals": False}, first + ".NotEnabled"),
+    ], first + ".RawSource")
+    states.update(_dataset_check_states(first + ".NotEnabled", next_state))
+    states.update(_raw_source_states(settings, first + ".RawSource", first + ".Force"))
+    states[first + ".Force"] = asl.choice([
         asl.rule({"Variable": "$.config.prepare.force", "BooleanEquals": True}, jobs.PREPARE.state + ".Start"),
     ], first + ".Search")
-    states[first + ".NotEnabled"] = asl.pass_state(next_state, result={"skipped": "prepare.enabled is false"},
-                                                   result_path="$.prepare_result")
     states[first + ".Search"] = asl.task(asl.sdk("sagemaker", "search"), {
         "Resource": "TrainingJob",
         "SearchExpression": {"Filters": [
@@ -60,9 +124,10 @@ def _prepare_states(settings, first, next_state):
             {"Name": "Tags.%s" % request.DATASET_KEY_TAG, "Operator": "Equals", "Value.$": "$.run.dataset_key"},
         ]},
         "MaxResults": 1,
-    }, first + ".Prepared", result_path="$.prepare_search", result_selector={"count.$": "States.ArrayLength($.Results)"})
+    }, first + ".Prepared", result_path="$.scratch")
+    # Search's Results is optional in its response: no match may come back without it.
     states[first + ".Prepared"] = asl.choice([asl.rule(
-        {"Variable": "$.prepare_search.count", "NumericGreaterThan": 0}, first + ".AlreadyDone")],
+        {"Variable": "$.scratch.Results[0]", "IsPresent": True}, first + ".AlreadyDone")],
         jobs.PREPARE.state + ".Start")
     states[first + ".AlreadyDone"] = asl.pass_state(next_state, {"skipped.$": asl.fmt(
         "a prepare job already completed for dataset key {} (set prepare.force to run it again)",
@@ -94,7 +159,8 @@ def _outputs_state():
 def build_training_definition(settings):
     states = collections.OrderedDict()
     states.update(inputs.states(settings, VALIDATE, RUN))
-    states[RUN] = _run_state(PREPARE)
+    states[RUN] = _run_state(INIT_FROM)
+    states.update(_init_from_states(INIT_FROM, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
     states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))

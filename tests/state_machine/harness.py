@@ -14,21 +14,50 @@ reference documents for that call:
   state (it skips the stopped steps but still pops their results, and fails the execution
   with States.Runtime instead of aborting it): `JobFake.park` holds a job's next
   DescribeTrainingJob inside the call, so a test can stop the execution there, race-free.
+
+moto is also kinder than AWS in two ways a first real run would hit; `StrictLayer` (active in
+every test that uses the `engine` fixture) makes the engine behave as AWS documents:
+- optional response fields: moto fills in every member of a SageMaker response, AWS returns an
+  optional one only when it has a value (the API reference; "optional" here is a member that the
+  botocore service model's output shape does not list in `required`). Each aws-sdk SageMaker
+  result the engine hands the state machine keeps the required members and only those optional
+  ones the test's scenario reports (the extras of a `JobFake` script step or `endpoint_script`
+  step, a Search that matched something); everything else is stripped, nested structures too;
+- input constraints: moto does not check a request's members against the limits of the API; the
+  service refuses a string member longer than its maximum, shorter than its minimum or outside its
+  pattern with a ValidationException ("1 validation error detected: Value '...' at 'endpointName'
+  failed to satisfy constraint: Member must have length less than or equal to 63"; "Common
+  Errors", SageMaker API reference). Every aws-sdk SageMaker call's top-level string members are
+  checked against the service model's `max`, `min` and `pattern`, and refused that way;
+- `States.ALL` in a Retry or Catch does not match `States.Runtime` nor `States.DataLimitExceeded`
+  ("Handling errors in Step Functions workflows", Step Functions developer guide,
+  docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html: "The States.ALL
+  error type must appear alone in a Catcher and can't catch the States.DataLimitExceeded
+  terminal error or Runtime error types"). moto retries and catches them; here the execution
+  fails at once, and `StrictLayer.uncaught` records each such error.
 """
 import collections
+import contextlib
 import dataclasses
 import json
+import re
 import threading
 import time
 from typing import Tuple
 
 import boto3
+import botocore.session
+from botocore.exceptions import ClientError
 import pytest
 from moto import mock_aws
 from moto.core.exceptions import JsonRESTError
 from moto.core.responses import EmptyResult
 from moto.sagemaker import models as sagemaker_models
 from moto.sagemaker import responses as sagemaker_responses
+from moto.stepfunctions.parser.asl.component.common.error_name import error_equals_decl
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_aws_sdk
 
 import aws_rules
 from lm import job
@@ -54,6 +83,7 @@ class StandInSettings:
     default_max_runtime_seconds: int = 3600
     spot: bool = False
     dataset_directory: str = "/datasets/sample"
+    raw_data_prefixes: Tuple[str, ...] = ()
 
 
 COMPLETED_EXTRA = {"BillableTimeInSeconds": 1234, "TrainingTimeInSeconds": 1300,
@@ -68,10 +98,130 @@ def _attribute(field):
     return "".join("_" + char.lower() if char.isupper() else char for char in field).lstrip("_")
 
 
+_SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
+# Errors `States.ALL` does not match on AWS (module docstring).
+TERMINAL_ERRORS = (StatesErrorNameType.StatesRuntime, StatesErrorNameType.StatesStatesDataLimitExceeded)
+
+
+def required_only(shape, value, reported=()):
+    """`value` (a response of botocore `shape`) without the members `shape` does not require,
+    at every depth; the top-level members named in `reported` are kept whole."""
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {name: item if name in reported else required_only(shape.members[name], item)
+                for name, item in value.items() if name in shape.required_members or name in reported}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [required_only(shape.member, item) for item in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {key: required_only(shape.value, item) for key, item in value.items()}
+    return value
+
+
+def _java_pattern(pattern):
+    """A service model pattern as a Python regular expression applied to the whole value, or None
+    where Python's `re` cannot read it (the \\p{...} classes)."""
+    try:
+        return re.compile("(?:%s)\\Z" % pattern)
+    except re.error:
+        return None
+
+
+def constraint_violations(operation, parameters):
+    """The service's ValidationException texts for the top-level string members of a request."""
+    shape = _SAGEMAKER_MODEL.operation_model(operation).input_shape
+    found = []
+    for name, value in parameters.items():
+        member = shape.members.get(name)
+        if member is None or member.type_name != "string" or not isinstance(value, str):
+            continue
+        at = "Value '%s' at '%s' failed to satisfy constraint: Member must" % (value, name[0].lower() + name[1:])
+        limits = member.metadata
+        if "max" in limits and len(value) > limits["max"]:
+            found.append("%s have length less than or equal to %d" % (at, limits["max"]))
+        if "min" in limits and len(value) < limits["min"]:
+            found.append("%s have length greater than or equal to %d" % (at, limits["min"]))
+        pattern = _java_pattern(limits["pattern"]) if "pattern" in limits else None
+        if pattern and not pattern.match(value):
+            found.append("%s satisfy regular expression pattern: %s" % (at, limits["pattern"]))
+    return found
+
+
+class StrictLayer:
+    """What the engine's SageMaker results and error matching do differently from moto's own
+    (module docstring). `reported[(operation, resource name)]`: the optional members the scenario
+    says the service returns for that resource; `uncaught`: (state, error) of every terminal error
+    a States.ALL Retry or Catch let through. `enabled = False` gives moto's own behaviour (the
+    tests that show the layer matters)."""
+
+    # The resource a response describes: the request parameter that names it.
+    NAMED_BY = {"DescribeTrainingJob": "TrainingJobName", "DescribeEndpoint": "EndpointName"}
+
+    def __init__(self):
+        self.reported = collections.defaultdict(set)
+        self.uncaught = []
+        self.enabled = True
+
+    def report(self, operation, name, fields):
+        self.reported[(operation, name)].update(fields)
+
+    def response(self, operation, parameters, response):
+        shape = _SAGEMAKER_MODEL.operation_model(operation).output_shape
+        if not self.enabled or shape is None:
+            return response
+        reported = set(self.reported[(operation, parameters.get(self.NAMED_BY.get(operation)))])
+        if operation == "Search" and response.get("Results"):
+            reported.add("Results")  # what matched; each record still loses its optional members
+            response = dict(response, Results=required_only(
+                shape.members["Results"], response["Results"]))
+        return required_only(shape, response, reported)
+
+    def matches_all(self, error_name, state_name):
+        """False where AWS's States.ALL does not match `error_name` (recorded in `uncaught`)."""
+        if self.enabled and isinstance(error_name, StatesErrorName) and error_name.typ in TERMINAL_ERRORS:
+            self.uncaught.append((state_name, error_name.error_name))
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def active(self):
+        aws_sdk = state_task_service_aws_sdk.StateTaskServiceAwsSdk
+        decl = error_equals_decl.ErrorEqualsDecl
+        original_call, original_match = aws_sdk._eval_service_task, decl._eval_body
+        layer = self
+
+        def strict_call(task, env, resource_runtime_part, normalised_parameters, state_credentials):
+            sagemaker = layer.enabled and task.resource.api_name == "sagemaker"
+            operation = task.resource.api_action[0].upper() + task.resource.api_action[1:]
+            violations = constraint_violations(operation, normalised_parameters) if sagemaker else []
+            if violations:
+                raise ClientError({"Error": {"Code": "ValidationException", "Message": "%d validation error%s "
+                                             "detected: %s" % (len(violations), "s" if len(violations) > 1 else "",
+                                                               "; ".join(violations))},
+                                   "ResponseMetadata": {"HTTPStatusCode": 400, "RequestId": "strict-layer"}},
+                                  operation)
+            original_call(task, env, resource_runtime_part, normalised_parameters, state_credentials)
+            if sagemaker:
+                env.stack.append(layer.response(operation, normalised_parameters, env.stack.pop()))
+
+        def strict_match(component, env):
+            if decl._STATE_ALL_ERROR in component.error_names and not layer.matches_all(
+                    env.stack[-1], env.next_state_name):
+                env.stack.pop()
+                env.stack.append(False)
+                return
+            original_match(component, env)
+
+        aws_sdk._eval_service_task, decl._eval_body = strict_call, strict_match
+        try:
+            yield self
+        finally:
+            aws_sdk._eval_service_task, decl._eval_body = original_call, original_match
+
+
 class JobFake:
     """Scripts for the jobs moto's backend creates, in creation order; then `default`."""
 
-    def __init__(self):
+    def __init__(self, strict=None):
+        self.strict = strict or StrictLayer()
         self.scripts = []
         self.default = SUCCESS
         self.create_errors = []  # (code, message) raised by the next CreateTrainingJob calls
@@ -99,6 +249,7 @@ class JobFake:
         if steps:
             status, extra = steps.popleft() if len(steps) > 1 else steps[0]
             endpoint.endpoint_status = status
+            self.strict.report("DescribeEndpoint", endpoint.endpoint_name, extra)
             for field, value in extra.items():
                 setattr(endpoint, _attribute(field), value)
 
@@ -122,9 +273,9 @@ class JobFake:
         self.stopped.append(training_job.training_job_name)
         self._apply(training_job, ("Stopped", "Stopped", {}))
 
-    @staticmethod
-    def _apply(training_job, step):
+    def _apply(self, training_job, step):
         status, secondary, extra = step
+        self.strict.report("DescribeTrainingJob", training_job.training_job_name, extra)
         training_job.training_job_status = status
         training_job.secondary_status = secondary
         for field, value in extra.items():
@@ -132,8 +283,14 @@ class JobFake:
 
 
 @pytest.fixture
-def jobs(monkeypatch):
-    fake = JobFake()
+def strict():
+    """The `StrictLayer` of this test (module docstring); `engine` activates it."""
+    return StrictLayer()
+
+
+@pytest.fixture
+def jobs(monkeypatch, strict):
+    fake = JobFake(strict)
     backend = sagemaker_models.SageMakerModelBackend
     create, describe = backend.create_training_job, backend.describe_training_job
 
@@ -193,7 +350,9 @@ def jobs(monkeypatch):
 class Deployment:
     """A mocked account with the resources the definitions point at, and helpers to run them."""
 
-    def __init__(self, settings, jobs):
+    def __init__(self, settings, jobs, prepared=None):
+        """`prepared`: the data directories earlier executions prepared (default: the settings' dataset
+        directory; `()` for a fresh account whose file system holds only its root)."""
         self.settings = settings
         self.jobs = jobs
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
@@ -209,6 +368,17 @@ class Deployment:
         self.values = local_sfn.stand_in_values(settings, self.topic)
         self.machine = self._create("lmstack-training", build_training_definition(settings))
         self.stop_machine = self._create("lmstack-stop", build_stop_definition(settings))
+        self.file_system = aws_rules.FileSystem(self.values["FileSystemId"])
+        for index, directory in enumerate((settings.dataset_directory,) if prepared is None else prepared):
+            self.record_prepared(directory, "lmstack-prep-earlier-%d" % index)
+
+    def record_prepared(self, directory, name):
+        """What a completed prepare job of an earlier execution leaves: its record in SageMaker, which the
+        Prepare stage's dataset check finds, and the directory on the file system."""
+        self.jobs.scripts.insert(0, [("Completed", "Completed", {})])
+        local_sfn.record_prepared_dataset(self.sagemaker, self.settings, self.values, directory, name)
+        self.jobs.created.remove(name)
+        self.file_system.make(directory)
 
     def _create(self, name, definition):
         return self.sfn.create_state_machine(name=name, definition=render(definition, self.values),
@@ -232,6 +402,16 @@ class Deployment:
 
     def history(self, execution_arn):
         return local_sfn.history(self.sfn, execution_arn)
+
+    def existing_endpoint(self, endpoint="lmstack-gpt", config="lmstack-old"):
+        """An endpoint an earlier deployment left, serving `config` (model of the same name)."""
+        self.sagemaker.create_model(ModelName=config, ExecutionRoleArn=self.values["ExecutionRoleArn"],
+                                    PrimaryContainer={"Image": "image", "ModelDataUrl": "s3://%s/old.tar.gz"
+                                                      % self.values["ArtifactBucket"]})
+        self.sagemaker.create_endpoint_config(EndpointConfigName=config, ProductionVariants=[{
+            "VariantName": "AllTraffic", "ModelName": config, "InstanceType": "ml.g4dn.12xlarge",
+            "InitialInstanceCount": 1}])
+        self.sagemaker.create_endpoint(EndpointName=endpoint, EndpointConfigName=config)
 
     def notifications(self):
         messages = []
@@ -267,13 +447,16 @@ class Run:
 
 def invalid_sagemaker_requests(run):
     """botocore's own parameter validation of every SageMaker request the execution made, then the strict
-    request rules of tests/aws_rules.py (the API reference's maximums and patterns, Profiler off)."""
-    return local_sfn.invalid_sagemaker_requests(run.calls()) + aws_rules.check_requests(run.calls())
+    request rules of tests/aws_rules.py (the API reference's maximums and patterns, Profiler off, EFS
+    directories that exist on the deployment's file system when each job starts)."""
+    return local_sfn.invalid_sagemaker_requests(run.calls()) + aws_rules.check_requests(
+        run.calls(), run.deployment.file_system)
 
 
 @pytest.fixture
-def engine():
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine() as asked:
+def engine(strict):
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine() as asked, \
+            strict.active():
         yield asked
 
 
@@ -285,7 +468,7 @@ def waits(engine):
 
 @pytest.fixture
 def make_deployment(engine, jobs):
-    return lambda settings=None: Deployment(settings or StandInSettings(), jobs)
+    return lambda settings=None, prepared=None: Deployment(settings or StandInSettings(), jobs, prepared)
 
 
 @pytest.fixture

@@ -1,0 +1,112 @@
+"""The strict layer of the moto harness (tests/state_machine/harness.py, `StrictLayer`) behaves
+as AWS documents, and each of its rules fails a definition that relies on moto's kindness.
+
+- Optional response members (the botocore service model's output shapes: a member not in
+  `required` is optional) are stripped unless the scenario reports them.
+- `States.ALL` does not catch or retry `States.Runtime` ("Handling errors in Step Functions
+  workflows", Step Functions developer guide).
+"""
+import copy
+import json
+
+from state_machine.harness import ROLE, SUCCESS, StrictLayer, required_only
+
+from stacks.state_machine import build_training_definition, render
+
+DEPLOY = {"enabled": True, "endpoint_name": "gpt", "instance_type": "ml.g4dn.12xlarge"}
+BROKEN_SELECTOR = {"StartAt": "List", "States": {"List": {
+    "Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sagemaker:listTrainingJobs",
+    "Parameters": {"MaxResults": 1}, "ResultSelector": {"missing.$": "$.NoSuchField"},
+    "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 6, "BackoffRate": 2}],
+    "End": True}}}
+
+
+def _failure(run):
+    return run.description.get("error"), run.description.get("cause"), run.states_entered()[-6:]
+
+
+def _shape(operation):
+    from state_machine.harness import _SAGEMAKER_MODEL
+    return _SAGEMAKER_MODEL.operation_model(operation).output_shape
+
+
+def test_required_only_keeps_the_required_members_at_every_depth():
+    described = {"EndpointName": "e", "EndpointArn": "arn", "EndpointStatus": "InService", "CreationTime": 1,
+                 "LastModifiedTime": 2, "EndpointConfigName": "c", "FailureReason": "x",
+                 "ProductionVariants": [{"VariantName": "AllTraffic", "CurrentWeight": 1.0}]}
+    assert required_only(_shape("DescribeEndpoint"), described) == {
+        "EndpointName": "e", "EndpointArn": "arn", "EndpointStatus": "InService", "CreationTime": 1,
+        "LastModifiedTime": 2}
+    assert required_only(_shape("DescribeEndpoint"), described, {"EndpointConfigName"})["EndpointConfigName"] == "c"
+    job = {"TrainingJobName": "j", "ModelArtifacts": {"S3ModelArtifacts": "s3://b/m"}, "FailureReason": "x",
+           "ResourceConfig": {"InstanceType": "ml.p3.2xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50,
+                              "VolumeKmsKeyId": "k"}}
+    stripped = required_only(_shape("DescribeTrainingJob"), job)
+    assert stripped == {"TrainingJobName": "j", "ModelArtifacts": {"S3ModelArtifacts": "s3://b/m"}}
+    assert StrictLayer().response("Search", {}, {"Results": []}) == {}
+    assert StrictLayer().response("Search", {}, {"Results": [{"TrainingJob": {"TrainingJobName": "j"}}]}) == {
+        "Results": [{}]}
+
+
+def _run_definition(deployment, definition, name):
+    arn = deployment.sfn.create_state_machine(name=name, definition=json.dumps(definition),
+                                              roleArn=ROLE)["stateMachineArn"]
+    return deployment.run({}, name="%s-run" % name, machine=arn)
+
+
+def test_states_all_does_not_retry_a_runtime_error(deployment, strict):
+    run = _run_definition(deployment, BROKEN_SELECTOR, "broken")
+    assert run.status == "FAILED" and run.description["error"] == "States.Runtime"
+    assert len(run.calls("listTrainingJobs")) == 1
+    assert strict.uncaught == [("List", "States.Runtime")]
+
+
+def test_moto_alone_retries_the_runtime_error(deployment, strict):
+    """Without the layer moto retries the same States.Runtime: what the layer exists to stop."""
+    strict.enabled = False
+    run = _run_definition(deployment, BROKEN_SELECTOR, "lenient")
+    assert len(run.calls("listTrainingJobs")) > 1
+
+
+def test_a_state_that_reads_an_optional_member_without_a_default_fails(deployment):
+    """The deploy stage's poll once read DescribeEndpoint's optional EndpointConfigName directly."""
+    definition = copy.deepcopy(build_training_definition(deployment.settings))
+    states = definition["States"]
+    describe = states["Deploy.Describe"]
+    describe["ResultSelector"] = {"status.$": "$.EndpointStatus", "config.$": "$.EndpointConfigName"}
+    describe["ResultPath"] = "$.deploy_status"
+    describe["Next"] = "Deploy.Check"
+    arn = deployment.sfn.create_state_machine(name="reads-optional", definition=render(definition, deployment.values),
+                                              roleArn=ROLE)["stateMachineArn"]
+    run = deployment.run({"deploy": DEPLOY}, name="reads-optional", machine=arn)
+    assert run.status == "FAILED" and run.description["error"] == "States.Runtime", _failure(run)
+    assert "EndpointConfigName" in run.description["cause"]
+
+
+def test_every_path_behaves_without_any_optional_member(deployment):
+    """Jobs and endpoints whose describe results carry only the required members."""
+    bare = [(status, secondary, {}) for status, secondary, _ in SUCCESS]
+    deployment.jobs.scripts.extend([bare, bare])  # the prepare job, then the training job
+    done = deployment.run({"deploy": DEPLOY, "prepare": {"enabled": True}}, name="bare-success")
+    assert done.status == "SUCCEEDED", _failure(done)
+    assert done.output["billable_seconds"] is None and done.output["final_metrics"] == []
+    assert done.output["deploy"]["status"] == "InService"
+    assert done.output["prepare"]["job_name"].startswith("lmstack-prep-")  # an empty Search: no Results
+
+    deployment.jobs.scripts.append(SUCCESS[:2] + [("Failed", "Failed", {})])
+    failed = deployment.run({}, name="bare-failure")
+    assert failed.description["error"] == "TrainJobFailed", _failure(failed)
+    assert "no FailureReason given" in failed.description["cause"]
+
+    deployment.jobs.endpoint_script = [("Creating", {}), ("Failed", {})]
+    endpoint = deployment.run({"deploy": DEPLOY}, name="bare-endpoint")
+    assert endpoint.description["error"] == "DeployFailed", _failure(endpoint)
+    assert "no FailureReason given" in endpoint.description["cause"]
+
+
+def test_an_update_that_rolled_back_fails_when_the_service_reports_the_old_config(deployment):
+    deployment.existing_endpoint("lmstack-gpt", "lmstack-old")
+    deployment.jobs.endpoint_script = [("Updating", {}), ("InService", {"EndpointConfigName": "lmstack-old"})]
+    run = deployment.run({"deploy": DEPLOY}, name="rolled-back")
+    assert run.description["error"] == "DeployFailed", _failure(run)
+    assert "with config lmstack-old" in run.description["cause"]
