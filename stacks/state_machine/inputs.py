@@ -11,7 +11,7 @@ allowed fields and echoes the object that was given (no intrinsic can list an ob
 """
 import collections
 
-from lm import containers, job, rules
+from lm import containers, contract, job, rules
 from lm.instances import INSTANCES
 from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
@@ -60,7 +60,10 @@ def schema(settings):
         Field("prepare", dict, fields=(
             Field("enabled", bool, False, help="run lm.prepare into data_directory before training"),
             Field("force", bool, False, help="run it even when a prepare job already completed for this dataset"),
-            Field("raw_directory", str, "/raw", prefix="/", help="raw Pile files on the EFS file system"),
+            Field("raw_s3_uri", str, None, prefix="s3://", nullable=True,
+                  help="raw Pile files under this S3 prefix (null: raw_directory on EFS)"),
+            Field("raw_directory", str, "/raw", prefix="/",
+                  help="raw Pile files on the EFS file system, when raw_s3_uri is null"),
             Field("instance_type", str, job.PREPARE_INSTANCE_TYPE, choices=instance_types),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("max_runtime_seconds", int, 6 * 3600, 1, MAX_RUNTIME_SECONDS),
@@ -75,6 +78,9 @@ def schema(settings):
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
                   help="lmstack (lm.serve) or tgi (Text Generation Inference on the Hugging Face export)"),
         )),
+        Field("init_from", str, None, prefix="s3://", nullable=True,
+              help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
+                   % contract.INIT_PREFIX),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
         # The machine cannot run lm.plan (no multiplication in intrinsics, no Lambda): a client
@@ -178,7 +184,8 @@ def states(settings, first, next_state):
     result["%s.Check" % first] = asl.choice(choices, "%s.Clean" % first)
     result["%s.Clean" % first] = asl.pass_state("%s.Plan" % first, {"config.$": "$.config"})
     result.update(plan_gate.states("%s.Plan" % first, "%s.Rules" % first))
-    result.update(_cross_field_states(settings, "%s.Rules" % first, "%s.Hosts" % first))
+    result.update(_cross_field_states(settings, "%s.Rules" % first, "%s.Names" % first))
+    result.update(_name_states(settings, "%s.Names" % first, "%s.Hosts" % first))
     result.update(_host_states("%s.Hosts" % first, next_state))
     return result
 
@@ -200,11 +207,12 @@ def _field_rules(path, field):
     if field.type is bool:
         found.append((asl.negate({"Variable": value, "IsBoolean": True}), rules.type_message(field), "type"))
     elif field.type is str:
-        found.append((asl.negate({"Variable": value, "IsString": True}), rules.type_message(field), "type"))
+        found.append((when_set(asl.negate({"Variable": value, "IsString": True})), rules.type_message(field), "type"))
         if field.choices:
-            found.append((asl.negate(asl.string_in(value, field.choices)), rules.choice_message(field), "choice"))
+            found.append((when_set(asl.negate(asl.string_in(value, field.choices))), rules.choice_message(field),
+                          "choice"))
         if field.prefix:
-            found.append((asl.negate({"Variable": value, "StringMatches": field.prefix + "*"}),
+            found.append((when_set(asl.negate({"Variable": value, "StringMatches": field.prefix + "*"})),
                           rules.prefix_message(field), "prefix"))
     else:
         found.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), rules.type_message(field), "type"))
@@ -239,6 +247,59 @@ def _cross_field_states(settings, name, next_state):
     states_[name] = asl.choice(choices, next_state)
     states_.move_to_end(name, last=False)
     return states_
+
+
+def _name_path(found):
+    return found.path if found.path == rules.EXECUTION_NAME else "$.config.%s" % found.path
+
+
+def _name_states(settings, first, next_state):
+    """`lm.rules.name_rules`, before any job exists.
+
+    Intrinsics have no regular expressions nor a string length. `States.StringSplit(value, chars)`
+    splits at every character of `chars` and drops the empty pieces (the Step Functions developer
+    guide's example: "This.is+a,test=string" split at ".+,=" gives five words), so splitting a
+    name at every allowed character leaves nothing exactly when it holds no other character;
+    StringMatches "*-" finds a bad last character. The length of the endpoint name is checked by
+    SageMaker itself: DescribeEndpoint refuses a name over 63 characters with a ValidationException
+    ("failed to satisfy constraint"), and says "Could not find endpoint" for a valid, new one (an
+    endpoint that exists is fine: the deploy stage updates it). Any other error lets the run go on.
+    """
+    found = rules.name_rules(settings.name_prefix)
+    states = collections.OrderedDict()
+    values = collections.OrderedDict()
+    for index, name_rule in enumerate(found):
+        values["value_%d.$" % index] = _name_path(name_rule)
+        values["others_%d.$" % index] = "States.ArrayLength(States.StringSplit(%s, %s))" % (
+            _name_path(name_rule), asl.quote(name_rule.alphabet))
+    states[first] = asl.pass_state(first + ".Check", values, result_path="$.names")
+    choices = []
+    for index, name_rule in enumerate(found):
+        value = "$.names.value_%d" % index
+        bad = [{"Variable": value, "StringEquals": ""},
+               {"Variable": "$.names.others_%d" % index, "NumericGreaterThan": 0}]
+        if name_rule.alphanumeric_last:
+            bad += [{"Variable": value, "StringMatches": "*" + char}
+                    for char in name_rule.alphabet if char not in rules.ALPHANUMERIC]
+        state = "Invalid.%s" % name_rule.name
+        choices.append(asl.rule(asl.any_of(*bad), state))
+        states[state] = asl.fail(ERROR, asl.fmt("%s must be %s, got {}" % (name_rule.label, name_rule.describes),
+                                                asl.to_json(value)))
+    endpoint = first + ".Endpoint"
+    states[first + ".Check"] = asl.choice(choices + [asl.rule(
+        {"Variable": "$.config.deploy.enabled", "BooleanEquals": True}, endpoint)], next_state)
+    endpoint_rule = found[0]
+    states[endpoint] = asl.task(asl.sdk("sagemaker", "describeEndpoint"), {
+        "EndpointName.$": asl.fmt("%s-{}" % settings.name_prefix, "$.config.deploy.endpoint_name")}, next_state,
+        result_path=None, catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.names.error",
+                                  "Next": endpoint + ".Refused"}])
+    states[endpoint + ".Refused"] = asl.choice([asl.rule(
+        {"Variable": "$.names.error.Cause", "StringMatches": "*failed to satisfy constraint*"},
+        "Invalid.%s.length" % endpoint_rule.name)], next_state)
+    states["Invalid.%s.length" % endpoint_rule.name] = asl.fail(ERROR, asl.fmt(
+        "%s must be %s, got {} (SageMaker: {})" % (endpoint_rule.label, endpoint_rule.describes),
+        asl.to_json("$.config.deploy.endpoint_name"), "$.names.error.Cause"))
+    return states
 
 
 def _host_states(name, next_state):

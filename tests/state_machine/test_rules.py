@@ -6,12 +6,19 @@ message, in the state machine's validation on moto, in `lmstack.start`, in `lm.p
 the deployment settings; the same input passes everywhere without it.
 """
 import inspect
+import re
 
 import pytest
 
 from lm import plan, rules
 from lmstack import start
+from stacks import config
 from stacks.config import Settings, SettingsError
+from stacks.state_machine import inputs, jobs
+
+# botocore's sagemaker service model, shape EndpointName.
+ENDPOINT_PATTERN = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
+ENDPOINT_MAX = 63
 
 NEW_RULE = '''
     found.append(rule("strategy.mwms.instance_count", All((Is(STRATEGY_FIELD, "mwms"), Above(INSTANCE_COUNT_FIELD, 4))),
@@ -25,10 +32,10 @@ RUN = {"strategy": "mwms", "instance_type": "ml.p4d.24xlarge", "instance_count":
 @pytest.fixture
 def with_new_rule(tmp_path):
     source = inspect.getsource(rules)
-    end = "    return found\n"
-    assert source.endswith(end)
+    end = "\n    return found\n"
+    at = source.index(end, source.index("\ndef cross_field_rules("))
     copy = tmp_path / "rules.py"
-    copy.write_text(source[:-len(end)] + NEW_RULE + end)
+    copy.write_text(source[:at] + "\n" + NEW_RULE + source[at + 1:])
     saved = dict(vars(rules))
     exec(compile(copy.read_text(), str(copy), "exec"), vars(rules))
     yield
@@ -86,3 +93,41 @@ def test_start_rejects_what_the_plan_gate_rejects_with_its_message(deployment):
     with pytest.raises(start.StartError) as error:
         start.validate_input(execution_input, Settings())
     assert str(error.value) == found.message
+
+
+# ---- names (lm.rules.name_rules) ----
+
+ENDPOINT = rules.name_rules(Settings().name_prefix)[0]
+
+
+@pytest.mark.parametrize("value, ok", [("gpt-125m", True), ("a" * ENDPOINT.max_length, True), ("A1", True),
+                                       ("a" * (ENDPOINT.max_length + 1), False), ("my_model", False),
+                                       ("gpt-", False), ("", False), ("gpt 1", False)])
+def test_endpoint_name_rule(value, ok):
+    assert (rules.name_problem(ENDPOINT, value) is None) == ok
+    assert rules.name_problem(ENDPOINT, 7) is not None  # not a string (the schema refuses it first)
+    full = "%s-%s" % (Settings().name_prefix, value)
+    # the rule is SageMaker's: the EndpointName shape's pattern and maximum length
+    assert ok == bool(re.fullmatch(ENDPOINT_PATTERN, full) and len(full) <= ENDPOINT_MAX), full
+
+
+def test_names_the_state_machine_builds_fit_for_the_longest_prefix():
+    """The job, model and endpoint-config names are made from the prefix, which the settings bound:
+    checked here at synth time, since no intrinsic function gives a string's length."""
+    prefix = "p" * config._NAME_PREFIX_MAX
+    for kind in (jobs.TRAIN, jobs.PREPARE):
+        assert rules.job_name_length(prefix, kind.token, jobs.MAX_ATTEMPTS) <= rules.SAGEMAKER_NAME_MAX
+    assert len(prefix) + 1 + rules.JOB_NAME_HASH_LENGTH <= rules.SAGEMAKER_NAME_MAX  # model, endpoint config
+    endpoint = rules.name_rules(prefix)[0]
+    default = inputs.schema(Settings(name_prefix=prefix))
+    assert rules.name_problem(endpoint, rules.defaults(default)["deploy"]["endpoint_name"]) is None
+
+
+def test_a_bad_name_is_refused_with_the_same_message_by_validate_and_start(deployment):
+    execution_input = {"deploy": {"endpoint_name": "my_model"}}
+    run = deployment.run(execution_input, name="bad-endpoint")
+    assert run.description.get("error") == rules.INVALID
+    with pytest.raises(start.StartError) as error:
+        start.validate_input(execution_input, Settings())
+    assert run.description["cause"] == str(error.value) == rules.name_problem(ENDPOINT, "my_model")
+    assert deployment.jobs.created == []

@@ -2,6 +2,9 @@
 import pytest
 from state_machine.harness import StandInSettings
 
+# The one SageMaker call the Validate stage makes: SageMaker checks the endpoint name's length.
+NAME_CHECKS = ("describeEndpoint",)
+
 CASES = [
     # (input, field named in the cause, what the cause must also say)
     ({"presett": "tiny"}, "the input has an unknown field", "presett"),
@@ -27,6 +30,12 @@ CASES = [
     ({"strategy": "smddp", "instance_type": "ml.m5.4xlarge", "instance_count": 2},
      "strategy smddp runs only on instance_type ml.p3.16xlarge", ""),
     ({"strategy": "single", "instance_count": 2}, "strategy single runs on one instance", ""),
+    ({"deploy": {"endpoint_name": "my_model"}}, "deploy.endpoint_name must be letters, digits and hyphens",
+     '"my_model"'),
+    ({"deploy": {"endpoint_name": "gpt-"}}, "deploy.endpoint_name must be", '"gpt-"'),
+    ({"deploy": {"endpoint_name": ""}}, "deploy.endpoint_name must be", '""'),
+    ({"deploy": {"enabled": True, "endpoint_name": "a" * 56}}, "deploy.endpoint_name must be",
+     "Member must have length less than or equal to 63"),
 ]
 
 
@@ -38,8 +47,7 @@ def test_each_kind_of_bad_input_names_the_field(deployment):
         assert run.description["error"] == "InvalidInput", (execution_input, run.description.get("cause"))
         cause = run.description["cause"]
         assert field in cause and detail in cause, (execution_input, cause)
-        assert not [call for call in run.calls() if "sagemaker" in call[0]], execution_input
-    assert deployment.sagemaker.list_training_jobs()["TrainingJobSummaries"] == []
+        assert not [action for _, action, _ in run.calls() if action not in NAME_CHECKS], execution_input
     assert deployment.jobs.created == []
 
 
@@ -89,3 +97,18 @@ def test_plan_gate_rejects_what_cannot_fit_or_run(deployment):
     assert "set hyperparameters.recompute to true" in without_recompute.description["cause"]
     fits = deployment.run(dict(smp, hyperparameters={"recompute": True}), name="plan-4")
     assert fits.status == "SUCCEEDED", fits.description.get("cause")
+
+
+def test_an_execution_name_unfit_for_tags_and_s3_keys_is_rejected(deployment):
+    run = deployment.run({}, name="run.1!")
+    assert run.description.get("error") == "InvalidInput"
+    assert run.description["cause"].startswith('the execution name must be letters, digits, - and _')
+    assert '"run.1!"' in run.description["cause"]
+    assert deployment.jobs.created == []
+
+
+def test_the_longest_endpoint_name_sagemaker_allows_passes(deployment):
+    name = "a" * (63 - len("lmstack-"))
+    run = deployment.run({"deploy": {"enabled": True, "endpoint_name": name, "instance_type": "ml.g4dn.12xlarge"}})
+    assert run.status == "SUCCEEDED", (run.description.get("cause"), run.states_entered()[-5:])
+    assert run.output["deploy"]["endpoint_name"] == "lmstack-" + name

@@ -22,6 +22,7 @@ Pure Python 3.8, no TensorFlow: imported at synth time.
 """
 import collections
 import dataclasses
+import json
 from typing import Any, Optional, Tuple
 
 STRATEGY_FIELD = "strategy"
@@ -55,7 +56,7 @@ def type_message(spec):
     if spec.type is bool:
         return "must be true or false"
     if spec.type is str:
-        return "must be a string"
+        return "must be a string or null" if spec.nullable else "must be a string"
     if spec.type is dict:
         return "must be a JSON object"
     kind = "an integer" if spec.type is int else "a number"
@@ -339,3 +340,52 @@ def cross_field_rules(runtimes=None):
                               "%s needs the %s image, which this deployment does not build (runtimes: %s)"
                               % (stage, runtime, ", ".join(built))))
     return found
+
+
+
+# ---- names the services restrict ----
+# Read by the Validate stage (`stacks.state_machine.inputs`), `lmstack.start` and `stacks.config`.
+# SageMaker: EndpointName and TrainingJobName match ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$ (1-63 characters;
+# botocore's sagemaker service model, shapes EndpointName and TrainingJobName). The execution name
+# becomes a tag value (TagValue: ^([\p{L}\p{Z}\p{N}_.:/=+\-@]*)$) and a part of S3 keys (the
+# checkpoint and TensorBoard prefixes; "Creating object key names", Amazon S3 user guide: letters,
+# digits and - _ . are the safe characters). Step Functions itself allows execution names of 1-80
+# characters with letters, digits and most punctuation ("StartExecution", Step Functions API reference).
+ALPHANUMERIC = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+SAGEMAKER_NAME_MAX = 63
+EXECUTION_NAME_MAX = 80
+EXECUTION_NAME = "$$.Execution.Name"  # the path of the execution's own name (not part of the input)
+# A training job's name: <prefix>-<token>-<MD5 of the execution ARN, 32 hex digits>-<attempt>.
+JOB_NAME_HASH_LENGTH = 32
+
+
+class NameRule(collections.namedtuple("NameRule", "name path label alphabet max_length alphanumeric_last describes")):
+    """A name a service restricts: non-empty, only `alphabet` characters, at most `max_length`
+    characters, a letter or digit last when `alphanumeric_last`. `path`: the dotted input path, or
+    EXECUTION_NAME; `label`: what a message calls it; `describes`: the allowed form, for messages."""
+
+
+def name_rules(name_prefix):
+    """The names an execution gives to AWS resources, for a deployment whose names start with
+    `name_prefix` (the endpoint is `<name_prefix>-<deploy.endpoint_name>`)."""
+    endpoint_max = SAGEMAKER_NAME_MAX - len(name_prefix) - 1
+    return [
+        NameRule("deploy.endpoint_name", "deploy.endpoint_name", "deploy.endpoint_name", ALPHANUMERIC + "-",
+                 endpoint_max, True, "letters, digits and hyphens, ending with a letter or digit, at most %d "
+                 "characters (SageMaker endpoint names: 63 characters with %s- in front)" % (endpoint_max, name_prefix)),
+        NameRule("execution.name", EXECUTION_NAME, "the execution name", ALPHANUMERIC + "-_", EXECUTION_NAME_MAX, False,
+                 "letters, digits, - and _ (it becomes a tag value and a part of S3 keys)"),
+    ]
+
+
+def name_problem(found, value):
+    """The message `found` (a NameRule) gives `value`, or None when the name is fine."""
+    if isinstance(value, str) and value and len(value) <= found.max_length and all(
+            char in found.alphabet for char in value) and (not found.alphanumeric_last or value[-1] in ALPHANUMERIC):
+        return None
+    return "%s must be %s, got %s" % (found.label, found.describes, json.dumps(value))
+
+
+def job_name_length(name_prefix, token, max_attempts):
+    """The length of the longest training job name the state machine builds (see NameRule)."""
+    return len(name_prefix) + 1 + len(token) + 1 + JOB_NAME_HASH_LENGTH + 1 + len(str(max_attempts))
