@@ -114,9 +114,19 @@ def test_single_runs_on_one_instance_only():
     assert not verdict.ok and "instance_count=2" in verdict.reason
 
 
-def test_global_batch_smaller_than_data_parallel_size_is_rejected():
-    verdict = plan.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=8)
-    assert not verdict.ok and "smaller than the data-parallel size 16" in verdict.reason
+def test_a_global_batch_smaller_than_the_data_parallel_size_is_raised_to_it_saying_so():
+    chosen = plan.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=8).plan["chosen"]
+    assert chosen["global_batch"] == 16 and chosen["per_replica_batch"] == 1
+    assert "global_batch 8 is not a multiple of 16 (the data-parallel size)" in chosen["warnings"][0]
+    assert "set hyperparameters.global_batch_size to 16" in chosen["warnings"][0]
+
+
+@pytest.mark.parametrize("requested, picked", [(100, 96), (104, 112), (96, 96), (1, 16), (23, 16), (24, 32)])
+def test_the_plan_picks_the_nearest_multiple_of_the_data_parallel_size(requested, picked):
+    chosen = plan.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=requested).plan["chosen"]
+    assert chosen["global_batch"] == picked
+    assert any("planned with the nearest valid one, %d" % picked in w for w in chosen["warnings"]) == (
+        requested != picked)
 
 
 def test_auto_picks_the_cheapest_strategy_that_fits():
@@ -167,7 +177,9 @@ def test_smp_partitions_split_parameters_and_microbatches_split_activations():
 
 def test_smp_microbatches_must_divide_the_replica_batch():
     verdict = plan.check("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=12, partitions=2, microbatches=4)
-    assert not verdict.ok and "does not divide into 4 microbatches" in verdict.reason
+    chosen = verdict.plan["chosen"]
+    assert verdict.ok and chosen["global_batch"] == 16 and chosen["per_replica_batch"] == 4
+    assert "not a multiple of 16 (the data-parallel size x microbatches)" in chosen["warnings"][0]
 
 
 # ---- time and cost ----

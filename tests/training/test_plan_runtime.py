@@ -1,4 +1,4 @@
-"""Every configuration lm.plan approves is one the runtime accepts (issue 16 item 8, in part).
+"""Every configuration lm.plan approves is one the runtime accepts (issue 16 item 8).
 
 Runs the plan over a grid of presets x instance types x counts x strategies x global batches,
 then the runtime's own checks on each approved configuration: lm.data.TokenStream's split of the
@@ -6,10 +6,11 @@ global batch over the data-parallel ranks (on a real dataset), lm.job.validate_m
 the plan's SMP parameters, and the shares the strategies cut from a worker's batch.
 """
 import itertools
+import json
 
 import pytest
 
-from lm import instances, job, plan
+from lm import instances, job, plan, train
 from lm.data import TokenStream
 
 PRESETS = ["gpt-125m", "gpt-1.3b"]
@@ -40,6 +41,7 @@ def test_the_grid_approves_configurations_of_every_strategy():
 def test_every_approved_configuration_passes_the_runtime_checks(text_dataset):
     disagreements = []
     for preset, instance_type, count, strategy, batch, chosen in _approved():
+        batch = chosen["global_batch"]  # the plan picks the nearest valid batch (and says so)
         where = "%s %d x %s %s global_batch=%d" % (preset, count, instance_type, strategy, batch)
         dp_size = _runtime_data_parallel(strategy, chosen, count)
         try:
@@ -63,11 +65,73 @@ def test_every_approved_configuration_passes_the_runtime_checks(text_dataset):
     assert not disagreements, "\n".join(disagreements)
 
 
-@pytest.mark.parametrize("batch, suggestion", [(100, "use 96 or 112"), (8, None)])
-def test_an_indivisible_global_batch_is_rejected_with_the_nearest_valid_ones(batch, suggestion):
-    verdict = plan.check("gpt-125m", "ml.p3.16xlarge", 2, "horovod", global_batch=batch)
-    assert not verdict.ok
-    if suggestion:
-        assert "not a multiple of the data-parallel size 16" in verdict.reason and suggestion in verdict.reason
-    else:
-        assert "smaller than the data-parallel size 16" in verdict.reason
+def test_the_grid_holds_batches_the_plan_moved_to_the_nearest_valid_one():
+    moved = [(batch, chosen["global_batch"], chosen["data_parallel"]) for *_, batch, chosen in _approved()
+             if batch != chosen["global_batch"]]
+    assert moved
+    for requested, picked, data_parallel in moved:
+        assert picked % data_parallel == 0 and abs(picked - requested) <= data_parallel, (requested, picked)
+
+
+# ---- python -m lm.train --dry-run: the runtime's checks, without training ----
+
+def _dry_run_arguments(preset, instance_type, count, strategy, chosen, recompute=True):
+    """The plan's hyperparameters and layout as lm.train's command line (as the toolkit passes them)."""
+    argv = ["--dry-run", "--preset", preset, "--strategy", strategy, "--global_batch_size", str(chosen["global_batch"]),
+            "--recompute", str(recompute).lower(), "--instance-type", instance_type, "--instance-count", str(count)]
+    if strategy == "smp":
+        argv += ["--mp_parameters", json.dumps(chosen["mp_parameters"])]
+    return argv
+
+
+def test_the_dry_run_accepts_every_configuration_the_plan_approves(capsys):
+    refused = []
+    for preset, instance_type, count, strategy, _, chosen in _approved():
+        argv = _dry_run_arguments(preset, instance_type, count, strategy, chosen)
+        if train.main(argv) != 0:
+            refused.append("%s: %s" % (" ".join(argv), capsys.readouterr().err.strip()))
+    assert not refused, "\n".join(refused)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--global_batch_size": "100"}, "global_batch_size (100) must be divisible by the data-parallel size (8)"),
+    ({"--mp_parameters": '{"partitions": 2, "microbatches": 2}'}, "mp_parameters.horovod must be true with 8 model"),
+    ({"--mp_parameters": '{"partitions": 3, "horovod": true}'}, "mp_parameters.partitions=3 does not divide"),
+    ({"--mp_parameters": '{"partitions": 2, "microbatches": 3, "horovod": true}'},
+     "is not divisible by mp_parameters.microbatches=3"),
+    ({"--strategy": "mwms", "--global_batch_size": "20"}, "a worker's 10 sequences (global_batch_size / 2 workers) "
+                                                          "do not split evenly over its 8 GPUs"),
+    ({"--strategy": "single"}, "strategy single runs on one instance, got --instance-count 2"),
+    ({"--instance-type": "ml.p9.large"}, "ml.p9.large"),
+    ({"--learning_rate": "7"}, "learning_rate must be between"),
+])
+def test_the_dry_run_refuses_what_the_runtime_refuses(change, message, capsys):
+    arguments = {"--dry-run": None, "--preset": "gpt-125m", "--strategy": "smp", "--global_batch_size": "64",
+                 "--mp_parameters": '{"partitions": 2, "microbatches": 4, "horovod": true}',
+                 "--instance-type": "ml.p3.16xlarge", "--instance-count": "2"}
+    arguments.update(change)
+    argv = [item for key, value in arguments.items() for item in ([key] if value is None else [key, value])]
+    assert train.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_dry_run_opens_the_dataset_as_training_does(text_dataset, tmp_path, capsys):
+    base = ["--dry-run", "--preset", "tiny", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
+            "--instance-count", "1", "--data-dir", text_dataset, "--checkpoint-dir", str(tmp_path)]
+    assert train.main(base + ["--global_batch_size", "16"]) == 0
+    assert "dataset %s" % text_dataset in capsys.readouterr().out
+    assert train.main(base + ["--global_batch_size", "16", "--seq_len", "32"]) == 2
+    assert "hyperparameters.seq_len is 32 but the dataset's records hold 64 tokens" in capsys.readouterr().err
+    assert train.main(base + ["--global_batch_size", "65536"]) == 2
+    assert "fewer than one global batch of 65536" in capsys.readouterr().err
+
+
+def test_lmstack_start_refuses_a_batch_the_runtime_would_refuse():
+    from lmstack import start
+    from stacks.config import Settings
+
+    run = {"preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2}
+    with pytest.raises(start.StartError) as error:
+        start.validate_input(dict(run, hyperparameters={"global_batch_size": 100}), Settings())
+    assert "set hyperparameters.global_batch_size to 96" in str(error.value)
+    start.validate_input(dict(run, hyperparameters={"global_batch_size": 96}), Settings())

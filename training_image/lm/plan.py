@@ -141,7 +141,21 @@ def layer_activation_bytes(config, micro_batch, seq_len, compute_bytes, xla=Fals
 
 
 def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1):
-    """Peak bytes on one GPU (the busiest pipeline stage under SMP), by component."""
+    """Peak bytes on one GPU (the busiest pipeline stage under SMP), by component.
+
+    Under SMP v1 a GPU holds only its partition: "any operation that is part of
+    smp.DistributedModel.call() ... executes in exactly one of the devices" (SageMaker SDK,
+    smp_versions "TensorFlow API"), and the model is partitioned in the first smp.step call,
+    before any weight exists (lm.distributed.smp builds the GPT without weights, runs one
+    partitioning step, then creates AdamW's slots for this rank's variables only). With
+    manual placement (`auto_partition: false`) lm.distributed.smp puts block i in partition
+    i * partitions // n_layer and the embeddings, the tied output layer and the loss in
+    partition 0, so partition 0 is the busiest: the embeddings, ceil(n_layer / partitions)
+    blocks and the loss (the logits never leave it). Its weights, gradients, AdamW state
+    and float16 copies are those P parameters; activations are kept for `in_flight`
+    microbatches. With auto-partitioning the library balances the stages itself; this
+    bound stays an upper one. The export gathers the whole model into host memory of the
+    chief (4 bytes per parameter, not on a GPU)."""
     c = COMPUTE_BYTES[precision]
     layers = -(-config.n_layer // partitions)
     embedding = parameter_count(config) - config.n_layer * block_parameter_count(config)
@@ -284,12 +298,24 @@ def lost_seconds_per_interruption(step_seconds, checkpoint_minutes=None, checkpo
     return min(intervals) / 2.0 if intervals else None
 
 
-def _indivisible_batch(global_batch, data_parallel):
-    """The runtime splits the global batch evenly over the replicas (lm.data.TokenStream)."""
-    lower = global_batch // data_parallel * data_parallel
-    nearest = [value for value in (lower, lower + data_parallel) if value >= 1]
-    return "global_batch %d is not a multiple of the data-parallel size %d, which the runtime requires: use %s" % (
-        global_batch, data_parallel, " or ".join(str(value) for value in nearest))
+def nearest_multiple(value, unit):
+    """The positive multiple of `unit` nearest to `value` (the larger one on a tie)."""
+    lower = value // unit * unit
+    return lower if lower >= 1 and value - lower < lower + unit - value else lower + unit
+
+
+def batch_unit(layout, strategy, microbatches):
+    """What the global batch must be a multiple of for the runtime to accept it: lm.data.TokenStream
+    splits it evenly over the data-parallel replicas (under MWMS each worker then splits its share
+    evenly over its GPUs: the plan's replicas are the GPUs), and under SMP each replica's share
+    splits into `microbatches` when they are given (searched ones divide it by construction)."""
+    return layout["data_parallel"] * (microbatches if strategy == "smp" and microbatches else 1)
+
+
+def picked_batch_warning(requested, picked, unit, with_microbatches):
+    return ("global_batch %d is not a multiple of %d (the data-parallel size%s), which the runtime requires: "
+            "planned with the nearest valid one, %d; set hyperparameters.global_batch_size to %d" % (
+                requested, unit, " x microbatches" if with_microbatches else "", picked, picked))
 
 
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
@@ -324,21 +350,25 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         if name == "smp" and reason is None and partitions and (partitions < 2 or instance.gpus % partitions):
             reason = "partitions must be a divisor of the %d GPUs per host, at least 2; got %d" % (
                 instance.gpus, partitions)
-        if name == "smp" and reason is None:
-            layout = _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute,
-                                 xla, partitions, microbatches, pipeline)
-        else:
-            layout = _evaluate(config, instance, instance_count, name, global_batch, seq_len, precision,
-                               recompute, xla)
+
+        def layout_for(batch):
+            if name == "smp" and reason is None:
+                return _smp_search(config, instance, instance_count, batch, seq_len, precision, recompute,
+                                   xla, partitions, microbatches, pipeline)
+            return _evaluate(config, instance, instance_count, name, batch, seq_len, precision, recompute, xla)
+
+        layout = layout_for(global_batch)
         warnings = []
-        if reason is None and layout["per_replica_batch"] < 1:
-            reason = "global_batch %d is smaller than the data-parallel size %d" % (
-                global_batch, layout["data_parallel"])
-        elif reason is None and name == "smp" and layout["per_replica_batch"] % layout["microbatches"]:
-            reason = "the per-replica batch %d does not divide into %d microbatches" % (
-                layout["per_replica_batch"], layout["microbatches"])
-        elif reason is None and global_batch % layout["data_parallel"]:
-            reason = _indivisible_batch(global_batch, layout["data_parallel"])
+        batch = global_batch
+        unit = batch_unit(layout, name, microbatches)
+        if reason is None and global_batch % unit:
+            # The runtime refuses it: plan the nearest batch it accepts, and say so.
+            batch = nearest_multiple(global_batch, unit)
+            layout = layout_for(batch)
+            warnings.append(picked_batch_warning(global_batch, batch, unit, name == "smp" and microbatches))
+            if batch % batch_unit(layout, name, microbatches):  # SMP searched another partition count
+                reason = "global_batch %d is not a multiple of %d (the data-parallel size of the layout that fits), " \
+                         "which the runtime requires" % (batch, batch_unit(layout, name, microbatches))
         if reason is None and not layout["fits"]:
             reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
                 layout["memory"]["peak"] / GIB, instance_type, usable_bytes(instance) / GIB,
@@ -350,7 +380,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
                              tokens, mfu)
         if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
-            needed = int(math.ceil(global_batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
+            needed = int(math.ceil(batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
             warnings.append(
                 "global batch too small for %d data-parallel replicas on %d hosts: the all-reduce (%.2f s) "
                 "outlasts the compute (%.2f s) of a step; use a global batch of at least %d sequences" % (
@@ -359,6 +389,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         result = collections.OrderedDict([("strategy", name), ("ok", reason is None), ("reason", reason),
                                           ("runnable", runnable), ("recompute", recompute),
                                           ("runtime", job.STRATEGY_RUNTIME[name])])
+        result["global_batch"] = batch
         result.update((key, layout[key]) for key in ("gpus_used", "data_parallel", "per_replica_batch",
                                                      "micro_batch", "fits"))
         if name == "smp":
@@ -446,6 +477,8 @@ def check(preset, instance_type, instance_count=1, strategy="auto", **settings):
                 hints[-1] += " with partitions=%(partitions)d, microbatches=%(microbatches)d" % best["mp_parameters"]
         if best["recompute"] and not result["settings"]["recompute"]:
             hints.append("set recompute=true")
+        if best["global_batch"] != result["settings"]["global_batch"]:
+            hints.append("set global_batch_size=%d (a multiple of its data-parallel size)" % best["global_batch"])
         hint = " and ".join(hints)
     return Verdict(False, reason, suggested, hint, result)
 

@@ -91,6 +91,13 @@ def build_parser():
     parser.add_argument("--checkpoint-dir", default=os.environ.get("LM_CHECKPOINT_DIR"),
                         help="checkpoints [env LM_CHECKPOINT_DIR; %s under SageMaker, else ./%s]"
                         % (DEFAULT_CHECKPOINT_DIR, LOCAL_CHECKPOINT_DIR))
+    dry = parser.add_argument_group("--dry-run", "check what the runtime checks before step 1, then exit 0 "
+                                    "(or 2 with the problem) without training")
+    dry.add_argument("--dry-run", action="store_true", help="validate only")
+    dry.add_argument("--instance-type", default=os.environ.get("SM_CURRENT_INSTANCE_TYPE"),
+                     help="the job's instance type [env SM_CURRENT_INSTANCE_TYPE]")
+    dry.add_argument("--instance-count", type=int, default=len(json.loads(os.environ.get("SM_HOSTS", '["algo-1"]'))),
+                     help="the job's instance count [env SM_HOSTS]")
     return parser
 
 
@@ -117,7 +124,7 @@ def parse_args(argv=None):
     given = {name: decode_cli_value(job.HYPERPARAMETERS[name], getattr(args, name))
              for name in job.HYPERPARAMETERS if getattr(args, name) is not None}
     hyperparameters = Hyperparameters.from_values(given)
-    if not args.data_dir:
+    if not args.data_dir and not args.dry_run:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")
     under_sagemaker = "SM_MODEL_DIR" in os.environ
     if not args.export_dir:
@@ -472,7 +479,7 @@ class Training:
                 self.say("exported the model to %s" % self.paths.export_dir)
                 if self.hp.export_hf:
                     from lm import export, hf
-                    hf.write_hf(self.model, self.config, os.path.join(self.paths.export_dir, export.TOKENIZER_FILE),
+                    hf.write_hf(whole_model, self.config, os.path.join(self.paths.export_dir, export.TOKENIZER_FILE),
                                 self.paths.export_dir)
                     self.say("wrote the Hugging Face GPT-2 files next to it (export_hf)")
         self.checkpoints.wait()
@@ -509,9 +516,79 @@ def agree(strategy, requested):
     return float(strategy.allreduce_mean(1.0 if requested else 0.0)) > 0.0
 
 
+# ---- --dry-run ----
+
+def data_parallel_layout(hp, instance_type, instance_count, mp_parameters):
+    """(data-parallel ranks, GPUs that split one rank's share) the strategy starts on this layout,
+    checking what the strategy's `setup` and first step check (lm.distributed)."""
+    from lm import instances
+
+    if instance_type is None:
+        raise UsageError("--dry-run needs --instance-type (or SM_CURRENT_INSTANCE_TYPE)")
+    gpus = max(instances.get_instance(instance_type).gpus, 1)
+    if hp.strategy == "single":
+        if instance_count != 1:
+            raise UsageError("strategy single runs on one instance, got --instance-count %d" % instance_count)
+        return 1, 1
+    if hp.strategy == "mwms":
+        return instance_count, gpus  # one TokenStream rank per worker, split over its GPUs
+    processes = instance_count * (gpus if hp.strategy == "smddp" else job.processes_per_host(hp.strategy, gpus))
+    if hp.strategy != "smp":
+        return processes, 1
+    mp = job.validate_mp_parameters(json.loads(mp_parameters) if isinstance(mp_parameters, str) else mp_parameters)
+    if processes % mp["partitions"]:
+        raise UsageError("mp_parameters.partitions=%d does not divide the %d processes (%d x %s)"
+                         % (mp["partitions"], processes, instance_count, instance_type))
+    replicas = processes // mp["partitions"]
+    if replicas > 1 and mp.get("horovod") is not True:  # as lm.distributed.smp's setup refuses it
+        raise UsageError("mp_parameters.horovod must be true with %d model replicas (%d processes / %d "
+                         "partitions): SMP for TensorFlow averages gradients across replicas with Horovod"
+                         % (replicas, processes, mp["partitions"]))
+    if hp.global_batch_size // replicas % mp["microbatches"]:
+        raise UsageError("the per-replica batch of %d sequences (global_batch_size / %d model replicas) is not "
+                         "divisible by mp_parameters.microbatches=%d"
+                         % (hp.global_batch_size // replicas, replicas, mp["microbatches"]))
+    return replicas, 1
+
+
+def dry_run(hp, paths):
+    """Everything Training checks before step 1 that needs no GPU and no cluster: the layout
+    (`data_parallel_layout`), the split of the global batch over the ranks (lm.data.TokenStream's
+    rule) and over a worker's GPUs, and with a dataset (--data-dir) the manifest, the model config,
+    both streams as Training opens them and the newest checkpoint's compatibility."""
+    mp_parameters = paths.sdk_mp_parameters or os.environ.get("SM_HP_MP_PARAMETERS")
+    if hp.strategy == "smp" and not mp_parameters:
+        raise UsageError("strategy smp needs mp_parameters (--mp_parameters JSON or SM_HP_MP_PARAMETERS)")
+    ranks, local = data_parallel_layout(hp, paths.instance_type, paths.instance_count, mp_parameters)
+    if hp.global_batch_size % ranks:
+        raise UsageError("global_batch_size (%d) must be divisible by the data-parallel size (%d)"
+                         % (hp.global_batch_size, ranks))
+    if hp.global_batch_size // ranks % local:
+        raise UsageError("a worker's %d sequences (global_batch_size / %d workers) do not split evenly over its %d "
+                         "GPUs" % (hp.global_batch_size // ranks, ranks, local))
+    checked = "layout and batch"
+    if paths.data_dir:
+        manifest = shards.load_manifest(paths.data_dir)
+        config = model_config(hp, manifest, paths.data_dir)
+        for split in ("train", "val" if manifest.records("val") >= hp.global_batch_size else "train"):
+            data.TokenStream(paths.data_dir, split, global_batch_size=hp.global_batch_size, dp_size=ranks,
+                             seq_len=manifest.seq_len, vocab_size=config.vocab_size)
+        latest = checkpoint.Checkpointer(paths.checkpoint_dir).latest()
+        if latest:
+            meta = checkpoint.read_meta(latest)
+            check_resume(meta, hp, latest)
+            checkpoint.check_dataset(meta, shards.fingerprint(manifest), hp.allow_new_data, latest)
+        checked += ", dataset %s%s" % (paths.data_dir, ", checkpoint %s" % latest if latest else "")
+    print("lm.train --dry-run: ok (%s): %s on %d x %s, %d data-parallel rank(s) of %d sequences"
+          % (checked, hp.strategy, paths.instance_count, paths.instance_type, ranks, hp.global_batch_size // ranks))
+    return 0
+
+
 def main(argv=None):
     try:
         hyperparameters, paths = parse_args(argv)
+        if paths.dry_run:
+            return dry_run(hyperparameters, paths)
         return run(hyperparameters, paths)
     except (UsageError, shards.ShardError, checkpoint.CheckpointError) as error:
         report_failure(str(error))
