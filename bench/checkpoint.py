@@ -50,7 +50,26 @@ TARGET_FRACTION_OF_STEP = 0.02
 MODES = ("none", "sync", "background-copy", "background")
 
 
-class CopyingCheckpointer(checkpoint.Checkpointer):
+class TimedWrites:
+    """Records the CPU time each write takes on its own thread: what it can take from training."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.write_cpu_s = []
+
+    def _write(self, *args):
+        started = time.thread_time()
+        try:
+            return super()._write(*args)
+        finally:
+            self.write_cpu_s.append(time.thread_time() - started)
+
+
+class Checkpointer(TimedWrites, checkpoint.Checkpointer):
+    pass
+
+
+class CopyingCheckpointer(TimedWrites, checkpoint.Checkpointer):
     """lm.checkpoint's earlier snapshot: a host copy of every variable, made on the training thread."""
 
     def _snapshot(self, variables):
@@ -62,7 +81,7 @@ def make_saver(mode, directory):
         return None
     if mode == "background-copy":
         return CopyingCheckpointer(directory)
-    return checkpoint.Checkpointer(directory, background=mode == "background")
+    return Checkpointer(directory, background=mode == "background")
 
 
 def run(saver, step, state, tokens, steps, save_every):
@@ -112,6 +131,7 @@ def main(argv=None):
     state_bytes = sum(int(variable.shape.num_elements()) * variable.dtype.size for variable in state)
     tokens = tf.random.uniform([args.batch, args.seq_len + 1], maxval=args.vocab, dtype=tf.int32, seed=1)
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=args.directory) as directory:
         run(None, step, state, tokens, 2, args.save_every)  # trace and warm up
         savers = {mode: make_saver(mode, os.path.join(directory, mode)) for mode in MODES}
@@ -134,11 +154,13 @@ def main(argv=None):
     for mode in MODES[1:]:
         row = {name: statistics.median(run_row[name] for run_row in measured[mode])
                for name in ("stall_per_save_s", "save_call_s", "steps_beside_a_write")}
-        row.update(first_save_call_s=first_call[mode], stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
+        row.update(first_save_call_s=first_call[mode], write_cpu_s=statistics.median(savers[mode].write_cpu_s),
+                   stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
                    stall_fraction_per_interval=row["stall_per_save_s"] / interval)
         results[mode] = row
     report = {
         "tensorflow": ".".join(map(str, TF_VERSION)), "cpu_threads": os.cpu_count(),
+        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
         "gpus": len(tf.config.list_physical_devices("GPU")),
         "shape": {"layers": args.layers, "d_model": args.d_model, "heads": args.heads, "seq_len": args.seq_len,
                   "batch": args.batch, "vocab": args.vocab, "params": parameter_count(config)},
@@ -146,14 +168,16 @@ def main(argv=None):
         "interval_minutes": args.interval_minutes, "results": results,
         "target_fraction_of_step": TARGET_FRACTION_OF_STEP,
     }
-    print("state %.1f MB, step %.3f s" % (state_bytes / 1e6, step_seconds))
-    print("%-15s %16s %14s %16s %22s %16s" % ("write", "stall/save (s)", "call (s)", "of one step",
-                                              "per %g-min interval" % args.interval_minutes, "first call (s)"))
+    print("state %.1f MB, step %.3f s, load average %.1f -> %.1f on %d CPUs"
+          % (state_bytes / 1e6, step_seconds, load_before, os.getloadavg()[0], os.cpu_count()))
+    print("%-15s %15s %9s %12s %20s %15s %14s" % ("write", "stall/save (s)", "call (s)", "of one step",
+                                                "per %g-min interval" % args.interval_minutes, "first call (s)",
+                                                "write CPU (s)"))
     for mode in MODES[1:]:
         row = results[mode]
-        print("%-15s %16.3f %14.3f %15.1f %% %21.4f %% %16.3f" % (
+        print("%-15s %15.3f %9.3f %11.1f %% %19.4f %% %15.3f %14.3f" % (
             mode, row["stall_per_save_s"], row["save_call_s"], 100 * row["stall_fraction_of_step"],
-            100 * row["stall_fraction_per_interval"], row["first_save_call_s"]))
+            100 * row["stall_fraction_per_interval"], row["first_save_call_s"], row["write_cpu_s"]))
     publish("checkpoint", report)
 
 

@@ -70,15 +70,19 @@ def test_background_save_snapshots_the_values_at_the_call(tmp_path):
     assert sorted(os.listdir(str(tmp_path))) == ["ckpt-00000004.npz"]
 
 
-def test_a_pending_write_keeps_the_saved_values_through_updates_in_place(tmp_path, monkeypatch):
+@pytest.mark.parametrize("earlier_saves", [0, 1])  # 0: the first save's eager reads; 1: the traced reader
+def test_a_pending_write_keeps_the_saved_values_through_updates_in_place(tmp_path, monkeypatch, earlier_saves):
     # The snapshot holds the tensors a read returned, not copies: updates in place in a
     # tf.function (like the train step's assign_sub and a sparse scatter) while the write waits
     # must copy on write and leave the file with the values of the save.
-    gate = threading.Event()
-    write_npz = checkpoint.write_npz
-    monkeypatch.setattr(checkpoint, "write_npz", lambda *args: (gate.wait(60), write_npz(*args)))
     saver = checkpoint.Checkpointer(str(tmp_path))
     state = variables()
+    for step in range(earlier_saves):
+        saver.save(step, state, {})
+        saver.wait()
+    gate = threading.Event()
+    write = checkpoint.Checkpointer._write
+    monkeypatch.setattr(checkpoint.Checkpointer, "_write", lambda *args: (gate.wait(60), write(*args))[1])
     path = saver.save(4, state, {})
 
     @tf.function

@@ -9,7 +9,8 @@ state, loss scale) with their shapes, and checked on load. NumPy files read the 
 TF version we run, unlike Keras' checkpoint layouts.
 
 A save copies nothing on the training thread: its snapshot is the tensors one tf.function
-reads from the variables between two steps. TensorFlow gives a read tensor value semantics:
+reads from the variables between two steps (eager reads at a process's first save, while the
+writer thread traces that function). TensorFlow gives a read tensor value semantics:
 an update of a variable whose buffer a read still holds copies the buffer first (copy on
 write: `assign_sub` of the weights copies them once, on the device; `assign` of the AdamW
 moments just swaps buffers). A background thread then moves the tensors to host memory (on a
@@ -101,12 +102,18 @@ class Checkpointer:
     def _snapshot(self, variables):
         """The variables' values now, as tensors that later updates do not change (see the module doc)."""
         key = tuple(id(variable) for variable in variables)
-        if self._reader[0] != key:
-            from lm.compat import tf
+        if self._reader[0] == key:
+            return self._reader[1]()
+        from lm.compat import tf
 
-            variables = list(variables)
-            self._reader = (key, tf.function(lambda: [variable.read_value() for variable in variables]))
-        return self._reader[1]()
+        variables = list(variables)
+        # One call instead of one eager op per variable; tracing it takes seconds for a large
+        # model, so the first save reads eagerly and the writer thread traces it beside training.
+        reader = tf.function(lambda: [variable.read_value() for variable in variables], autograph=False)
+        self._reader = (key, reader)
+        if self._writer is not None:
+            self._writer.submit(reader.get_concrete_function)
+        return [variable.read_value() for variable in variables]
 
     def writing(self):
         """True while a background write is in flight."""
