@@ -10,6 +10,11 @@ it with a one-line status until it ends. Exit status 0 only when the execution s
 (or, without `--watch`, was started).
 
     python -m lmstack.start --preset gpt-125m --instance-type ml.g5.2xlarge --hp max_steps=200 --watch
+
+With `--upload-corpus PATH` it first uploads a local corpus (a Pile-format file, or a directory of
+them) to `s3://<artifact bucket>/raw/<name>/` and prepares the dataset from there in the same run
+(`prepare.enabled`, `prepare.raw_s3_uri`). Files already there with the same size are skipped, so
+an interrupted upload resumes.
 """
 import argparse
 import collections
@@ -23,7 +28,8 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lm import plan, request, rules
+from lm import contract, plan, request, rules
+from lm.pile import INPUT_SUFFIXES
 from lm.config import ALL_PRESETS, PRESETS
 from lm.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
 from stacks.config import CONTEXT_KEY, Settings, SettingsError
@@ -31,9 +37,13 @@ from stacks.state_machine import inputs, jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_MACHINE_OUTPUT = "StateMachineArn"
-# Step Functions execution names: 1-80 characters; letters, digits, '-' and '_' keep the
-# names of the jobs derived from it valid too.
-EXECUTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
+BUCKET_OUTPUT = "ArtifactBucketName"
+# In a dry run's input the bucket is not known yet: it comes from the stack's outputs.
+BUCKET_PLACEHOLDER = "<%s>" % BUCKET_OUTPUT
+CORPUS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# The execution name's rule (lm.rules.name_rules): it becomes a tag value and part of S3 keys.
+EXECUTION_NAME_RULE = next(found for found in rules.name_rules("") if found.path == rules.EXECUTION_NAME)
+EXECUTION_NAME = re.compile(r"^[%s]{1,%d}$" % (re.escape(EXECUTION_NAME_RULE.alphabet), EXECUTION_NAME_RULE.max_length))
 FINAL_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
 
 
@@ -84,7 +94,70 @@ def build_input(args):
             if enabled:
                 section["enabled"] = True
             section.update(extra)
+    if args.upload_corpus:
+        prepare = execution_input.setdefault("prepare", collections.OrderedDict())
+        if not isinstance(prepare, dict):
+            raise StartError("--input: prepare must be a JSON object")
+        prepare["enabled"] = True
+        prepare["raw_s3_uri"] = corpus_uri(BUCKET_PLACEHOLDER, corpus_name(args))
+        corpus_files(args.upload_corpus)  # a bad path stops here, before anything is uploaded or started
     return execution_input
+
+
+# ---- a local corpus into the artifact bucket ----
+
+def corpus_name(args):
+    """The corpus's name below raw/: --corpus-name, or the file or directory name without suffixes."""
+    name = args.corpus_name
+    if name is None:
+        name = os.path.basename(os.path.normpath(args.upload_corpus))
+        for suffix in INPUT_SUFFIXES:
+            if name.endswith(suffix):
+                name = name[:-len(suffix)]
+                break
+    if not CORPUS_NAME.match(name):
+        raise StartError("--corpus-name: %r must be 1-100 letters, digits, . _ - (it becomes part of S3 keys)" % name)
+    return name
+
+
+def corpus_uri(bucket, name):
+    return "s3://%s/%s%s/" % (bucket, contract.RAW_PREFIX, name)
+
+
+def corpus_files(path):
+    """(local path, key below the corpus prefix) of a file, or of every file under a directory."""
+    if os.path.isfile(path):
+        found = [(path, os.path.basename(path))]
+    elif os.path.isdir(path):
+        found = []
+        for directory, subdirectories, files in os.walk(path):
+            subdirectories.sort()
+            found.extend((os.path.join(directory, name), os.path.relpath(os.path.join(directory, name), path)
+                          .replace(os.sep, "/")) for name in sorted(files))
+    else:
+        raise StartError("--upload-corpus: %s: no such file or directory" % path)
+    if not any(key.endswith(INPUT_SUFFIXES) for _, key in found):
+        raise StartError("--upload-corpus: %s holds no %s files (the Pile format lm.prepare reads)"
+                         % (path, " / ".join(INPUT_SUFFIXES)))
+    return found
+
+
+def upload_corpus(s3, bucket, path, name, out):
+    """Upload the corpus at `path` below raw/<name>/ of `bucket` (boto3's managed, multipart transfer);
+    a key that already holds an object of the same size is skipped. Returns the prefix's S3 URI."""
+    prefix = "%s%s/" % (contract.RAW_PREFIX, name)
+    for local, key in corpus_files(path):
+        size = os.path.getsize(local)
+        try:
+            if s3.head_object(Bucket=bucket, Key=prefix + key)["ContentLength"] == size:
+                out.write("already uploaded: s3://%s/%s%s\n" % (bucket, prefix, key))
+                continue
+        except ClientError as error:
+            if error.response["Error"].get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        out.write("uploading %s (%d bytes) to s3://%s/%s%s\n" % (local, size, bucket, prefix, key))
+        s3.upload_file(local, bucket, prefix + key)
+    return corpus_uri(bucket, name)
 
 
 def validate_input(execution_input, settings):
@@ -102,6 +175,32 @@ def validate_input(execution_input, settings):
     message = rules.broken(rules.plan_rules() + rules.cross_field_rules(settings.runtimes), config)
     if message:
         raise StartError(message)
+    for found in rules.name_rules(settings.name_prefix):
+        message = None if found.path == rules.EXECUTION_NAME else rules.name_problem(
+            found, rules.value_at(config, found.path))
+        if message:
+            raise StartError(message)
+    message = batch_problem(config)
+    if message:
+        raise StartError(message)
+
+
+def batch_problem(config):
+    """lm.plan's word when the runtime would refuse the global batch (not a multiple of the
+    data-parallel size): the state machine cannot check it (intrinsics do not multiply)."""
+    if config["preset"] not in PRESETS:
+        return None
+    hyperparameters = validate_hyperparameters(
+        dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
+    mp_parameters = config["mp_parameters"] if config["strategy"] == "smp" else {}
+    batch = hyperparameters["global_batch_size"]
+    chosen = plan.plan(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
+                       global_batch=batch, seq_len=hyperparameters["seq_len"] or None,
+                       recompute=hyperparameters["recompute"], partitions=mp_parameters.get("partitions"),
+                       microbatches=mp_parameters.get("microbatches"))["chosen"]
+    if chosen["global_batch"] == batch:
+        return None
+    return "lm.plan: %s" % next(warning for warning in chosen["warnings"] if "nearest valid" in warning)
 
 
 def plan_estimate(execution_input, settings):
@@ -132,9 +231,9 @@ def training_request(execution_input, settings, name):
 
 def execution_name(given, execution_input, now):
     if given is not None:
-        if not EXECUTION_NAME.match(given):
-            raise StartError("--name must be 1-80 letters, digits, '-' or '_', starting with a letter or digit; "
-                             "got %r" % given)
+        message = rules.name_problem(EXECUTION_NAME_RULE, given)
+        if message:
+            raise StartError("--name: %s" % message)
         return given
     preset = re.sub(r"[^A-Za-z0-9]+", "-", str(execution_input.get("preset", "run")))
     return "%s-%s-%s" % (preset, now.strftime("%Y%m%d-%H%M%S"), uuid.uuid4().hex[:6])
@@ -158,17 +257,21 @@ def load_settings(cdk_json):
         raise StartError("%s: %s" % (cdk_json, error))
 
 
-def state_machine_arn(cloudformation, stack_name):
+def stack_output(cloudformation, stack_name, key):
     try:
         stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except ClientError as error:
         raise StartError("cannot read stack %r: %s (deploy it with `npx cdk deploy --all`, or pass --stack-name)"
                          % (stack_name, error.response["Error"].get("Message", error)))
     outputs = {output["OutputKey"]: output["OutputValue"] for output in stacks[0].get("Outputs", [])}
-    if STATE_MACHINE_OUTPUT not in outputs:
+    if key not in outputs:
         raise StartError("stack %r has no output %s; its outputs: %s"
-                         % (stack_name, STATE_MACHINE_OUTPUT, ", ".join(sorted(outputs)) or "none"))
-    return outputs[STATE_MACHINE_OUTPUT]
+                         % (stack_name, key, ", ".join(sorted(outputs)) or "none"))
+    return outputs[key]
+
+
+def state_machine_arn(cloudformation, stack_name):
+    return stack_output(cloudformation, stack_name, STATE_MACHINE_OUTPUT)
 
 
 def console_url(execution_arn):
@@ -243,6 +346,10 @@ def parse_args(argv):
                              % ", ".join(name for name in HYPERPARAMETERS if name not in ("preset", "strategy")))
     parser.add_argument("--prepare", action="store_true", default=None,
                         help="prepare the dataset first (skipped when it exists)")
+    parser.add_argument("--upload-corpus", metavar="PATH",
+                        help="upload this local corpus (a .jsonl/.jsonl.zst file or a directory) to the artifact "
+                             "bucket's raw/ prefix first and prepare the dataset from it in this run")
+    parser.add_argument("--corpus-name", help="its name below raw/ (default: the file or directory name)")
     parser.add_argument("--deploy", action="store_true", default=None, help="deploy an endpoint after training")
     parser.add_argument("--endpoint-name", help="endpoint name after '<name_prefix>-' (an existing one is updated)")
     parser.add_argument("--min-quality", type=float, help="deploy only if the final validation loss is at most this")
@@ -273,7 +380,13 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
-        arn = state_machine_arn(session.client("cloudformation"), args.stack_name or settings.name_prefix)
+        cloudformation = session.client("cloudformation")
+        stack_name = args.stack_name or settings.name_prefix
+        arn = state_machine_arn(cloudformation, stack_name)
+        if args.upload_corpus:
+            bucket = stack_output(cloudformation, stack_name, BUCKET_OUTPUT)
+            execution_input["prepare"]["raw_s3_uri"] = upload_corpus(
+                session.client("s3"), bucket, args.upload_corpus, corpus_name(args), out)
         stepfunctions = session.client("stepfunctions")
         started = stepfunctions.start_execution(stateMachineArn=arn, name=name, input=json.dumps(execution_input))
     except StartError as error:

@@ -23,6 +23,11 @@ OVERRIDE_PREFIX = CONTEXT_KEY + ":"
 
 # Regions the stack is built and tested for (the DLC base images are pulled from there).
 REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "ap-northeast-1")
+# The Availability Zones of each region a new account gets (ap-northeast-1b is closed to new
+# accounts). GPU instance types are offered only in some zones, and which ones cannot be asked
+# offline (the zone IDs behind the names also differ per account): by default the training subnets
+# cover every zone, `Fn::GetAZs` picks 0..n-1, so SageMaker may place a job in any of them.
+REGION_ZONE_COUNTS = {"us-east-1": 6, "us-east-2": 3, "us-west-2": 4, "eu-west-1": 3, "ap-northeast-1": 3}
 
 EFS_THROUGHPUT_MODES = ("elastic", "bursting")
 # The values CloudWatch Logs accepts for a log group's retention.
@@ -41,6 +46,9 @@ _SECURITY_GROUP_ID = re.compile(r"^sg-[0-9a-f]{8,17}$")
 _FILE_SYSTEM_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _EFS_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+_ZONE = re.compile(r"^[a-z]{2}-[a-z]+-\d[a-z]$")
+# s3://bucket/ or s3://bucket/key/prefix/ (S3 bucket naming rules; the key prefix ends with /)
+_S3_PREFIX = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([^*?]+/)?$")
 
 
 class SettingsError(ValueError):
@@ -51,7 +59,8 @@ class SettingsError(ValueError):
 class Settings:
     name_prefix: str = "lmstack"
     region: str = "us-east-1"
-    az_count: int = 2
+    az_count: Optional[int] = None  # None: every zone of the region (or of availability_zones)
+    availability_zones: Tuple[str, ...] = ()  # pin the subnets to these zones (names such as us-east-1a)
     nat_gateways: int = 0
     vpc_cidr: str = "10.0.0.0/16"
     existing_vpc_id: Optional[str] = None
@@ -71,12 +80,15 @@ class Settings:
     spot: bool = False
     notification_email: Optional[str] = None
     dataset_directory: str = "/datasets"
+    raw_data_prefixes: Tuple[str, ...] = ()  # S3 prefixes of raw corpora the jobs may read, besides raw/
 
     def __post_init__(self):
-        for name in ("runtimes", "existing_subnet_ids"):
+        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        if self.az_count is None:
+            object.__setattr__(self, "az_count", _default_zone_count(self))
         errors = [message for message in _check(self) if message]
         if errors:
             raise SettingsError("invalid lmstack settings:\n  " + "\n  ".join(errors))
@@ -123,6 +135,15 @@ class Settings:
     @property
     def creates_file_system(self) -> bool:
         return self.existing_file_system_id is None
+
+
+def _default_zone_count(s):
+    """One subnet per zone: the pinned zones, the imported subnets, or every zone of the region."""
+    if isinstance(s.availability_zones, tuple) and s.availability_zones:
+        return len(s.availability_zones)
+    if s.existing_vpc_id is not None and isinstance(s.existing_subnet_ids, tuple) and s.existing_subnet_ids:
+        return len(s.existing_subnet_ids)
+    return REGION_ZONE_COUNTS.get(s.region, 2)
 
 
 def _key(name):
@@ -215,6 +236,7 @@ def _check(settings):
             _key("name_prefix"), _NAME_PREFIX_MAX, s.name_prefix)
     yield _check_choice("region", s.region, REGIONS)
     yield _check_range("az_count", s.az_count, 1, MAX_AZ_COUNT)
+    yield from _check_zones(s)
     if isinstance(s.az_count, int):
         yield _check_range("nat_gateways", s.nat_gateways, 0, max(1, s.az_count))
     yield from _check_network(s)
@@ -235,6 +257,28 @@ def _check(settings):
                          "an absolute EFS path such as /datasets (letters, digits, . _ -; no trailing /)")
     if isinstance(s.dataset_directory, str) and ".." in s.dataset_directory.split("/"):
         yield "%s: must not contain '..', got %r" % (_key("dataset_directory"), s.dataset_directory)
+    for prefix in s.raw_data_prefixes if isinstance(s.raw_data_prefixes, tuple) else ():
+        yield _check_pattern("raw_data_prefixes", prefix, _S3_PREFIX,
+                             "S3 prefixes such as s3://my-corpora/pile/ (bucket, optional key prefix ending in /)")
+
+
+def _check_zones(s):
+    zones = REGION_ZONE_COUNTS.get(s.region)
+    if zones and isinstance(s.az_count, int) and s.az_count > zones and not s.availability_zones:
+        yield "%s: %s has %d Availability Zones, got %r" % (_key("az_count"), s.region, zones, s.az_count)
+    if not s.availability_zones:
+        return
+    for zone in s.availability_zones:
+        if not (isinstance(zone, str) and _ZONE.match(zone) and zone[:-1] == s.region):
+            yield "%s: must be zone names of region %s such as %sa, got %r" % (
+                _key("availability_zones"), s.region, s.region, zone)
+    if len(set(s.availability_zones)) != len(s.availability_zones):
+        yield "%s: listed twice: %r" % (_key("availability_zones"), s.availability_zones)
+    if s.az_count != len(s.availability_zones):
+        yield "%s: %r with %d availability_zones; leave it unset (null)" % (
+            _key("az_count"), s.az_count, len(s.availability_zones))
+    if s.existing_vpc_id is not None:
+        yield "%s: only for a new VPC; an imported VPC's subnets are existing_subnet_ids" % _key("availability_zones")
 
 
 def _check_network(s):

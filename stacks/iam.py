@@ -15,7 +15,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lm.contract import ARTIFACT_PREFIXES
+from lm import containers
+from lm.contract import ARTIFACT_PREFIXES, READ_ONLY_PREFIXES
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -29,9 +30,9 @@ class Permissions(Construct):
     """The execution role jobs run as, and one role per state machine."""
 
     def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, bucket: s3.IBucket,
-                 file_system: efs.IFileSystem, access_point: efs.IAccessPoint,
-                 images: Mapping[str, ecr_assets.DockerImageAsset],
-                 subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup) -> None:
+                 file_system: efs.IFileSystem, images: Mapping[str, ecr_assets.DockerImageAsset],
+                 subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup,
+                 raw_data_prefixes: Sequence[str] = ()) -> None:
         super().__init__(scope, construct_id)
         self._name_prefix = name_prefix
         self.execution_role = iam.Role(
@@ -39,8 +40,8 @@ class Permissions(Construct):
             assumed_by=iam.ServicePrincipal(SAGEMAKER_SERVICE, conditions={
                 "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
         policy = iam.Policy(self, "ExecutionPolicy", roles=[self.execution_role])
-        add_grants(policy, self._execution_grants(bucket, file_system, access_point, images, subnets,
-                                                  training_security_group))
+        add_grants(policy, self._execution_grants(bucket, file_system, images, subnets, training_security_group,
+                                                  raw_data_prefixes))
         self.training_machine_role = self._machine_role("TrainingMachineRole", "lmstack training state machine")
         self.stop_machine_role = self._machine_role("StopMachineRole", "lmstack stop-on-abort state machine")
 
@@ -86,10 +87,14 @@ class Permissions(Construct):
         return iam.Role(self, construct_id, description=description, assumed_by=iam.ServicePrincipal(
             "states.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
 
-    def _execution_grants(self, bucket, file_system, access_point, images, subnets, security_group):
+    def _execution_grants(self, bucket, file_system, images, subnets, security_group, raw_data_prefixes):
         stack = Stack.of(self)
         prefix = self._name_prefix
         repositories = list(dict.fromkeys(asset.repository.repository_arn for asset in images.values()))
+        # deploy.container tgi: the Hugging Face LLM DLC, pulled from AWS's account in this region
+        repositories += [stack.format_arn(service="ecr", account=account, resource="repository",
+                                          resource_name=containers.TGI_REPOSITORY)
+                         for account in sorted(set(containers.TGI_REGISTRIES.values()))]
         log_group = stack.format_arn(service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)
         endpoint_log_groups = stack.format_arn(
@@ -105,11 +110,17 @@ class Permissions(Construct):
                   [bucket.arn_for_objects(p + "*") for p in ARTIFACT_PREFIXES],
                   reason="Jobs write model artifacts, checkpoints and TensorBoard events under per-job keys below "
                          "these prefixes of the artifact bucket; the keys are not known in advance."),
+            Grant(["s3:GetObject"], [bucket.arn_for_objects(p + "*") for p in READ_ONLY_PREFIXES],
+                  reason="Read-only: prepare jobs read raw corpora (uploaded by lmstack.start --upload-corpus), "
+                         "training jobs the Hugging Face directories of init_from, under names chosen at run time."),
             Grant(["s3:ListBucket"], [bucket.bucket_arn],
-                  conditions={"StringLike": {"s3:prefix": [p + "*" for p in ARTIFACT_PREFIXES]}}),
+                  conditions={"StringLike": {"s3:prefix": [p + "*" for p in ARTIFACT_PREFIXES + READ_ONLY_PREFIXES]}}),
             Grant(["s3:GetBucketLocation"], [bucket.bucket_arn]),
+            *_raw_data_grants(raw_data_prefixes),
+            # A FileSystemDataSource mounts through a mount target of the file system, never an access
+            # point: the prepare job mounts the root read-write, training jobs the dataset read-only.
             Grant(["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], [file_system.file_system_arn],
-                  conditions={"StringEquals": {"elasticfilesystem:AccessPointArn": access_point.access_point_arn}}),
+                  conditions={"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}),
             Grant(["ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage"],
                   repositories),
             Grant(["ecr:GetAuthorizationToken"], ["*"],
@@ -137,6 +148,23 @@ class Permissions(Construct):
             Grant(["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"], [network_interfaces],
                   reason="The job's ENIs get ids only when SageMaker creates them."),
         ]
+
+
+def _raw_data_grants(prefixes):
+    """Read-only access to the raw corpora below `prefixes` (s3://bucket/key-prefix/, the
+    raw_data_prefixes setting): their objects, and listing only there."""
+    by_bucket: Dict[str, List[str]] = {}
+    for uri in prefixes:
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        by_bucket.setdefault(bucket, []).append(key)
+    grants = []
+    for bucket, keys in by_bucket.items():
+        grants.append(Grant(["s3:GetObject"], ["arn:aws:s3:::%s/%s*" % (bucket, key) for key in keys],
+                            reason="Prepare jobs read the raw corpus files below the raw_data_prefixes setting; "
+                                   "their names are not known in advance."))
+        grants.append(Grant(["s3:ListBucket"], ["arn:aws:s3:::%s" % bucket],
+                            conditions={"StringLike": {"s3:prefix": [key + "*" for key in keys]}}))
+    return grants
 
 
 MACHINE_RESOURCE_REASONS = {

@@ -21,6 +21,15 @@ INTERFACE_ENDPOINTS = {
 SUBNET_GROUP = "training"
 
 
+def zones(settings):
+    """The zones of the training subnets: the pinned names, or the first az_count of the region
+    (explicit Fn::GetAZs picks: no availability-zone lookup at synth). By default that is every
+    zone, so SageMaker can place a GPU job wherever the instance type is offered."""
+    if settings.availability_zones:
+        return list(settings.availability_zones)
+    return [Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)]
+
+
 class Network(Construct):
     """A new VPC (isolated subnets plus endpoints, or NAT by setting) or an imported one, and the job SG."""
 
@@ -32,8 +41,7 @@ class Network(Construct):
         else:
             self.vpc = ec2.Vpc.from_vpc_attributes(
                 self, "ImportedVpc", vpc_id=settings.existing_vpc_id, vpc_cidr_block=settings.vpc_cidr,
-                availability_zones=[Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)],
-                private_subnet_ids=list(settings.existing_subnet_ids))
+                availability_zones=zones(settings), private_subnet_ids=list(settings.existing_subnet_ids))
             self.subnets = self.vpc.private_subnets
         self.training_security_group = ec2.SecurityGroup(
             self, "TrainingSecurityGroup", vpc=self.vpc, allow_all_outbound=True,
@@ -59,8 +67,7 @@ class Network(Construct):
         vpc = ec2.Vpc(
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
-            # Explicit Fn::GetAZs picks: no availability-zone lookup at synth, any az_count.
-            availability_zones=[Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)],
+            availability_zones=zones(settings),
             nat_gateways=settings.nat_gateways,
             subnet_configuration=subnets,
             restrict_default_security_group=False,

@@ -15,7 +15,11 @@ INCOMPLETE_UPLOAD_DAYS = 7
 
 
 class Storage(Construct):
-    """EFS with NFS open only to the training jobs and an access point on the dataset root; the bucket."""
+    """EFS with NFS open only to the training jobs; the bucket.
+
+    No access point: a training job's FileSystemDataSource mounts a DirectoryPath from the file
+    system's root and cannot name one, so the prepare job mounts the root and makes the dataset
+    directory itself (lm.request.input_channels)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, vpc: ec2.IVpc,
                  subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup) -> None:
@@ -30,10 +34,6 @@ class Storage(Construct):
                     allow_all_outbound=False))
         self.file_system.connections.allow_default_port_from(
             training_security_group, "NFS from the training jobs only")
-        # Jobs in the DLCs run as root; the directory is created on first mount through the access point.
-        self.dataset_access_point = efs.AccessPoint(
-            self, "DatasetAccessPoint", file_system=self.file_system, path=settings.dataset_directory,
-            create_acl=efs.Acl(owner_uid="0", owner_gid="0", permissions="755"))
         self.access_log_bucket = self._create_access_log_bucket(settings)
         self.bucket = self._create_artifact_bucket(settings)
 

@@ -238,9 +238,74 @@ def profiler_off_tensorboard_on(operation, parameters):
 REQUEST_RULES = (api_constraints, profiler_off_tensorboard_on)
 
 
-def check_requests(calls):
+
+
+# ---- the EFS file system's directories: stateful across the jobs of a test ----
+
+def _decoded(value):
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _normalized(path):
+    return "/" + "/".join(part for part in str(path).split("/") if part)
+
+
+class FileSystem:
+    """The directories of one EFS file system as SageMaker finds them when a job starts (a stand-in, not EFS).
+
+    SageMaker API reference, FileSystemDataSource: `DirectoryPath` is "the full path to the directory to
+    associate with the channel", a path from the file system's root (training jobs mount the file system over
+    NFS without EFS access points), which SageMaker mounts when the job starts: a directory that does not exist
+    fails the job then, after its instances were provisioned (SageMaker Developer Guide, "Setting up training
+    jobs to access datasets", Amazon EFS). A fresh file system holds only its root; nothing else makes
+    directories on it but a job that mounts it read-write and creates them. Here that is a prepare job (tag
+    lmstack:kind = prepare) with a read-write channel on the root: lm.prepare creates the directory named by
+    its `dataset_directory` argument first thing, so the directory exists from its creation on (the state
+    machine starts a training job only after that prepare job completed)."""
+
+    def __init__(self, file_system_id, directories=()):
+        self.file_system_id = file_system_id
+        self.directories = {"/"}
+        for directory in directories:
+            self.make(directory)
+
+    def make(self, path):
+        """`mkdir -p path`."""
+        parts = [part for part in _normalized(path).split("/") if part]
+        for end in range(1, len(parts) + 1):
+            self.directories.add("/" + "/".join(parts[:end]))
+
+    def mounts(self, parameters):
+        """(channel, directory path, access mode) of each channel on this file system."""
+        found = []
+        for channel in parameters.get("InputDataConfig", []):
+            source = channel.get("DataSource", {}).get("FileSystemDataSource")
+            if source and source.get("FileSystemId") == self.file_system_id:
+                found.append((channel["ChannelName"], source["DirectoryPath"], source["FileSystemAccessMode"]))
+        return found
+
+    def start(self, operation, parameters):
+        """The problems of one request against the directories that exist now; then what the job makes."""
+        if operation != "CreateTrainingJob":
+            return []
+        problems = ["InputDataConfig[%s]: DirectoryPath %r does not exist on file system %s (it has %s)" % (
+            channel, path, self.file_system_id, ", ".join(sorted(self.directories)))
+            for channel, path, _ in self.mounts(parameters) if _normalized(path) not in self.directories]
+        tags = {tag["Key"]: tag["Value"] for tag in parameters.get("Tags", [])}
+        root_rw = any(_normalized(path) == "/" and mode == "rw" for _, path, mode in self.mounts(parameters))
+        target = _decoded(parameters.get("HyperParameters", {}).get("dataset_directory"))
+        if not problems and tags.get("lmstack:kind") == "prepare" and root_rw and isinstance(target, str):
+            self.make(target)
+        return problems
+
+
+def check_requests(calls, file_system=None):
     """Violations of every request rule by each SageMaker call in `calls` ((resource type, action, parameters)
-    as lmstack.local_sfn.scheduled_calls returns them)."""
+    as lmstack.local_sfn.scheduled_calls returns them), in order; with `file_system` (a `FileSystem`, which
+    the calls then change) also every EFS channel whose directory does not exist when its job starts."""
     problems = []
     for resource_type, action, parameters in calls:
         if "sagemaker" not in resource_type:
@@ -248,4 +313,6 @@ def check_requests(calls):
         operation = action[0].upper() + action[1:]
         problems += ["%s: %s" % (rule.__name__, problem) for rule in REQUEST_RULES
                      for problem in rule(operation, parameters)]
+        if file_system is not None:
+            problems += ["efs_directories_exist: %s" % problem for problem in file_system.start(operation, parameters)]
     return problems

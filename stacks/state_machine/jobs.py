@@ -45,6 +45,8 @@ class JobKind(collections.namedtuple("JobKind", "state token slot kind config sp
     kind: lm.job.JOB_KINDS key; config: its settings in $.config; spot_path: or None."""
 
 
+RAW_S3_URI_PATH = "$.config.prepare.raw_s3_uri"  # null: the raw files are on EFS (raw_directory)
+INIT_FROM_PATH = "$.config.init_from"  # null: training starts from random weights
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
@@ -78,7 +80,9 @@ def job_values(kind, settings, value_at, strategy="single"):
         strategy=strategy, processes_per_host=value_at("$.hosts.processes_per_host"),
         mp_parameters=value_at("$.config.mp_parameters"),
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
-        dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None)
+        raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
+        dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None,
+        init_from=value_at(INIT_FROM_PATH) if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -104,24 +108,25 @@ def tags(kind):
 
 
 def create_request(kind, settings):
-    """CreateTrainingJob Parameters; image, hyperparameters and stopping were put in <slot>.request."""
+    """CreateTrainingJob Parameters; image, hyperparameters, channels and stopping were put in <slot>.request."""
     request_slot = kind.slot + ".request"
     values = dataclasses.replace(job_values(kind, settings, request.Path),
                                  image=request.Path(request_slot + ".image"))
     return asl.parameters(request.create_training_job_request(
         values, hyperparameter_map=request.Path(request_slot + ".hyperparameters"),
-        stopping=request.Path(request_slot + ".stopping")))
+        stopping=request.Path(request_slot + ".stopping"), channels=request.Path(request_slot + ".channels")))
 
 
 def request_states(kind, settings, first, next_state):
-    """<slot>.request = {image, hyperparameters, stopping} for this attempt."""
+    """<slot>.request = {image, hyperparameters, channels, stopping} for this attempt."""
     states = collections.OrderedDict()
     stopping = "%s.Stopping" % kind.state
 
-    def request_state(strategy):
-        values = job_values(kind, settings, request.Path, strategy)
+    def request_state(strategy, **changes):
+        values = dataclasses.replace(job_values(kind, settings, request.Path, strategy), **changes)
         return asl.pass_state(stopping, {"image": values.image,
-                                         "hyperparameters": asl.parameters(request.hyperparameters(values))},
+                                         "hyperparameters": asl.parameters(request.hyperparameters(values)),
+                                         "channels": asl.parameters(request.input_channels(values))},
                               result_path=kind.slot + ".request")
 
     if kind is TRAIN:
@@ -131,11 +136,18 @@ def request_states(kind, settings, first, next_state):
                 continue  # rejected by the input validation
             name = "%s.Request.%s" % (kind.state, strategy)
             rules.append(asl.rule({"Variable": "$.config.strategy", "StringEquals": strategy}, name))
-            states[name] = request_state(strategy)
+            # init_from: with an S3 channel of the Hugging Face directory, or training from scratch
+            states[name] = asl.choice([asl.rule({"Variable": INIT_FROM_PATH, "IsNull": False}, name + ".Init")],
+                                      name + ".Scratch")
+            states[name + ".Init"] = request_state(strategy)
+            states[name + ".Scratch"] = request_state(strategy, init_from=None)
         states[first] = asl.choice(rules, rules[-1]["Next"])
         states.move_to_end(first, last=False)
-    else:
-        states[first] = request_state("single")
+    else:  # the raw files from S3 (an S3 channel) or from EFS
+        states[first] = asl.choice([asl.rule({"Variable": RAW_S3_URI_PATH, "IsNull": False}, first + ".S3")],
+                                   first + ".EFS")
+        states[first + ".S3"] = request_state("single")
+        states[first + ".EFS"] = request_state("single", raw_s3_uri=None)
     runtime = request.Path(kind.config + ".max_runtime_seconds")
     target = kind.slot + ".request.stopping"
 

@@ -87,7 +87,13 @@ def test_context_errors_name_the_key(context, expected):
     ({"runtimes": ("tf26", "tf211")}, ["lmstack.runtimes: 'tfcurrent' is always needed (serving runs on it)"]),
     ({"region": "mars-north-1"}, ["lmstack.region", "us-east-1", "eu-west-1"]),
     ({"az_count": 7}, ["lmstack.az_count: must be an integer from 1 to 6"]),
-    ({"nat_gateways": 3}, ["lmstack.nat_gateways: must be an integer from 0 to 2"]),
+    ({"nat_gateways": 3, "az_count": 2}, ["lmstack.nat_gateways: must be an integer from 0 to 2"]),
+    ({"az_count": 6, "region": "us-east-2"}, ["lmstack.az_count: us-east-2 has 3 Availability Zones, got 6"]),
+    ({"availability_zones": ("us-west-2a",)}, ["lmstack.availability_zones: must be zone names of region us-east-1"]),
+    ({"availability_zones": ("us-east-1a", "us-east-1a")}, ["lmstack.availability_zones: listed twice"]),
+    ({"availability_zones": ("us-east-1a", "us-east-1b"), "az_count": 3}, ["lmstack.az_count: 3 with 2", "unset"]),
+    ({"raw_data_prefixes": ("s3://x/",)}, ["lmstack.raw_data_prefixes: must be S3 prefixes"]),
+    ({"raw_data_prefixes": ("s3://my-corpora/pile",)}, ["lmstack.raw_data_prefixes", "ending in /"]),
     ({"efs_throughput_mode": "provisioned"}, ["lmstack.efs_throughput_mode", "elastic", "bursting"]),
     ({"log_retention_days": 2}, ["lmstack.log_retention_days", "365"]),
     ({"artifact_retention_days": 0}, ["lmstack.artifact_retention_days"]),
@@ -134,3 +140,16 @@ def test_imported_network_and_file_system():
                         existing_file_system_security_group_id="sg-0123456789abcdef0")
     assert not settings.creates_vpc and not settings.creates_file_system
     assert settings.existing_subnet_ids == ("subnet-0123456789abcdef0", "subnet-0123456789abcdef1")
+
+
+def test_the_training_subnets_cover_every_zone_unless_pinned():
+    assert Settings().az_count == 6 and Settings(region="us-west-2").az_count == 4
+    assert Settings(region="ap-northeast-1").az_count == 3
+    assert Settings(availability_zones=["us-east-1a", "us-east-1c"]).az_count == 2
+    assert Settings(az_count=2).az_count == 2
+    assert Settings(existing_vpc_id="vpc-0123456789abcdef0",
+                    existing_subnet_ids=["subnet-0123456789abcdef0"] * 3).az_count == 3
+    settings = Settings.from_context({"lmstack:availability_zones": "us-east-1a,us-east-1b",
+                                      "lmstack:raw_data_prefixes": "s3://my-corpora/pile/"})
+    assert settings.availability_zones == ("us-east-1a", "us-east-1b") and settings.az_count == 2
+    assert settings.raw_data_prefixes == ("s3://my-corpora/pile/",)

@@ -6,7 +6,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 
-from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX
+from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
 from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
 from stacks import state_machine
 from stacks.config import Settings
@@ -117,11 +117,24 @@ def test_efs_is_encrypted_backed_up_elastic_and_mounted_in_every_subnet(default)
     assert all(_ref_id(m["FileSystemId"]) == fs_id for m in mounts)
 
 
-def test_access_point_is_rooted_at_the_dataset_directory(default):
-    _, point = default.only("AWS::EFS::AccessPoint")
-    root = point["Properties"]["RootDirectory"]
-    assert root["Path"] == default.settings.dataset_directory
-    assert root["CreationInfo"] == {"OwnerUid": "0", "OwnerGid": "0", "Permissions": "755"}
+def test_no_access_point_since_training_jobs_cannot_mount_through_one(default):
+    default.assertions.resource_count_is("AWS::EFS::AccessPoint", 0)
+
+
+def test_training_subnets_cover_every_zone_of_the_region_by_default(default):
+    subnets = default.resources("AWS::EC2::Subnet").values()
+    picks = sorted(subnet["Properties"]["AvailabilityZone"]["Fn::Select"][0] for subnet in subnets)
+    assert default.settings.az_count == 6 and picks == list(range(6))  # us-east-1a..f
+    mounts = default.resources("AWS::EFS::MountTarget")
+    assert len(mounts) == 6
+
+
+def test_pinned_zones_are_the_subnets_zones(synth_app):
+    synth = synth_app(Settings(availability_zones=("us-east-1a", "us-east-1d")))
+    zones = sorted(subnet["Properties"]["AvailabilityZone"] for subnet in synth.resources("AWS::EC2::Subnet").values())
+    assert zones == ["us-east-1a", "us-east-1d"]
+    values = _machine(synth, "lmstack-training")["Properties"]["DefinitionSubstitutions"]
+    assert sorted(key for key in values if key.startswith("Subnet")) == ["Subnet0", "Subnet1"]
 
 
 def _bucket(synth, prefix):
@@ -236,7 +249,10 @@ def test_execution_role_is_for_sagemaker_and_touches_only_its_prefixes(default):
     suffixes = sorted(r["Fn::Join"][1][-1] for r in put["Resource"])
     assert suffixes == sorted("/%s*" % prefix for prefix in ARTIFACT_PREFIXES)
     (mount,) = [s for s in statements if "elasticfilesystem:ClientMount" in _as_list(s["Action"])]
-    assert "elasticfilesystem:AccessPointArn" in mount["Condition"]["StringEquals"]
+    assert mount["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
+    assert sorted(_as_list(mount["Action"])) == ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    (read,) = [s for s in statements if _as_list(s["Action"]) == ["s3:GetObject"]]
+    assert sorted(r["Fn::Join"][1][-1] for r in read["Resource"]) == sorted("/%s*" % p for p in READ_ONLY_PREFIXES)
     (pull,) = [s for s in statements if "ecr:BatchGetImage" in _as_list(s["Action"])]
     assert "container-assets" in json.dumps(pull["Resource"])
     eni = [s for s in statements if "ec2:CreateNetworkInterface" in _as_list(s["Action"])]
@@ -355,11 +371,14 @@ def test_outputs_a_user_needs(default):
 
 
 def test_definition_writes_only_where_the_execution_role_may(default):
-    """Every S3 location the training definition hands SageMaker lies under an execution-role prefix."""
+    """Every S3 location the training definition hands SageMaker lies under an execution-role prefix:
+    written ones under ARTIFACT_PREFIXES, the raw corpora and init_from directories it reads under
+    READ_ONLY_PREFIXES."""
     text = _machine(default, "lmstack-training")["Properties"]["DefinitionString"]
     segments = set(re.findall(r"s3://\$\{ArtifactBucket\}/([A-Za-z0-9_.-]*)", text))
     assert segments, "the definition names artifact locations"
-    assert {segment + "/" for segment in segments} <= set(ARTIFACT_PREFIXES), segments
+    assert {segment + "/" for segment in segments} <= set(ARTIFACT_PREFIXES + READ_ONLY_PREFIXES), segments
+    assert {prefix[:-1] for prefix in ARTIFACT_PREFIXES} <= segments
 
 
 def test_a_placeholder_without_a_value_stops_synth():

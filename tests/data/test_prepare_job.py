@@ -32,13 +32,17 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     config = base / "input" / "config"
     config.mkdir(parents=True)
     raw = base / "input" / "data" / job.PREPARE_INPUT_CHANNEL
-    dataset = base / "input" / "data" / job.PREPARE_OUTPUT_CHANNEL
+    root = base / "input" / "data" / job.PREPARE_OUTPUT_CHANNEL  # the file system's root, mounted rw
+    dataset = root / "datasets" / "pile"  # made by the job
     sample_corpus.write_sample_corpus(str(raw), max_bytes=60000, files=2)
     shutil.copy(tokenizer_file, str(raw / "tokenizer.json"))
-    dataset.mkdir()
+    root.mkdir()
+    values = {"tokenizer": "tokenizer.json", "train_tokenizer": False, "seq_len": 32, "shard_size": 4096,
+              "val_fraction": 0.1, "workers": 1, "threads": 1}
+    # The arguments the builder adds for an EFS raw channel (raw_s3_uri None)
+    values.update(request.prepare_arguments(_prepare_job("/datasets/pile", raw_s3_uri=None)))
     hyperparameters = request.sdk_hyperparameters(
-        {"tokenizer": "tokenizer.json", "train_tokenizer": False, "seq_len": 32, "shard_size": 4096,
-         "val_fraction": 0.1, "workers": 1, "threads": 1},
+        values,
         strategy="single", instance_type=job.PREPARE_INSTANCE_TYPE, processes_per_host=1, job_name="prepare-1",
         region="us-east-1", output_path="s3://bucket/output", job_kind="prepare")
     assert json.loads(hyperparameters["sagemaker_program"]) == "prepare.py"
@@ -58,3 +62,76 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     assert shards.verify(str(dataset), manifest) == []
     assert manifest.prepare["complete"] and sorted(manifest.inputs) == ["00", "01"]
     assert manifest.seq_len == 32 and manifest.tokenizer_sha256 == shards.sha256_file(tokenizer_file)
+    assert sorted(os.listdir(str(root))) == ["datasets"]
+
+
+def _prepare_job(data_directory, raw_s3_uri):
+    return request.TrainingJob(
+        kind="prepare", name="prepare-1", image="image", role_arn="role", bucket="bucket", region="us-east-1",
+        hyperparameters={}, instance_type=job.PREPARE_INSTANCE_TYPE, instance_count=2, max_runtime_seconds=3600,
+        spot=False, file_system_id="fs-0123456789abcdef0", security_group_ids=["sg-1"], subnets=["subnet-1"],
+        data_directory=data_directory, execution_name="run-1", raw_directory="/raw", raw_s3_uri=raw_s3_uri)
+
+
+def test_the_prepare_request_mounts_the_root_and_reads_s3_sharded():
+    sent = request.create_training_job_request(_prepare_job("/datasets/pile", "s3://bucket/raw/pile/"))
+    raw, dataset = sent["InputDataConfig"]
+    assert raw["InputMode"] == "FastFile"
+    assert raw["DataSource"]["S3DataSource"] == {"S3DataType": "S3Prefix", "S3Uri": "s3://bucket/raw/pile/",
+                                                 "S3DataDistributionType": "ShardedByS3Key"}
+    assert dataset["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/"
+    assert dataset["DataSource"]["FileSystemDataSource"]["FileSystemAccessMode"] == "rw"
+    assert json.loads(sent["HyperParameters"]["dataset_directory"]) == "/datasets/pile"
+    assert json.loads(sent["HyperParameters"]["raw_sharded"]) is True
+    efs = request.create_training_job_request(_prepare_job("/datasets/pile", None))
+    assert efs["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/raw"
+    assert json.loads(efs["HyperParameters"]["raw_sharded"]) is False
+    assert {"Key": request.DATASET_DIRECTORY_TAG, "Value": "/datasets/pile"} in efs["Tags"]
+
+
+def test_sharded_raw_input_takes_every_file_and_the_merge_counts_all_parts(tokenizer_file, tmp_path):
+    """Two instances, each with its own share of the files (as ShardedByS3Key hands them out): each part
+    takes all it sees; the last one merges a manifest of every input."""
+    from lm import prepare
+    root = tmp_path / "root"
+    root.mkdir()
+    shares = []
+    for index in range(2):
+        share = tmp_path / ("share-%d" % index)
+        sample_corpus.write_sample_corpus(str(share), max_bytes=30000, files=1)
+        os.rename(str(share / os.listdir(str(share))[0]), str(share / ("part-%d.jsonl.zst" % index)))
+        shares.append(share)
+    for index, share in enumerate(shares):
+        code = prepare.main([str(share), "--tokenizer", tokenizer_file, "--seq-len", "32", "--workers", "1",
+                             "--shard-index", str(index), "--num-shards", "2", "--raw-sharded", "true",
+                             "--output", str(root / "datasets" / "pile")])
+        assert code == 0
+    manifest = shards.load_manifest(str(root / "datasets" / "pile"))
+    assert sorted(manifest.inputs) == ["part-0", "part-1"] and manifest.prepare["complete"]
+    # Without --raw-sharded the second instance takes every 2nd file of the one it sees: part-1 is lost.
+    lost = tmp_path / "lost"
+    for index, share in enumerate(shares):
+        assert prepare.main([str(share), "--tokenizer", tokenizer_file, "--seq-len", "32", "--workers", "1",
+                             "--shard-index", str(index), "--num-shards", "2", "--output", str(lost)]) == 0
+    assert sorted(shards.load_manifest(str(lost)).inputs) == ["part-0"]
+    assert prepare.output_directory(str(root), "/datasets/pile") == str(root / "datasets" / "pile")
+    assert prepare.output_directory(None, "/datasets/pile") is None
+
+
+def test_a_tokenizer_among_sharded_raw_files_is_refused_and_one_on_the_file_system_is_found(tokenizer_file, tmp_path,
+                                                                                           monkeypatch, capsys):
+    from lm import prepare
+    share = tmp_path / "share"
+    sample_corpus.write_sample_corpus(str(share), max_bytes=20000, files=1)
+    shutil.copy(tokenizer_file, str(share / "tokenizer.json"))
+    root = tmp_path / "root"
+    (root / "tokenizers").mkdir(parents=True)
+    shutil.copy(tokenizer_file, str(root / "tokenizers" / "bpe.json"))
+    common = [str(share), "--seq-len", "32", "--workers", "1", "--shard-index", "0", "--num-shards", "2",
+              "--raw-sharded", "true"]
+    monkeypatch.setenv("SM_CHANNEL_" + job.PREPARE_OUTPUT_CHANNEL.upper(), str(root))
+    assert prepare.main(common + ["--tokenizer", "tokenizer.json", "--dataset-directory", "/datasets/a"]) == 2
+    assert "reaches one instance" in capsys.readouterr().err
+    assert prepare.main(common + ["--tokenizer", "/tokenizers/bpe.json", "--dataset-directory", "/datasets/a"]) == 0
+    part = json.loads((root / "datasets" / "a" / "manifest-part-00000-of-00002.json").read_text())
+    assert part["tokenizer_sha256"] == shards.sha256_file(tokenizer_file)

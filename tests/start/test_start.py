@@ -300,3 +300,61 @@ def test_show_request_prints_what_the_run_would_send_and_calls_nothing():
     assert sent["CheckpointConfig"]["S3Uri"] == "s3://${ArtifactBucket}/checkpoints/run-7/"
     assert sent["AlgorithmSpecification"]["TrainingImage"] == "${Image_tf211}"
     assert sent["ProfilerConfig"] == {"DisableProfiler": True}
+
+
+# ---- --upload-corpus: a local corpus into the artifact bucket (moto's S3), then prepared in the run ----
+
+def _deploy_with_bucket(session):
+    arn = deploy_stack(session, stack_name="lmstack")
+    session.client("s3").create_bucket(Bucket="lmstack-artifacts")
+    cloudformation = session.client("cloudformation")
+    template = dict(STACK_TEMPLATE, Outputs=dict(STACK_TEMPLATE["Outputs"],
+                                                  ArtifactBucketName={"Value": "lmstack-artifacts"}))
+    cloudformation.update_stack(StackName="lmstack", TemplateBody=json.dumps(template),
+                                Parameters=[{"ParameterKey": "Arn", "ParameterValue": arn}])
+    return arn
+
+
+def _corpus(tmp_path):
+    from lm import sample_corpus
+    directory = tmp_path / "pile-sample"
+    sample_corpus.write_sample_corpus(str(directory), max_bytes=20000, files=2)
+    (directory / "README").write_text("not an input, uploaded all the same")
+    return directory
+
+
+def test_upload_corpus_puts_the_files_under_raw_and_prepares_from_there(aws, tmp_path):
+    arn = _deploy_with_bucket(aws)
+    corpus = _corpus(tmp_path)
+    code, out = run(aws, ["--upload-corpus", str(corpus), "--preset", "gpt-125m"])
+    assert code == 0, out
+    s3 = aws.client("s3")
+    keys = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="lmstack-artifacts")["Contents"])
+    assert keys == ["raw/pile-sample/" + name for name in sorted(path.name for path in corpus.iterdir())]
+    for path in corpus.iterdir():
+        assert s3.get_object(Bucket="lmstack-artifacts", Key="raw/pile-sample/" + path.name)["Body"].read() == \
+            path.read_bytes()
+    (execution,) = executions(aws, arn)
+    sent = json.loads(aws.client("stepfunctions").describe_execution(
+        executionArn=execution["executionArn"])["input"])
+    assert sent["prepare"] == {"enabled": True, "raw_s3_uri": "s3://lmstack-artifacts/raw/pile-sample/"}
+
+    again_code, again = run(aws, ["--upload-corpus", str(corpus), "--preset", "gpt-125m", "--name", "second"])
+    assert again_code == 0 and again.count("already uploaded") == len(keys) and "uploading" not in again
+
+
+def test_upload_corpus_dry_run_uploads_nothing_and_a_bad_path_starts_nothing(aws, tmp_path, capsys):
+    arn = _deploy_with_bucket(aws)
+    code, out = run(aws, ["--upload-corpus", str(_corpus(tmp_path)), "--corpus-name", "pile", "--dry-run"])
+    assert code == 0
+    assert json.loads(out)["prepare"]["raw_s3_uri"] == "s3://<ArtifactBucketName>/raw/pile/"
+    assert "Contents" not in aws.client("s3").list_objects_v2(Bucket="lmstack-artifacts")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x")
+    for argv, message in ((["--upload-corpus", str(tmp_path / "missing")], "no such file or directory"),
+                          (["--upload-corpus", str(empty)], "holds no .jsonl.zst"),
+                          (["--upload-corpus", str(empty), "--corpus-name", "a/b"], "--corpus-name")):
+        assert run(aws, argv)[0] == 2
+        assert message in capsys.readouterr().err
+    assert executions(aws, arn) == []

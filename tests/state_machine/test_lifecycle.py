@@ -21,6 +21,7 @@ def _actions(run):
 @pytest.mark.slow
 def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(deployment):
     prepare = {"enabled": True, "raw_directory": "/raw/pile", "hyperparameters": {"seq_len": 1024, "workers": 8}}
+    deployment.file_system.make("/raw/pile")  # raw files someone copied onto the file system
     first = deployment.run({"prepare": prepare}, name="prep-1")
     assert first.status == "SUCCEEDED", _failure(first)
     (_, _, request), _ = first.calls("createTrainingJob")
@@ -31,8 +32,11 @@ def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(deploymen
     channels = {channel["ChannelName"]: channel["DataSource"]["FileSystemDataSource"]
                 for channel in request["InputDataConfig"]}
     assert channels["raw"]["DirectoryPath"] == "/raw/pile" and channels["raw"]["FileSystemAccessMode"] == "ro"
-    assert channels["dataset"]["DirectoryPath"] == "/datasets/sample"
+    # The root, the one directory a fresh file system has; lm.prepare makes the dataset directory in it.
+    assert channels["dataset"]["DirectoryPath"] == "/"
     assert channels["dataset"]["FileSystemAccessMode"] == "rw"
+    assert json.loads(request["HyperParameters"]["dataset_directory"]) == "/datasets/sample"
+    assert json.loads(request["HyperParameters"]["raw_sharded"]) is False
     assert first.output["prepare"]["job_name"] == request["TrainingJobName"]
     assert invalid_sagemaker_requests(first) == []
 
@@ -96,12 +100,7 @@ def test_endpoint_failure_fails_and_notifies(deployment):
 @pytest.mark.slow
 def test_existing_endpoint_is_updated_not_duplicated(deployment):
     sagemaker = deployment.sagemaker
-    sagemaker.create_model(ModelName="lmstack-old", ExecutionRoleArn=EXECUTION_ROLE,
-                           PrimaryContainer={"Image": "image", "ModelDataUrl": "s3://lmstack-artifacts/old.tar.gz"})
-    sagemaker.create_endpoint_config(EndpointConfigName="lmstack-old", ProductionVariants=[{
-        "VariantName": "AllTraffic", "ModelName": "lmstack-old", "InstanceType": "ml.g4dn.12xlarge",
-        "InitialInstanceCount": 1}])
-    sagemaker.create_endpoint(EndpointName="lmstack-gpt", EndpointConfigName="lmstack-old")
+    deployment.existing_endpoint("lmstack-gpt", "lmstack-old")
     deployment.jobs.endpoint_script = [("InService", {})]
     sagemaker.describe_endpoint(EndpointName="lmstack-gpt")
     deployment.jobs.endpoint_script = [("Updating", {}), ("InService", {})]
@@ -122,3 +121,77 @@ def test_example_input_runs_the_whole_lifecycle(deployment):
     assert run.status == "SUCCEEDED", _failure(run)
     assert run.output["deploy"]["status"] == "InService"
     assert invalid_sagemaker_requests(run) == []
+
+
+def _channels(request):
+    return {channel["ChannelName"]: channel for channel in request["InputDataConfig"]}
+
+
+@pytest.mark.slow
+def test_a_fresh_account_prepares_from_s3_then_trains_on_the_dataset_read_only(make_deployment):
+    deployment = make_deployment(prepared=())
+    assert deployment.file_system.directories == {"/"}
+    raw = "s3://lmstack-artifacts/raw/pile/"
+    run = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": raw, "instance_count": 3}}, name="fresh-1")
+    assert run.status == "SUCCEEDED", _failure(run)
+    (_, _, prepare), (_, _, train) = run.calls("createTrainingJob")
+    raw_channel = _channels(prepare)["raw"]
+    assert raw_channel["InputMode"] == "FastFile"
+    assert raw_channel["DataSource"]["S3DataSource"] == {
+        "S3DataType": "S3Prefix", "S3Uri": raw, "S3DataDistributionType": "ShardedByS3Key"}
+    assert json.loads(prepare["HyperParameters"]["raw_sharded"]) is True
+    assert _channels(prepare)["dataset"]["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/"
+    train_channel = _channels(train)["train"]["DataSource"]["FileSystemDataSource"]
+    assert train_channel["DirectoryPath"] == "/datasets/sample" and train_channel["FileSystemAccessMode"] == "ro"
+    assert invalid_sagemaker_requests(run) == []  # the prepare job made the directory the training job mounts
+    assert "/datasets/sample" in deployment.file_system.directories
+
+    again = deployment.run({}, name="fresh-2")  # no prepare stage: the completed prepare job is found
+    assert again.status == "SUCCEEDED", _failure(again)
+    assert [request["TrainingJobName"][:13] for _, _, request in again.calls("createTrainingJob")] == ["lmstack-train"]
+    assert invalid_sagemaker_requests(again) == []
+
+
+@pytest.mark.slow
+def test_training_on_a_dataset_never_prepared_is_refused_before_any_job(make_deployment):
+    deployment = make_deployment(prepared=())
+    run = deployment.run({"data_directory": "/datasets/pile"}, name="unprepared")
+    assert run.status == "FAILED"
+    assert run.description["error"] == "DatasetNotPrepared"
+    cause = run.description["cause"]
+    assert "/datasets/pile" in cause and "prepare.enabled" in cause and "prepare.raw_s3_uri" in cause
+    assert run.calls("createTrainingJob") == []
+    # Another directory's prepare job does not count.
+    deployment.record_prepared("/datasets/other", "lmstack-prep-other")
+    assert deployment.run({"data_directory": "/datasets/pile"}, name="unprepared-2").status == "FAILED"
+    deployment.record_prepared("/datasets/pile", "lmstack-prep-pile")
+    assert deployment.run({"data_directory": "/datasets/pile"}, name="prepared").status == "SUCCEEDED"
+
+
+@pytest.mark.slow
+def test_a_failed_prepare_job_does_not_count_as_prepared(make_deployment):
+    from state_machine.harness import SUCCESS
+    deployment = make_deployment(prepared=())
+    deployment.jobs.scripts = [[("InProgress", "Starting", {}), ("Failed", "Failed", {"FailureReason": "bad input"})]]
+    failed = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": "s3://lmstack-artifacts/raw/x/"}},
+                            name="prep-fails")
+    assert failed.status == "FAILED" and failed.description["error"] == "PrepareJobFailed"
+    deployment.jobs.default = SUCCESS
+    later = deployment.run({}, name="after-failed-prepare")
+    assert later.status == "FAILED" and later.description["error"] == "DatasetNotPrepared"
+
+
+@pytest.mark.slow
+def test_a_raw_prefix_the_jobs_cannot_read_is_refused_before_any_job(make_deployment):
+    from state_machine.harness import StandInSettings
+    deployment = make_deployment(StandInSettings(raw_data_prefixes=("s3://my-corpora/pile/",)), prepared=())
+    refused = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": "s3://someone-else/pile/"}}, name="outside")
+    assert refused.status == "FAILED" and refused.description["error"] == "InvalidInput"
+    cause = refused.description["cause"]
+    assert "prepare.raw_s3_uri" in cause and "s3://someone-else/pile/" in cause
+    assert "s3://lmstack-artifacts/raw/" in cause and "s3://my-corpora/pile/" in cause and "raw_data_prefixes" in cause
+    assert refused.calls("createTrainingJob") == []
+    allowed = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": "s3://my-corpora/pile/train/"}},
+                             name="configured")
+    assert allowed.status == "SUCCEEDED", _failure(allowed)
+    assert invalid_sagemaker_requests(allowed) == []

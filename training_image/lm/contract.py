@@ -11,18 +11,29 @@ Pure Python 3.8, no TensorFlow: imported at synth time.
 # Input channels. SageMaker mounts channel <name> at /opt/ml/input/data/<name> and the
 # toolkit exports SM_CHANNEL_<NAME>.
 TRAIN_CHANNEL = "train"      # training: the prepared dataset (EFS, read-only)
-RAW_CHANNEL = "raw"          # prepare: the raw Pile files (read-only)
-DATASET_CHANNEL = "dataset"  # prepare: the dataset directory it writes (EFS, read-write)
+RAW_CHANNEL = "raw"          # prepare: the raw Pile files (an S3 prefix, or an EFS directory, read-only)
+DATASET_CHANNEL = "dataset"  # prepare: the EFS file system's root (read-write); it makes the dataset directory
 
 # Key prefixes in the artifact bucket; the execution role may touch only these.
 OUTPUT_PREFIX = "output/"            # OutputDataConfig: <job>/output/model.tar.gz
 CHECKPOINT_PREFIX = "checkpoints/"   # CheckpointConfig: <execution name>/ (kept across attempts)
 TENSORBOARD_PREFIX = "tensorboard/"  # TensorBoardOutputConfig: <job>/ event files
 ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX)
+# Raw corpora uploaded by `python -m lmstack.start --upload-corpus`; jobs may only read them.
+RAW_PREFIX = "raw/"
 # Hugging Face GPT-2 directories a training run may start from (execution input init_from, the
 # channel below); jobs may only read them.
 INIT_PREFIX = "models/"
+READ_ONLY_PREFIXES = (RAW_PREFIX, INIT_PREFIX)
 INIT_CHANNEL = "init"
+
+# EFS: a FileSystemDataSource's DirectoryPath is a path from the file system's root (training
+# jobs mount without access points) and must exist when the job starts. The root always does.
+FILE_SYSTEM_ROOT = "/"
+# Arguments the request adds to a prepare job and lm.prepare reads: the dataset directory (a path
+# from the root, created inside the dataset channel) and whether the raw channel is sharded per host.
+PREPARE_DATASET_DIRECTORY = "dataset_directory"
+PREPARE_RAW_SHARDED = "raw_sharded"
 
 # Paths inside the container (the SageMaker training contract).
 MODEL_DIR = "/opt/ml/model"

@@ -17,8 +17,11 @@ same command after a crash redoes only the unfinished inputs and ends with the s
 With `--num-shards N` (N instances), instance i takes every N-th input file starting at i
 and writes `manifest-part-IIIII-of-NNNNN.json`; the last instance to finish (or `merge`)
 combines the parts into `manifest.json`. As a SageMaker training job (`prepare.py`) the
-inputs come from the raw channel, the output goes to the dataset channel and i, N come
-from SM_CURRENT_HOST / SM_HOSTS.
+inputs come from the raw channel and i, N from SM_CURRENT_HOST / SM_HOSTS. The dataset
+channel is the EFS file system's root (the one directory that exists on a fresh file system),
+and the output is `--dataset-directory` inside it, made here. With `--raw-sharded` (an S3 raw
+channel with ShardedByS3Key) SageMaker already gave each instance its own share of the files:
+an instance then takes every file it sees, and the merge counts the parts' inputs together.
 
 Sizing the full Pile (825 GiB = 886 GB of text in 30 files) at r MB/s of text per vCPU: an
 hour needs 886e3 / 3600 / r vCPUs, and 886e3 / 30 / 3600 = 8.2 MB/s per file, so about
@@ -44,7 +47,7 @@ import time
 
 import numpy as np
 
-from lm import job, pile, shards
+from lm import contract, job, pile, shards
 from lm import tokenizer as tokenizers_lib
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -310,6 +313,10 @@ def _load_tokenizer(args, inputs, output, existing):
     if args.tokenizer and args.train_tokenizer:
         raise PrepareError("--tokenizer and --train-tokenizer exclude each other; pass one")
     if args.tokenizer:
+        if args.raw_sharded and args.num_shards > 1 and not os.path.isabs(args.tokenizer):
+            raise PrepareError("tokenizer %r: with a sharded S3 raw channel each instance sees only its own files, "
+                               "so a tokenizer among them reaches one instance; put it on the EFS file system and "
+                               "pass its path from the root (e.g. /tokenizers/gpt2.json)" % args.tokenizer)
         source = _resolve_tokenizer_path(args.tokenizer, args.inputs)
         tokenizer, eod = tokenizers_lib.load(source, args.eod_token)
         digest = shards.sha256_file(source)
@@ -393,7 +400,7 @@ def prepare(args):
     all_inputs = pile.find_inputs(args.inputs)
     index, count = resolve_shard(args.shard_index, args.num_shards)
     args.num_shards = count
-    inputs = all_inputs[index::count]
+    inputs = all_inputs if args.raw_sharded else all_inputs[index::count]
     output = args.output
     for split in shards.SPLITS:
         os.makedirs(os.path.join(output, split), exist_ok=True)
@@ -421,7 +428,8 @@ def prepare(args):
     if args.train_tokenizer:
         manifest.prepare["trained_vocab_size"] = args.vocab_size
     if count > 1:
-        manifest.prepare["part"] = {"index": index, "count": count, "inputs": len(all_inputs)}
+        manifest.prepare["part"] = {"index": index, "count": count, "inputs": len(all_inputs),
+                                    "sharded": bool(args.raw_sharded)}
     todo = [item for item in inputs if not _finished(manifest, output, item)]
     for item in todo:
         manifest.inputs.pop(item.key, None)
@@ -590,7 +598,10 @@ def merge(directory):
     merged = shards.Manifest(tokenizer_file=first.tokenizer_file,
                              **{name: getattr(first, name) for name in OUTPUT_SETTINGS})
     merged.prepare = {name: first.prepare[name] for name in PREPARE_SETTINGS}
-    expected = first.prepare.get("part", {}).get("inputs")
+    if first.prepare.get("part", {}).get("sharded"):  # each part saw only its own files
+        expected = sum(part.prepare.get("part", {}).get("inputs", 0) for part in parts)
+    else:
+        expected = first.prepare.get("part", {}).get("inputs")
     for index, part in enumerate(parts):
         source = found[count][index]
         _check_same({name: getattr(part, name) for name in OUTPUT_SETTINGS},
@@ -645,8 +656,16 @@ def build_parser():
                "`python -m lm.prepare verify DIR`.")
     parser.add_argument("inputs", nargs="*", help=".jsonl.zst / .jsonl files or directories (default: $SM_CHANNEL_%s)"
                         % job.PREPARE_INPUT_CHANNEL.upper())
-    parser.add_argument("--output", help="dataset directory (default: $SM_CHANNEL_%s)"
+    parser.add_argument("--output", help="dataset directory (default: --dataset-directory inside $SM_CHANNEL_%s)"
                         % job.PREPARE_OUTPUT_CHANNEL.upper())
+    # Set by the request builder (lm.request.prepare_arguments), not by users of the job.
+    parser.add_argument("--" + contract.PREPARE_DATASET_DIRECTORY, "--dataset-directory",
+                        dest=contract.PREPARE_DATASET_DIRECTORY, default="",
+                        help="the dataset directory as a path from the file system's root; made inside the "
+                             "dataset channel (the root, mounted read-write)")
+    parser.add_argument("--" + contract.PREPARE_RAW_SHARDED, "--raw-sharded", dest=contract.PREPARE_RAW_SHARDED,
+                        type=parse_bool, nargs="?", const=True, default=False,
+                        help="the raw channel holds only this instance's files (S3 ShardedByS3Key)")
     types = {int: parse_int, float: _float, str: str}
     for name, spec in job.PREPARE_HYPERPARAMETERS.items():
         flags = ["--" + name.replace("_", "-")] + (["--" + name] if "_" in name else [])
@@ -669,9 +688,23 @@ def parse_args(argv):
         parser.error(str(error))
     if not args.inputs and os.environ.get("SM_CHANNEL_%s" % job.PREPARE_INPUT_CHANNEL.upper()):
         args.inputs = [os.environ["SM_CHANNEL_%s" % job.PREPARE_INPUT_CHANNEL.upper()]]
+    root = os.environ.get("SM_CHANNEL_%s" % job.PREPARE_OUTPUT_CHANNEL.upper())
     if not args.output:
-        args.output = os.environ.get("SM_CHANNEL_%s" % job.PREPARE_OUTPUT_CHANNEL.upper())
+        args.output = output_directory(root, args.dataset_directory)
+    if root and os.path.isabs(args.tokenizer) and not os.path.exists(args.tokenizer):
+        args.tokenizer = output_directory(root, args.tokenizer)  # a path from the file system's root
     return args
+
+
+def output_directory(channel, dataset_directory):
+    """Where a prepare job writes: `dataset_directory` (a path from the file system's root) inside the
+    dataset channel, which mounts that root; None without a channel."""
+    if not channel:
+        return None
+    parts = [part for part in dataset_directory.split("/") if part]
+    if ".." in parts:
+        raise PrepareError("dataset_directory %r must not contain '..'" % dataset_directory)
+    return os.path.join(channel, *parts)
 
 
 def _train_tokenizer_main(argv):

@@ -32,6 +32,15 @@ TAG_PREFIX = "lmstack:"
 EXECUTION_TAG = TAG_PREFIX + "execution"
 KIND_TAG = TAG_PREFIX + "kind"
 DATASET_KEY_TAG = TAG_PREFIX + "dataset-key"
+# On prepare jobs: the EFS directory they made. A training run looks for a completed prepare job
+# with its data_directory here before it starts (SageMaker Search on this tag).
+DATASET_DIRECTORY_TAG = TAG_PREFIX + "dataset-directory"
+# The raw corpus from S3 is read by lm.prepare once, each file start to end: FastFile streams the
+# objects on demand, so the job starts without a copy and the ML volume (VOLUME_SIZE_GB) need not
+# hold the corpus, as File mode would need (an instance's share of the Pile is 100 GB and more).
+# ShardedByS3Key gives each instance of a multi-instance prepare job its own share of the files.
+RAW_S3_INPUT_MODE = "FastFile"
+RAW_S3_DISTRIBUTION = "ShardedByS3Key"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO, the SDK's default
 MPI_STRATEGIES = ("horovod", "smp")
 
@@ -142,8 +151,10 @@ class TrainingJob:
     strategy: str = "single"
     processes_per_host: Any = 1     # MPI processes per host (horovod, smp)
     mp_parameters: Any = None       # SMP v1 parameters (smp)
-    raw_directory: Any = None       # prepare: the raw files on EFS
+    raw_directory: Any = None       # prepare: the raw files on EFS (when raw_s3_uri is None)
+    raw_s3_uri: Any = None          # prepare: the raw files under an S3 prefix (an S3 channel)
     dataset_key: Any = None         # prepare: tagged, so a later execution can skip the job
+    init_from: Any = None           # train: an S3 prefix holding a Hugging Face GPT-2 directory (or None)
 
 
 def artifact_uri(bucket, prefix):
@@ -206,9 +217,20 @@ def sdk_hyperparameters(values, *, strategy, instance_type, processes_per_host, 
     return collections.OrderedDict((str(key), json_text(value)) for key, value in values.items())
 
 
+def prepare_arguments(training_job):
+    """What the builder itself adds to a prepare job's hyperparameters: where lm.prepare writes (the
+    data directory, inside the dataset channel, which is the file system's root) and whether the
+    raw channel holds only this instance's share of the files."""
+    return collections.OrderedDict([(contract.PREPARE_DATASET_DIRECTORY, training_job.data_directory),
+                                    (contract.PREPARE_RAW_SHARDED, training_job.raw_s3_uri is not None)])
+
+
 def hyperparameters(training_job):
     j = training_job
-    return sdk_hyperparameters(j.hyperparameters, strategy=j.strategy, instance_type=j.instance_type,
+    values = j.hyperparameters
+    if j.kind == "prepare":
+        values = collections.OrderedDict(values, **prepare_arguments(j))
+    return sdk_hyperparameters(values, strategy=j.strategy, instance_type=j.instance_type,
                                processes_per_host=j.processes_per_host, job_name=j.name, region=j.region,
                                output_path=output_path(j.bucket), job_kind=j.kind, mp_parameters=j.mp_parameters)
 
@@ -236,12 +258,33 @@ def efs_channel(name, file_system_id, directory_path, access_mode):
     }
 
 
+def s3_channel(name, s3_uri, input_mode, distribution):
+    return {
+        "ChannelName": name,
+        "InputMode": input_mode,
+        "DataSource": {"S3DataSource": collections.OrderedDict([
+            ("S3DataType", "S3Prefix"),
+            ("S3Uri", s3_uri),
+            ("S3DataDistributionType", distribution),
+        ])},
+    }
+
+
 def input_channels(training_job):
+    """Training reads the prepared dataset directory read-only. The prepare job reads the raw files
+    (S3 or EFS) and mounts the file system's root read-write, the one directory that surely exists;
+    lm.prepare makes the dataset directory inside it."""
     j = training_job
     if j.kind == "train":
-        return [efs_channel(contract.TRAIN_CHANNEL, j.file_system_id, j.data_directory, "ro")]
-    return [efs_channel(contract.RAW_CHANNEL, j.file_system_id, j.raw_directory, "ro"),
-            efs_channel(contract.DATASET_CHANNEL, j.file_system_id, j.data_directory, "rw")]
+        channels = [efs_channel(contract.TRAIN_CHANNEL, j.file_system_id, j.data_directory, "ro")]
+        if j.init_from is not None:  # a few files, read once at start-up: copied (File)
+            channels.append(s3_channel(contract.INIT_CHANNEL, j.init_from, "File", "FullyReplicated"))
+        return channels
+    if j.raw_s3_uri is not None:
+        raw = s3_channel(contract.RAW_CHANNEL, j.raw_s3_uri, RAW_S3_INPUT_MODE, RAW_S3_DISTRIBUTION)
+    else:
+        raw = efs_channel(contract.RAW_CHANNEL, j.file_system_id, j.raw_directory, "ro")
+    return [raw, efs_channel(contract.DATASET_CHANNEL, j.file_system_id, contract.FILE_SYSTEM_ROOT, "rw")]
 
 
 def resource_tags(kind, execution_name):
@@ -258,14 +301,16 @@ def tags(training_job):
     found = resource_tags(training_job.kind, training_job.execution_name)
     if training_job.kind == "prepare":
         found.append({"Key": DATASET_KEY_TAG, "Value": training_job.dataset_key})
+        found.append({"Key": DATASET_DIRECTORY_TAG, "Value": training_job.data_directory})
     return found
 
 
 def create_training_job_request(training_job, *, hyperparameter_map: Optional[Any] = None,
-                                stopping: Optional[Any] = None):
-    """The CreateTrainingJob request. `hyperparameter_map` and `stopping` default to
-    `hyperparameters(job)` and `stopping_condition(...)`; the state machine passes markers for
-    them, since it computes them in branches of its own (per strategy, per spot)."""
+                                stopping: Optional[Any] = None, channels: Optional[Any] = None):
+    """The CreateTrainingJob request. `hyperparameter_map`, `stopping` and `channels` default to
+    `hyperparameters(job)`, `stopping_condition(...)` and `input_channels(job)`; the state machine
+    passes markers for them, since it computes them in branches of its own (per strategy, per
+    spot, per raw source)."""
     j = training_job
     algorithm = collections.OrderedDict([("TrainingImage", j.image), ("TrainingInputMode", "File")])
     if j.kind == "train":
@@ -276,7 +321,7 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     request["AlgorithmSpecification"] = algorithm
     request["RoleArn"] = j.role_arn
     request["HyperParameters"] = hyperparameters(j) if hyperparameter_map is None else hyperparameter_map
-    request["InputDataConfig"] = input_channels(j)
+    request["InputDataConfig"] = input_channels(j) if channels is None else channels
     request["OutputDataConfig"] = {"S3OutputPath": output_path(j.bucket)}
     request["ResourceConfig"] = collections.OrderedDict([
         ("InstanceType", j.instance_type), ("InstanceCount", j.instance_count), ("VolumeSizeInGB", VOLUME_SIZE_GB)])
