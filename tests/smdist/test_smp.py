@@ -275,9 +275,15 @@ MANUAL = dict(microbatches=2, auto_partition=False, default_partition=0)
 
 def _partitioned_tiny():
     strategy = get_strategy("smp").setup()
-    unbuilt = build_tiny(build=False)
-    before = len(unbuilt.weights)
-    model = strategy.build_model(lambda build: unbuilt)
+    built = []
+
+    def build_fn(build=True):
+        model = build_tiny(build=build)
+        built.append(len(model.weights))  # weights that exist before SMP partitions the model
+        return model
+
+    model = strategy.build_model(build_fn)
+    before = built[0]
     from lm.optim import AdamW
     optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
     names = [weight.name for weight in model.weights]
