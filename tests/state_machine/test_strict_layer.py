@@ -9,6 +9,8 @@ as AWS documents, and each of its rules fails a definition that relies on moto's
 import copy
 import json
 
+import pytest
+
 from state_machine.harness import ROLE, SUCCESS, StrictLayer, required_only
 
 from stacks.state_machine import build_training_definition, render
@@ -68,19 +70,39 @@ def test_moto_alone_retries_the_runtime_error(deployment, strict):
     assert len(run.calls("listTrainingJobs")) > 1
 
 
-def test_a_state_that_reads_an_optional_member_without_a_default_fails(deployment):
-    """The deploy stage's poll once read DescribeEndpoint's optional EndpointConfigName directly."""
+def _reads_endpoint_config_name(states):
+    """The deploy stage's poll as it was: DescribeEndpoint's optional EndpointConfigName read directly."""
+    states["Deploy.Describe"].update(ResultSelector={"status.$": "$.EndpointStatus",
+                                                     "config.$": "$.EndpointConfigName"},
+                                     ResultPath="$.deploy_status", Next="Deploy.Check")
+
+
+def _reads_search_results(states):
+    """The prepare stage's skip check as it was: Search's optional Results counted directly."""
+    states["Prepare.Search"].update(ResultSelector={"count.$": "States.ArrayLength($.Results)"})
+
+
+def _reads_failure_reason(states):
+    """A failed job's reason read without the defaults merged over it."""
+    states["Train.FailureReason"]["Parameters"] = {"reason.$": "$.scratch.FailureReason"}
+
+
+@pytest.mark.parametrize("break_it, execution_input, script, member", [
+    (_reads_endpoint_config_name, {"deploy": DEPLOY}, None, "EndpointConfigName"),
+    (_reads_search_results, {"prepare": {"enabled": True}}, None, "Results"),
+    (_reads_failure_reason, {}, SUCCESS[:2] + [("Failed", "Failed", {})], "FailureReason"),
+])
+def test_a_state_that_reads_an_optional_member_without_a_default_fails(deployment, break_it, execution_input,
+                                                                       script, member):
     definition = copy.deepcopy(build_training_definition(deployment.settings))
-    states = definition["States"]
-    describe = states["Deploy.Describe"]
-    describe["ResultSelector"] = {"status.$": "$.EndpointStatus", "config.$": "$.EndpointConfigName"}
-    describe["ResultPath"] = "$.deploy_status"
-    describe["Next"] = "Deploy.Check"
+    break_it(definition["States"])
+    if script:
+        deployment.jobs.scripts.append(script)
     arn = deployment.sfn.create_state_machine(name="reads-optional", definition=render(definition, deployment.values),
                                               roleArn=ROLE)["stateMachineArn"]
-    run = deployment.run({"deploy": DEPLOY}, name="reads-optional", machine=arn)
+    run = deployment.run(execution_input, name="reads-optional", machine=arn)
     assert run.status == "FAILED" and run.description["error"] == "States.Runtime", _failure(run)
-    assert "EndpointConfigName" in run.description["cause"]
+    assert member in run.description["cause"]
 
 
 def test_every_path_behaves_without_any_optional_member(deployment):
