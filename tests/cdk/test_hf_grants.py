@@ -1,0 +1,25 @@
+"""The execution role's grants for init_from (read the Hugging Face directories under INIT_PREFIX,
+nothing else there) and deploy.container tgi (pull the Hugging Face LLM DLC), on the synthesized
+template (issue 17.3, 17.4)."""
+import json
+
+from test_stack import _as_list, _role_id, _statements
+
+from lm import containers
+from lm.contract import INIT_PREFIX
+
+
+def test_jobs_may_read_but_not_write_the_init_prefix(default):
+    statements = _statements(default, _role_id(default, "PermissionsExecutionRole"))
+    touching = [s for s in statements if "/%s*" % INIT_PREFIX in json.dumps(s.get("Resource"))]
+    assert [_as_list(s["Action"]) for s in touching] == [["s3:GetObject"]]
+    (listing,) = [s for s in statements if "s3:ListBucket" in _as_list(s["Action"])]
+    assert INIT_PREFIX + "*" in listing["Condition"]["StringLike"]["s3:prefix"]
+
+
+def test_the_role_may_pull_the_tgi_image(default):
+    statements = _statements(default, _role_id(default, "PermissionsExecutionRole"))
+    (pull,) = [s for s in statements if "ecr:BatchGetImage" in _as_list(s["Action"])]
+    pulled = json.dumps(pull["Resource"])
+    for account in set(containers.TGI_REGISTRIES.values()):
+        assert ":%s:repository/%s" % (account, containers.TGI_REPOSITORY) in pulled
