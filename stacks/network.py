@@ -19,6 +19,10 @@ INTERFACE_ENDPOINTS = {
     "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
 }
 SUBNET_GROUP = "training"
+# Interface endpoints sit in the first zones only: a job in any zone of the VPC reaches them (their
+# private DNS names answer with these ENIs), not every endpoint service is offered in every zone
+# (a CreateVpcEndpoint in such a zone fails the deploy), and each zone costs an ENI-hour per service.
+ENDPOINT_ZONES = 2
 
 
 def zones(settings):
@@ -88,5 +92,5 @@ class Network(Construct):
             self.vpc.add_interface_endpoint(
                 name, service=service, private_dns_enabled=True, open=False,
                 security_groups=[self.endpoint_security_group],
-                subnets=ec2.SubnetSelection(subnets=self.subnets))
+                subnets=ec2.SubnetSelection(subnets=self.subnets[:ENDPOINT_ZONES]))
 

@@ -66,6 +66,10 @@ def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default):
         assert any('.%s"' % service in name for name in names), (service, names)
     assert len(interface) == len(INTERFACE_ENDPOINTS)
     assert all(e["Properties"]["PrivateDnsEnabled"] is True for e in interface)
+    # In the first two zones only, of the six the training subnets cover.
+    subnets = default.resources("AWS::EC2::Subnet")
+    first_two = {key for key, subnet in subnets.items() if subnet["Properties"]["AvailabilityZone"]["Fn::Select"][0] < 2}
+    assert len(subnets) == 6 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
 
 
 def test_flow_logs_capture_all_traffic(default):
