@@ -77,11 +77,18 @@ def _dataset_check_states(first, next_state):
 
 def _init_from_states(first, next_state):
     """init_from is read by the job role, which may read only the artifact bucket's INIT_PREFIX:
-    another prefix is refused here, before any job starts (the bucket name is filled in at deploy)."""
+    another prefix is refused here, before any job starts (the bucket name is filled in at deploy),
+    and so is strategy smp, whose partitioned model lm.train cannot load a checkpoint into."""
     allowed = "s3://${ArtifactBucket}/%s" % contract.INIT_PREFIX
     return collections.OrderedDict([
-        (first, asl.choice([asl.rule(asl.any_of({"Variable": jobs.INIT_FROM_PATH, "IsNull": True}, {
-            "Variable": jobs.INIT_FROM_PATH, "StringMatches": allowed + "*"}), next_state)], first + ".Outside")),
+        (first, asl.choice([
+            asl.rule({"Variable": jobs.INIT_FROM_PATH, "IsNull": True}, next_state),
+            asl.rule({"Variable": "$.config.strategy", "StringEquals": "smp"}, first + ".Smp"),
+            asl.rule({"Variable": jobs.INIT_FROM_PATH, "StringMatches": allowed + "*"}, next_state),
+        ], first + ".Outside")),
+        (first + ".Smp", asl.fail(inputs.ERROR, asl.fmt(
+            "init_from is not supported with strategy smp (its model is partitioned across ranks); "
+            "choose another strategy"))),
         (first + ".Outside", asl.fail(inputs.ERROR, asl.fmt(
             "init_from must start with %s (the prefix the training jobs may read), got {}" % allowed,
             jobs.INIT_FROM_PATH))),

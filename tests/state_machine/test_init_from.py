@@ -52,3 +52,14 @@ def test_init_from_must_be_an_s3_uri(deployment):
     assert run.description["cause"] == 'init_from must start with s3://, got "https://example.com/gpt2"'
     with pytest.raises(start.StartError, match="init_from must start with s3://, got 'https://example.com/gpt2'"):
         start.validate_input(execution_input, deployment.settings)
+
+
+@pytest.mark.slow
+def test_init_from_with_strategy_smp_is_refused_before_any_job(deployment):
+    run = deployment.run({"preset": "gpt-125m", "strategy": "smp", "instance_type": "ml.p4d.24xlarge",
+                          "init_from": INIT_FROM}, name="init-5")
+    assert run.status == "FAILED", _failure(run)
+    assert run.description["error"] == rules.INVALID
+    assert run.description["cause"] == ("init_from is not supported with strategy smp (its model is partitioned "
+                                        "across ranks); choose another strategy")
+    assert run.calls("createTrainingJob") == []
