@@ -131,3 +131,14 @@ def test_a_bad_name_is_refused_with_the_same_message_by_validate_and_start(deplo
         start.validate_input(execution_input, Settings())
     assert run.description["cause"] == str(error.value) == rules.name_problem(ENDPOINT, "my_model")
     assert deployment.jobs.created == []
+
+
+def test_the_job_names_built_on_moto_are_as_long_as_the_rule_counts(make_deployment):
+    """`job_name_length` is the state machine's own template: a run with the longest prefix shows it."""
+    from state_machine.harness import StandInSettings
+
+    prefix = "p" * config._NAME_PREFIX_MAX
+    deployment = make_deployment(StandInSettings(name_prefix=prefix))
+    run = deployment.run({}, name="long-prefix")
+    assert run.status == "SUCCEEDED", run.description.get("cause")
+    assert len(run.output["job_name"]) == rules.job_name_length(prefix, jobs.TRAIN.token, 1)
