@@ -383,3 +383,35 @@ def test_the_model_returns_the_scalar_loss_not_the_logits(fake_smdist, monkeypat
     # (vocab floats per token) must not be among them.
     outputs = _job(monkeypatch, 2, _outputs_of_the_model, partitions=2, **MANUAL)[0]
     assert outputs and all(details["shapes"] == [[]] and details["bytes"] == 4 for details in outputs)
+
+
+def _step_with_overflow_on(overflowing_mp_rank):
+    import smdistributed.modelparallel.tensorflow as smp
+
+    from lm.optim import AdamW, DynamicLossScale
+
+    class Overflowing(DynamicLossScale):
+        """A float16 overflow in one partition's gradients only."""
+
+        def unscale(self, grads):
+            grads = super().unscale(grads)
+            return [grad * np.inf for grad in grads] if smp.mp_rank() == overflowing_mp_rank else grads
+
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    optimizer = AdamW(model.trainable_variables, lambda step: 1e-2)
+    loss_scale = Overflowing(initial=2.0 ** 10)
+    step = strategy.build_train_step(model, optimizer, sequence_loss, grad_clip=1.0, loss_scale=loss_scale)
+    metrics = step(*token_batch(8))
+    return int(optimizer.step.numpy()), float(loss_scale.value.numpy()), float(metrics["grad_norm"])
+
+
+@pytest.mark.parametrize("overflowing_mp_rank", [0, 1])
+def test_an_overflow_in_one_partition_skips_the_step_on_every_partition(fake_smdist, monkeypatch,
+                                                                      overflowing_mp_rank):
+    results = _job(monkeypatch, 2, lambda: _step_with_overflow_on(overflowing_mp_rank), partitions=2, **MANUAL)
+    # Neither partition applies the update; both halve the loss scale; both saw the same norm.
+    assert [(applied, scale) for applied, scale, _ in results] == [(0, 2.0 ** 9)] * 2
+    assert all(np.isnan(norm) or np.isinf(norm) for _, _, norm in results)
+    (no_overflow,) = _job(monkeypatch, 1, lambda: _step_with_overflow_on(None), partitions=1, microbatches=2)
+    assert no_overflow[:2] == (1, 2.0 ** 10)
