@@ -132,3 +132,15 @@ def test_an_update_that_rolled_back_fails_when_the_service_reports_the_old_confi
     run = deployment.run({"deploy": DEPLOY}, name="rolled-back")
     assert run.description["error"] == "DeployFailed", _failure(run)
     assert "with config lmstack-old" in run.description["cause"]
+
+
+def test_final_metrics_without_their_optional_members_are_read_with_defaults(deployment):
+    """MetricData's members are all optional in the service model: a metric without a Value is
+    reported as null and fails the quality gate rather than the execution."""
+    deployment.jobs.scripts.append(SUCCESS[:-1] + [("Completed", "Completed", {
+        "FinalMetricDataList": [{"MetricName": "validation:loss"}, {"Value": 3.0}]})])
+    run = deployment.run({"deploy": DEPLOY, "min_quality": 3.5}, name="metrics-without-values")
+    assert run.status == "SUCCEEDED", _failure(run)
+    assert run.output["final_metrics"] == [{"name": "validation:loss", "value": None},
+                                           {"name": "unnamed", "value": 3.0}]
+    assert "min_quality" in run.output["deploy"]["skipped"]
