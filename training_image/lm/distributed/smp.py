@@ -213,10 +213,12 @@ class SMPStrategy(Strategy):
         def update(grads, grad_norm):
             return apply_update(optimizer, variables, grads, grad_clip, loss_scale, grad_norm=grad_norm)
 
+        # Called eagerly (the model-parallel norm is a Python-level allgather between the two
+        # graphs); "add_n" accumulates without the internal variable "variable" would create.
         def train_step(inputs, labels):
             self._check_batch(inputs)
             grads, loss = forward_backward(inputs, labels)
-            grads, squared, loss = average([grad.accumulate() for grad in grads], loss.reduce_mean())
+            grads, squared, loss = average([grad.accumulate("add_n") for grad in grads], loss.reduce_mean())
             metrics = update(grads, self.model_parallel_norm(squared))
             metrics["loss"] = loss
             return metrics
