@@ -39,6 +39,7 @@ DATASET_DIRECTORY_TAG = TAG_PREFIX + "dataset-directory"
 # objects on demand, so the job starts without a copy and the ML volume (VOLUME_SIZE_GB) need not
 # hold the corpus, as File mode would need (an instance's share of the Pile is 100 GB and more).
 # ShardedByS3Key gives each instance of a multi-instance prepare job its own share of the files.
+# (SageMaker API reference: TrainingInputMode, S3DataSource.S3DataDistributionType.)
 RAW_S3_INPUT_MODE = "FastFile"
 RAW_S3_DISTRIBUTION = "ShardedByS3Key"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO, the SDK's default
