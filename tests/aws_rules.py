@@ -302,10 +302,27 @@ class FileSystem:
         return problems
 
 
-def check_requests(calls, file_system=None):
+def s3_inputs_readable(operation, parameters, readable_prefixes):
+    """SageMaker Developer Guide, "How to use SageMaker AI execution roles" (CreateTrainingJob API: execution
+    role permissions): the role needs s3:ListBucket and s3:GetObject on each S3 input channel's data; a channel
+    the role may not read fails the job when it downloads or mounts its data, after the instances started.
+    `readable_prefixes`: the s3://bucket/prefix/ locations the deployment's execution role may read."""
+    if operation != "CreateTrainingJob":
+        return []
+    problems = []
+    for channel in parameters.get("InputDataConfig", []):
+        source = channel.get("DataSource", {}).get("S3DataSource")
+        if source and not any(source["S3Uri"].startswith(prefix) for prefix in readable_prefixes):
+            problems.append("InputDataConfig[%s]: S3Uri %r is outside what the execution role may read (%s)" % (
+                channel["ChannelName"], source["S3Uri"], ", ".join(readable_prefixes)))
+    return problems
+
+
+def check_requests(calls, file_system=None, readable_prefixes=None):
     """Violations of every request rule by each SageMaker call in `calls` ((resource type, action, parameters)
     as lmstack.local_sfn.scheduled_calls returns them), in order; with `file_system` (a `FileSystem`, which
-    the calls then change) also every EFS channel whose directory does not exist when its job starts."""
+    the calls then change) also every EFS channel whose directory does not exist when its job starts; with
+    `readable_prefixes` every S3 channel the execution role may not read."""
     problems = []
     for resource_type, action, parameters in calls:
         if "sagemaker" not in resource_type:
@@ -315,4 +332,7 @@ def check_requests(calls, file_system=None):
                      for problem in rule(operation, parameters)]
         if file_system is not None:
             problems += ["efs_directories_exist: %s" % problem for problem in file_system.start(operation, parameters)]
+        if readable_prefixes is not None:
+            problems += ["s3_inputs_readable: %s" % problem
+                         for problem in s3_inputs_readable(operation, parameters, readable_prefixes)]
     return problems

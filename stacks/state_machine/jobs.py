@@ -38,6 +38,7 @@ DESCRIBE_DEFAULTS = {
     "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": []},
     "failed_endpoint": {"FailureReason": "no FailureReason given"},
 }
+METRIC_DEFAULTS = {"MetricName": "unnamed", "Value": None}
 
 
 class JobKind(collections.namedtuple("JobKind", "state token slot kind config spot_path")):
@@ -240,11 +241,13 @@ def job_states(kind, settings, on_success):
     states[s + ".Result"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".ResultDefaults",
                                      result_path="$.scratch", retry=RETRY)
     states[s + ".ResultDefaults"] = with_defaults("completed_job", s + ".Metrics")
+    # MetricData's members are optional in the API too: each metric is merged over defaults first.
     states[s + ".Metrics"] = {
         "Type": "Map", "ItemsPath": "$.scratch.job.FinalMetricDataList",
-        "ItemSelector": {"name.$": "$$.Map.Item.Value.MetricName", "value.$": "$$.Map.Item.Value.Value"},
-        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": "Metric",
-                          "States": {"Metric": {"Type": "Pass", "End": True}}},
+        "ItemSelector": {"metric.$": "$$.Map.Item.Value", "defaults": METRIC_DEFAULTS},
+        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": "Defaults", "States": {
+            "Defaults": asl.pass_state("Metric", {"metric.$": "States.JsonMerge($.defaults, $.metric, false)"}),
+            "Metric": asl.pass_state(None, {"name.$": "$.metric.MetricName", "value.$": "$.metric.Value"})}},
         "ResultPath": slot + ".metrics", "Next": s + ".Outputs"}
     states[s + ".Outputs"] = asl.pass_state(s + ".Succeeded", {
         "model_artifacts.$": "$.scratch.job.ModelArtifacts.S3ModelArtifacts",

@@ -391,3 +391,16 @@ def test_a_placeholder_without_a_value_stops_synth():
         _pick({"Bucket": "b"}, {"States": {"A": {"Parameters": {"Name": "${Bucket2}"}}}}, ("Bucket",), "training")
     with pytest.raises(ValueError, match="declared but without a value in the stack: Topic"):
         _pick({"Bucket": "b"}, {"x": "${Bucket}"}, ("Bucket", "Topic"), "training")
+
+
+def test_raw_data_prefixes_may_be_read_and_listed_there_only(synth_app):
+    synth = synth_app(Settings(raw_data_prefixes=("s3://my-corpora/pile/", "s3://my-corpora/books/")))
+    statements = _statements(synth, _role_id(synth, "PermissionsExecutionRole"))
+    # (the CDK merges it with the statement for the bucket's own read-only prefixes)
+    (read,) = [s for s in statements if "arn:aws:s3:::my-corpora/pile/*" in _as_list(s["Resource"])]
+    assert _as_list(read["Action"]) == ["s3:GetObject"]
+    assert {r for r in _as_list(read["Resource"]) if isinstance(r, str)} == {
+        "arn:aws:s3:::my-corpora/pile/*", "arn:aws:s3:::my-corpora/books/*"}
+    (listing,) = [s for s in statements if s["Resource"] == "arn:aws:s3:::my-corpora"]
+    assert _as_list(listing["Action"]) == ["s3:ListBucket"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["pile/*", "books/*"]}}

@@ -60,7 +60,7 @@ from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_aws_sdk
 
 import aws_rules
-from lm import job
+from lm import contract, job
 from lmstack import local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
 from stacks.state_machine import build_stop_definition, build_training_definition, render
@@ -369,6 +369,9 @@ class Deployment:
         self.machine = self._create("lmstack-training", build_training_definition(settings))
         self.stop_machine = self._create("lmstack-stop", build_stop_definition(settings))
         self.file_system = aws_rules.FileSystem(self.values["FileSystemId"])
+        # What the stack's execution role may read (stacks.iam: the read-only prefixes, raw_data_prefixes).
+        self.readable_prefixes = tuple("s3://%s/%s" % (self.values["ArtifactBucket"], prefix)
+                                       for prefix in contract.READ_ONLY_PREFIXES) + tuple(settings.raw_data_prefixes)
         for index, directory in enumerate((settings.dataset_directory,) if prepared is None else prepared):
             self.record_prepared(directory, "lmstack-prep-earlier-%d" % index)
 
@@ -448,9 +451,10 @@ class Run:
 def invalid_sagemaker_requests(run):
     """botocore's own parameter validation of every SageMaker request the execution made, then the strict
     request rules of tests/aws_rules.py (the API reference's maximums and patterns, Profiler off, EFS
-    directories that exist on the deployment's file system when each job starts)."""
+    directories that exist on the deployment's file system when each job starts, S3 inputs the execution
+    role may read)."""
     return local_sfn.invalid_sagemaker_requests(run.calls()) + aws_rules.check_requests(
-        run.calls(), run.deployment.file_system)
+        run.calls(), run.deployment.file_system, run.deployment.readable_prefixes)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The strict EFS rule of tests/aws_rules.py (a stand-in for the file system SageMaker mounts, not EFS): a job
+"""The strict data rules of tests/aws_rules.py. The EFS one (a stand-in for the file system SageMaker mounts, not EFS): a job
 whose FileSystemDataSource DirectoryPath does not exist when it starts is rejected; a fresh file system has only
 its root; a prepare job that mounts the root read-write makes its dataset directory. Ours passes; the layout
 before this rule (the prepare job mounting the not-yet-existing dataset directory) and training on a fresh file
@@ -62,3 +62,15 @@ def test_a_read_only_or_training_job_makes_no_directory():
     other_file_system = copy.deepcopy(_job("train"))
     other_file_system["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["FileSystemId"] = "fs-0000000000000000f"
     assert aws_rules.check_requests(_calls(other_file_system), file_system) == []  # not the modelled file system
+
+
+def test_an_s3_input_the_role_cannot_read_is_rejected():
+    """s3_inputs_readable: our prepare request reads raw/ of the bucket, which the role may read; the same
+    request with a prefix of another bucket fails."""
+    readable = ("s3://bucket/raw/", "s3://bucket/models/")
+    ours = _job("prepare")
+    assert aws_rules.check_requests(_calls(ours), readable_prefixes=readable) == []
+    elsewhere = _job("prepare", raw_s3_uri="s3://someone-else/pile/")
+    (problem,) = aws_rules.check_requests(_calls(elsewhere), readable_prefixes=readable)
+    assert "s3_inputs_readable" in problem and "InputDataConfig[raw]" in problem
+    assert aws_rules.check_requests(_calls(elsewhere), readable_prefixes=readable + ("s3://someone-else/",)) == []
