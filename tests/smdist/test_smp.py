@@ -415,3 +415,11 @@ def test_an_overflow_in_one_partition_skips_the_step_on_every_partition(fake_smd
     assert all(np.isnan(norm) or np.isinf(norm) for _, _, norm in results)
     (no_overflow,) = _job(monkeypatch, 1, lambda: _step_with_overflow_on(None), partitions=1, microbatches=2)
     assert no_overflow[:2] == (1, 2.0 ** 10)
+
+
+def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
+    from lm import plan
+    table = plan.format_table(plan.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", recompute=True, partitions=4))
+    assert "(smp: the GPU of partition 0 of 4, the busiest: the embeddings, the output layer, the loss and 6 of " \
+           "the 24 blocks" in table
+    assert "smp:" not in plan.format_table(plan.plan("gpt-125m", "ml.g5.xlarge", 1, "single"))

@@ -561,6 +561,17 @@ def _gib(value):
     return "%.2f" % value
 
 
+def smp_placement_lines(result):
+    """What the smp row's GPU holds: partition 0 (see `memory`)."""
+    for candidate in result["candidates"]:
+        if candidate["strategy"] == "smp" and (candidate.get("mp_parameters") or {}).get("partitions", 1) > 1:
+            layers, partitions = result["model"]["n_layer"], candidate["mp_parameters"]["partitions"]
+            return ["(smp: the GPU of partition 0 of %d, the busiest: the embeddings, the output layer, the loss and "
+                    "%d of the %d blocks; each GPU holds only its partition's weights, gradients and AdamW state)"
+                    % (partitions, -(-layers // partitions), layers)]
+    return []
+
+
 def format_table(result):
     chosen = result["chosen"]
     lines = ["model: %(params)d parameters, %(n_layer)d layers, d_model %(d_model)d, vocab %(vocab)d"
@@ -587,6 +598,7 @@ def format_table(result):
             _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
             "%.0f" % t["cost_on_demand_usd"] if t else "-", "%.0f" % t["cost_spot_usd"] if t else "-"))
     lines.append("(GiB per GPU; acts_rc: activations with recomputation)")
+    lines.extend(smp_placement_lines(result))
     lines.append("")
     lines.append("chosen: %s%s" % (chosen["strategy"], "" if chosen["ok"] else " - CANNOT: %s" % chosen["reason"]))
     if chosen.get("mp_parameters"):
