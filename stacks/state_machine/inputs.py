@@ -186,7 +186,8 @@ def states(settings, first, next_state):
     result.update(plan_gate.states("%s.Plan" % first, "%s.Rules" % first))
     result.update(_cross_field_states(settings, "%s.Rules" % first, "%s.Names" % first))
     result.update(_name_states(settings, "%s.Names" % first, "%s.Hosts" % first))
-    result.update(_host_states("%s.Hosts" % first, next_state))
+    result.update(_host_states("%s.Hosts" % first, "%s.Batch" % first))
+    result.update(_batch_states("%s.Batch" % first, next_state))
     return result
 
 
@@ -299,6 +300,86 @@ def _name_states(settings, first, next_state):
     states["Invalid.%s.length" % endpoint_rule.name] = asl.fail(ERROR, asl.fmt(
         "%s must be %s, got {} (SageMaker: {})" % (endpoint_rule.label, endpoint_rule.describes),
         asl.to_json("$.config.deploy.endpoint_name"), "$.names.error.Cause"))
+    return states
+
+
+# States.ArrayRange returns at most 1,000 items (intrinsic functions, Step Functions developer guide).
+ARRAY_RANGE_MAX_ITEMS = 1000
+BATCH = "$.config.hyperparameters.global_batch_size"
+
+
+def _multiple(value, step):
+    """Is `value` a multiple of `step` (both paths to positive integers, value / step < 1,000)?"""
+    return "States.ArrayContains(States.ArrayRange(0, %s, %s), %s)" % (value, step, value)
+
+
+def _quotient(value, step):
+    """floor(value / step), under the same bounds."""
+    return "States.MathAdd(States.ArrayLength(States.ArrayRange(0, %s, %s)), -1)" % (value, step)
+
+
+def _batch_states(first, next_state):
+    """The global batch against the data-parallel size, the runtime's rule (lm.data.TokenStream;
+    `lm.plan.batch_unit`): a multiple of instance_count x the data-parallel ranks per host (the GPUs,
+    divided by mp_parameters.partitions under SMP), and under SMP each replica's share a multiple
+    of mp_parameters.microbatches.
+
+    Intrinsics neither multiply nor divide: `States.ArrayRange(0, n, k)` holds n exactly when k
+    divides n, and has floor(n / k) + 1 items. It returns at most ARRAY_RANGE_MAX_ITEMS items, so the
+    batch is first divided by the ranks per host (a number from the instance table: each possible
+    value gets its own literal bound) and then by instance_count; a batch of more than 999 sequences
+    per GPU is not checked here (lm.plan, lmstack.start and lm.train --dry-run check it)."""
+    states = collections.OrderedDict()
+    gpus, partitions = "$.hosts.processes_per_host", "$.config.mp_parameters.partitions"
+    per_host = "$.batch.per_host"
+    states[first] = asl.choice([
+        asl.rule({"Variable": "$.config.strategy", "StringEquals": "single"}, next_state),
+        asl.rule({"Variable": "$.config.strategy", "StringEquals": "smp"}, first + ".Partitions")],
+        first + ".PerHost")
+    states[first + ".PerHost"] = asl.pass_state(first + ".Bounded", {"per_host.$": gpus}, result_path="$.batch")
+    states[first + ".Partitions"] = asl.pass_state(first + ".PartitionsDivide", {
+        "divides.$": _multiple(gpus, partitions)}, result_path="$.batch")
+    states[first + ".PartitionsDivide"] = asl.choice([asl.rule(
+        {"Variable": "$.batch.divides", "BooleanEquals": False}, "Invalid.mp_parameters.partitions.hosts")],
+        first + ".PerHostSmp")
+    states["Invalid.mp_parameters.partitions.hosts"] = asl.fail(ERROR, asl.fmt(
+        "mp_parameters.partitions {} must divide the {} GPUs per host of instance_type {}",
+        asl.to_json(partitions), asl.to_json(gpus), "$.config.instance_type"))
+    states[first + ".PerHostSmp"] = asl.pass_state(first + ".Bounded", {"per_host.$": _quotient(gpus, partitions)},
+                                                   result_path="$.batch")
+    ranks = sorted({divisor for instance in INSTANCES.values() for divisor in range(1, max(instance.gpus, 1) + 1)
+                    if max(instance.gpus, 1) % divisor == 0})
+    states[first + ".Bounded"] = asl.choice([asl.rule(asl.all_of(
+        {"Variable": per_host, "NumericEquals": rank},
+        {"Variable": BATCH, "NumericGreaterThan": (ARRAY_RANGE_MAX_ITEMS - 1) * rank}), next_state) for rank in ranks],
+        first + ".Split")
+    states[first + ".Split"] = asl.pass_state(first + ".Replicas", {
+        "per_host.$": per_host, "whole.$": _multiple(BATCH, per_host), "per_column.$": _quotient(BATCH, per_host)},
+        result_path="$.batch")
+    column = "$.batch.per_column"  # the batch over one rank per host
+    states[first + ".Replicas"] = asl.pass_state(first + ".Microbatches", {
+        "per_host.$": per_host, "whole.$": "$.batch.whole",
+        "across.$": _multiple(column, "$.config.instance_count"),
+        "per_replica.$": _quotient(column, "$.config.instance_count")}, result_path="$.batch")
+    states[first + ".Microbatches"] = asl.pass_state(first + ".Check", {
+        "per_host.$": per_host, "whole.$": "$.batch.whole", "across.$": "$.batch.across",
+        "per_replica.$": "$.batch.per_replica",
+        "micro.$": _multiple("$.batch.per_replica", "$.config.mp_parameters.microbatches")}, result_path="$.batch")
+    states[first + ".Check"] = asl.choice([
+        asl.rule(asl.any_of({"Variable": "$.batch.whole", "BooleanEquals": False},
+                            {"Variable": "$.batch.across", "BooleanEquals": False}),
+                 "Invalid.hyperparameters.global_batch_size.replicas"),
+        asl.rule(asl.all_of({"Variable": "$.config.strategy", "StringEquals": "smp"},
+                            {"Variable": "$.batch.micro", "BooleanEquals": False}),
+                 "Invalid.hyperparameters.global_batch_size.microbatches")], next_state)
+    states["Invalid.hyperparameters.global_batch_size.replicas"] = asl.fail(ERROR, asl.fmt(
+        "hyperparameters.global_batch_size must be a multiple of the data-parallel size (instance_count {} x {} "
+        "ranks per host), which the runtime requires, got {} (python -m lm.plan names the nearest valid one)",
+        asl.to_json("$.config.instance_count"), asl.to_json(per_host), asl.to_json(BATCH)))
+    states["Invalid.hyperparameters.global_batch_size.microbatches"] = asl.fail(ERROR, asl.fmt(
+        "hyperparameters.global_batch_size gives each model replica {} sequences, which do not split into "
+        "mp_parameters.microbatches {}, got {}", asl.to_json("$.batch.per_replica"),
+        asl.to_json("$.config.mp_parameters.microbatches"), asl.to_json(BATCH)))
     return states
 
 

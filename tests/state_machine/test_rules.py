@@ -26,7 +26,9 @@ NEW_RULE = '''
                       subject=INSTANCE_COUNT_FIELD))
 '''
 MESSAGE = "strategy mwms runs on at most 4 instances here, got instance_count=5"
-RUN = {"strategy": "mwms", "instance_type": "ml.p4d.24xlarge", "instance_count": 5}
+# 160 sequences split evenly over 5 and 4 hosts of 8 GPUs (the Validate stage and lmstack.start check it).
+RUN = {"strategy": "mwms", "instance_type": "ml.p4d.24xlarge", "instance_count": 5,
+       "hyperparameters": {"global_batch_size": 160}}
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 import pytest
 from state_machine.harness import StandInSettings
 
+from lm.instances import INSTANCES
+
 # The one SageMaker call the Validate stage makes: SageMaker checks the endpoint name's length.
 NAME_CHECKS = ("describeEndpoint",)
 
@@ -36,6 +38,8 @@ CASES = [
     ({"deploy": {"endpoint_name": ""}}, "deploy.endpoint_name must be", '""'),
     ({"deploy": {"enabled": True, "endpoint_name": "a" * 56}}, "deploy.endpoint_name must be",
      "Member must have length less than or equal to 63"),
+    ({"strategy": "smp", "instance_type": "ml.p3.16xlarge", "mp_parameters": {"partitions": 3}},
+     "mp_parameters.partitions 3 must divide the 8 GPUs per host of instance_type ml.p3.16xlarge", ""),
 ]
 
 
@@ -112,3 +116,40 @@ def test_the_longest_endpoint_name_sagemaker_allows_passes(deployment):
     run = deployment.run({"deploy": {"enabled": True, "endpoint_name": name, "instance_type": "ml.g4dn.12xlarge"}})
     assert run.status == "SUCCEEDED", (run.description.get("cause"), run.states_entered()[-5:])
     assert run.output["deploy"]["endpoint_name"] == "lmstack-" + name
+
+
+BATCH_GRID = [
+    # (strategy, instance type, count, global batch, mp_parameters)
+    ("horovod", "ml.p3.16xlarge", 2, 96, None), ("horovod", "ml.p3.16xlarge", 2, 100, None),
+    ("mwms", "ml.p4d.24xlarge", 3, 48, None), ("mwms", "ml.p4d.24xlarge", 3, 36, None),
+    ("smddp", "ml.p4d.24xlarge", 2, 8, None),
+    ("smp", "ml.p3.16xlarge", 1, 32, {"partitions": 2, "microbatches": 4}),
+    ("smp", "ml.p3.16xlarge", 1, 32, {"partitions": 2, "microbatches": 3}),
+    ("smp", "ml.p3.16xlarge", 10, 480, {"partitions": 2, "microbatches": 12}),
+    ("smp", "ml.p3.16xlarge", 10, 512, {"partitions": 2, "microbatches": 4}),
+    ("horovod", "ml.g5.12xlarge", 1, 4002, None),  # more than 999 per GPU: left to lm.plan and lmstack.start
+]
+
+
+@pytest.mark.slow
+def test_the_validate_stage_refuses_a_batch_exactly_when_lm_plan_moves_it(deployment):
+    """The Validate stage's batch check and lm.plan's (batch_unit) agree on a grid."""
+    from lm import plan
+
+    for index, (strategy, instance_type, count, batch, mp) in enumerate(BATCH_GRID):
+        execution_input = {"preset": "gpt-125m", "strategy": strategy, "instance_type": instance_type,
+                           "instance_count": count, "hyperparameters": {"global_batch_size": batch, "recompute": True}}
+        if mp:
+            execution_input["mp_parameters"] = dict(mp, horovod=True)
+        chosen = plan.plan("gpt-125m", instance_type, count, strategy, global_batch=batch, recompute=True,
+                           partitions=mp and mp["partitions"], microbatches=mp and mp["microbatches"])["chosen"]
+        run = deployment.run(execution_input, name="batch-%d" % index)
+        refused = run.description.get("error") == "InvalidInput"
+        ranks_per_host = INSTANCES[instance_type].gpus // (mp["partitions"] if mp else 1)
+        checked = batch <= 999 * ranks_per_host  # States.ArrayRange's 1,000 items
+        assert refused == (chosen["global_batch"] != batch and checked), (execution_input, run.description)
+        if not refused:
+            assert run.status == "SUCCEEDED", (execution_input, run.description.get("cause"))
+        else:
+            assert run.description["cause"].startswith("hyperparameters.global_batch_size"), run.description["cause"]
+            assert not run.calls("createTrainingJob")
