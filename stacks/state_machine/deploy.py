@@ -116,9 +116,17 @@ def states(settings, first, next_state):
         "EndpointName.$": names + ".endpoint", "EndpointConfigName.$": names + ".config"}, d + ".Wait", catch=catch)
     result[d + ".Wait"] = {"Type": "Wait", "Seconds": POLL_SECONDS, "Next": d + ".Describe"}
     result[d + ".Describe"] = asl.task(
-        asl.sdk("sagemaker", "describeEndpoint"), {"EndpointName.$": names + ".endpoint"}, d + ".Check",
-        result_selector={"status.$": "$.EndpointStatus", "config.$": "$.EndpointConfigName"},
-        result_path="$.deploy_status", retry=RETRY)
+        asl.sdk("sagemaker", "describeEndpoint"), {"EndpointName.$": names + ".endpoint"}, d + ".Reported",
+        result_path="$.scratch", retry=RETRY)
+    # EndpointConfigName is optional in DescribeEndpoint's output. Not reported after our
+    # create or update: InService is then taken as serving our config.
+    result[d + ".Reported"] = asl.choice([asl.rule(
+        {"Variable": "$.scratch.EndpointConfigName", "IsPresent": True}, d + ".Status")], d + ".StatusOfOurs")
+    result[d + ".Status"] = asl.pass_state(d + ".Check", {
+        "status.$": "$.scratch.EndpointStatus", "config.$": "$.scratch.EndpointConfigName"},
+        result_path="$.deploy_status")
+    result[d + ".StatusOfOurs"] = asl.pass_state(d + ".Check", {
+        "status.$": "$.scratch.EndpointStatus", "config.$": names + ".config"}, result_path="$.deploy_status")
     result[d + ".Check"] = asl.choice([
         asl.rule(asl.all_of({"Variable": "$.deploy_status.status", "StringEquals": "InService"},
                             {"Variable": "$.deploy_status.config", "StringEqualsPath": names + ".config"}), d + ".Done"),
