@@ -18,8 +18,9 @@ uploaded there, before a run they are downloaded to every host.
 
 A spot interruption as it reaches the training processes on SageMaker: the toolkit does not
 forward SIGTERM to them and MPI workers are killed without a save, so once the chief logged step
-`interrupt_at` every process of every host (the toolkit and what it started) gets SIGKILL at
-once, and nothing saves. The job is then started again on fresh trees (a new instance keeps
+`interrupt_at` and a periodic checkpoint is on its disk (the writer runs beside training, so the
+first one can land a few steps after its step) every process of every host (the toolkit and what
+it started) gets SIGKILL at once, and nothing saves. The job is then started again on fresh trees (a new instance keeps
 nothing but what the checkpoint sync brings back) and resumes from the last periodic
 checkpoint to the end; the steps trained after that checkpoint are lost, and reported.
 """
@@ -166,9 +167,10 @@ def _failed(hosts, why):
                                                 for host in hosts)))
 
 
-def run_phase(request, hosts, phase, max_steps, kill_at=None, first_step=0):
-    """Start every host and wait for all; with `kill_at`, once the chief logged that step, SIGKILL
-    to every process of every host at once (collected first, so none outlives the others).
+def run_phase(request, hosts, phase, max_steps, kill_at=None, first_step=0, can_kill=lambda: True):
+    """Start every host and wait for all; with `kill_at`, once the chief logged that step and
+    `can_kill()` holds, SIGKILL to every process of every host at once (collected first, so none
+    outlives the others).
 
     Returns (each host's log, the last step the chief had logged when it was killed, or None).
     StepError when a host fails, or when a run to be killed ends before `kill_at`.
@@ -185,7 +187,7 @@ def run_phase(request, hosts, phase, max_steps, kill_at=None, first_step=0):
             while any(host.process.poll() is None for host in hosts):
                 step = last_step(chief.log())
                 progress.update(max(0, step - progress.n))
-                if kill_at is not None and step >= kill_at:
+                if kill_at is not None and step >= kill_at and can_kill():
                     kill([process for host in hosts for process in host.processes()])
                     killed = True
                     progress.set_postfix_str("SIGKILL at step %d" % step)
@@ -252,8 +254,13 @@ def train(request, channel_dirs, out_dir, interrupt_at):
     def local(host):
         return local_path(host.base, request["CheckpointConfig"]["LocalPath"])
 
+    def checkpoint_on_disk(host):
+        directory = local(host)
+        return os.path.isdir(directory) and any(map(checkpoint.PATTERN.match, os.listdir(directory)))
+
     first = make_hosts("attempt-1")
-    logs_1, killed_step = run_phase(request, first, "attempt 1 (killed)", max_steps, kill_at=interrupt_at)
+    logs_1, killed_step = run_phase(request, first, "attempt 1 (killed)", max_steps, kill_at=interrupt_at,
+                                    can_kill=lambda: checkpoint_on_disk(first[0]))
     uploaded = upload_checkpoints(first, local, remote)
     saved = [int(match.group(1)) for match in map(checkpoint.PATTERN.match, uploaded) if match]
     if not saved:
