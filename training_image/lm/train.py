@@ -522,6 +522,7 @@ def data_parallel_layout(hp, instance_type, instance_count, mp_parameters):
     """(data-parallel ranks, GPUs that split one rank's share) the strategy starts on this layout,
     checking what the strategy's `setup` and first step check (lm.distributed)."""
     from lm import instances
+    from lm.distributed import smp
 
     if instance_type is None:
         raise UsageError("--dry-run needs --instance-type (or SM_CURRENT_INSTANCE_TYPE)")
@@ -540,10 +541,9 @@ def data_parallel_layout(hp, instance_type, instance_count, mp_parameters):
         raise UsageError("mp_parameters.partitions=%d does not divide the %d processes (%d x %s)"
                          % (mp["partitions"], processes, instance_count, instance_type))
     replicas = processes // mp["partitions"]
-    if replicas > 1 and mp.get("horovod") is not True:  # as lm.distributed.smp's setup refuses it
-        raise UsageError("mp_parameters.horovod must be true with %d model replicas (%d processes / %d "
-                         "partitions): SMP for TensorFlow averages gradients across replicas with Horovod"
-                         % (replicas, processes, mp["partitions"]))
+    problem = smp.horovod_problem(mp, replicas, processes)
+    if problem:
+        raise UsageError(problem)
     if hp.global_batch_size // replicas % mp["microbatches"]:
         raise UsageError("the per-replica batch of %d sequences (global_batch_size / %d model replicas) is not "
                          "divisible by mp_parameters.microbatches=%d"

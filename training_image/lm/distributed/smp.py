@@ -48,6 +48,15 @@ from lm.job import validate_mp_parameters
 MP_PARAMETERS_ENV = "SM_HP_MP_PARAMETERS"
 
 
+def horovod_problem(mp_parameters, replicas, processes):
+    """Why SMP refuses validated `mp_parameters` for `replicas` model replicas of `processes`, or None."""
+    if replicas > 1 and not mp_parameters.get("horovod"):
+        return ("mp_parameters.horovod must be true with %d model replicas (%d processes / %d partitions): SMP "
+                "for TensorFlow averages gradients across replicas with Horovod"
+                % (replicas, processes, mp_parameters["partitions"]))
+    return None
+
+
 def read_mp_parameters(environ=None):
     """The job's `mp_parameters` from the environment, validated (see lm.job.validate_mp_parameters)."""
     environ = os.environ if environ is None else environ
@@ -123,14 +132,13 @@ class SMPStrategy(Strategy):
         self.take_ranks_from(smp)
         self.mp_rank, self.mp_size = smp.mp_rank(), smp.mp_size()
         self._dp_rank, self._dp_size = smp.dp_rank(), smp.dp_size()
+        problem = horovod_problem(self.mp_parameters, self._dp_size, self.size)
+        if problem:
+            raise ValueError(problem)
         if self.mp_parameters.get("horovod"):
             import horovod.tensorflow as hvd  # initialized by smp.init()
 
             self._hvd = hvd
-        elif self._dp_size > 1:
-            raise ValueError("mp_parameters.horovod must be true with %d model replicas (%d processes / %d "
-                             "partitions): SMP for TensorFlow averages gradients across replicas with Horovod"
-                             % (self._dp_size, self.size, self.mp_size))
         return self
 
     @property
