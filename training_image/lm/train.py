@@ -541,13 +541,10 @@ def data_parallel_layout(hp, instance_type, instance_count, mp_parameters):
         raise UsageError("mp_parameters.partitions=%d does not divide the %d processes (%d x %s)"
                          % (mp["partitions"], processes, instance_count, instance_type))
     replicas = processes // mp["partitions"]
-    problem = smp.horovod_problem(mp, replicas, processes)
+    problem = (smp.horovod_problem(mp, replicas, processes)
+               or smp.microbatch_problem(mp, hp.global_batch_size // replicas, replicas))
     if problem:
         raise UsageError(problem)
-    if hp.global_batch_size // replicas % mp["microbatches"]:
-        raise UsageError("the per-replica batch of %d sequences (global_batch_size / %d model replicas) is not "
-                         "divisible by mp_parameters.microbatches=%d"
-                         % (hp.global_batch_size // replicas, replicas, mp["microbatches"]))
     return replicas, 1
 
 

@@ -57,6 +57,14 @@ def horovod_problem(mp_parameters, replicas, processes):
     return None
 
 
+def microbatch_problem(mp_parameters, replica_batch, replicas):
+    """Why SMP cannot split one replica's batch of `replica_batch` sequences into its microbatches, or None."""
+    if replica_batch % mp_parameters["microbatches"]:
+        return ("the per-replica batch of %d sequences (global_batch_size / %d model replicas) is not divisible by "
+                "mp_parameters.microbatches=%d" % (replica_batch, replicas, mp_parameters["microbatches"]))
+    return None
+
+
 def read_mp_parameters(environ=None):
     """The job's `mp_parameters` from the environment, validated (see lm.job.validate_mp_parameters)."""
     environ = os.environ if environ is None else environ
@@ -187,9 +195,9 @@ class SMPStrategy(Strategy):
         batch = inputs.shape[0]
         if batch is None:
             raise ValueError("strategy smp needs a fixed batch size: batch the dataset with drop_remainder=True")
-        if batch % self.microbatches:
-            raise ValueError("the per-replica batch of %d sequences (global_batch_size / %d model replicas) is not "
-                             "divisible by mp_parameters.microbatches=%d" % (batch, self._dp_size, self.microbatches))
+        problem = microbatch_problem(self.mp_parameters, batch, self._dp_size)
+        if problem:
+            raise ValueError(problem)
 
     def model_parallel_norm(self, squared_norm):
         """sqrt of the sum of the partitions' squared gradient norms (inf/nan if any is)."""
