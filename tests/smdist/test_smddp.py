@@ -286,8 +286,23 @@ def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path):
         np.testing.assert_allclose(mine, reference, rtol=1e-4, atol=1e-5)
 
 
+def choose_scenario():
+    """Ranks whose newest checkpoints differ: what SMDDPStrategy.choose_checkpoint gives each."""
+    strategy = get_strategy("smddp").setup()
+    return {"rank": strategy.rank, "chosen": strategy.choose_checkpoint([4, 6][strategy.rank]),
+            "without_one_on_rank_0": strategy.choose_checkpoint([None, 6][strategy.rank])}
+
+
+@pytest.mark.slow
+def test_every_rank_resumes_from_the_step_rank_0_chooses(tmp_path):
+    # Each host has its own checkpoint directory: rank 1's holds a newer step than rank 0's, or
+    # rank 0 has none. Every rank must take rank 0's choice (sdp.broadcast from root_rank 0).
+    ranks = run_ranks("choose", 2, str(tmp_path))
+    assert [(result["chosen"], result["without_one_on_rank_0"]) for result in ranks] == [(4, None), (4, None)]
+
+
 def rank_worker(scenario, output):
-    results = {"collectives": collectives_scenario}[scenario]()
+    results = {"collectives": collectives_scenario, "choose": choose_scenario}[scenario]()
     with open(output, "w") as handle:
         json.dump(results, handle)
 

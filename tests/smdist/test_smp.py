@@ -61,11 +61,9 @@ def test_ranks_and_checkpoint_writers(fake_smdist, monkeypatch):
     layout = []
     for rank in range(4):
         s = _setup_rank(fake_smdist, monkeypatch, rank, partitions=2, microbatches=2, horovod=True)
-        layout.append((s.mp_rank, s.data_parallel_rank, s.data_parallel_size, s.writes_checkpoints,
-                       s.checkpoint_tag, s.is_chief))
-    # The fake puts one replica's partitions on consecutive ranks.
-    assert layout == [(0, 0, 2, True, "mp0", True), (1, 0, 2, True, "mp1", False),
-                      (0, 1, 2, False, "mp0", False), (1, 1, 2, False, "mp1", False)]
+        layout.append((s.mp_rank, s.data_parallel_rank, s.data_parallel_size, s.writes_checkpoints, s.is_chief))
+    # The fake puts one replica's partitions on consecutive ranks; the first replica's ranks save.
+    assert layout == [(0, 0, 2, True, True), (1, 0, 2, True, False), (0, 1, 2, False, False), (1, 1, 2, False, False)]
     assert fake_smdist.names().count("smp.init") == 4
 
 
@@ -369,6 +367,51 @@ def test_every_rank_resumes_from_rank_0s_choice(fake_smdist, monkeypatch):
     # Rank 1's partition has a newer file than rank 0's (its write finished, rank 0's did not).
     assert _job(monkeypatch, 2, lambda: _choose([4, 6]), partitions=2, **MANUAL) == [4, 4]
     assert _job(monkeypatch, 2, lambda: _choose([None, 6]), partitions=2, **MANUAL) == [None, None]
+
+
+def _save_twice_then_restore(directory, each_rank_its_own_newest):
+    """Save steps 2 and 4 into one directory, then restore from host-local copies of it in which
+    rank 0's host lacks the mark of step 4; returns (chosen step, restored optimizer step, a weight)."""
+    import shutil
+
+    from lm.optim import AdamW
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
+    state = list(model.weights) + optimizer.variables
+
+    def fill(value):
+        optimizer.step.assign(int(value))
+        for weight in model.weights:
+            weight.assign(tf.fill(weight.shape, tf.cast(value, weight.dtype)))
+
+    saved = strategy.checkpoints(os.path.join(directory, "job"))
+    for step in (2, 4):
+        fill(step)
+        saved.save(step, state, {"step_values": step})
+    host = os.path.join(directory, "host%d" % strategy.rank)
+    if strategy.is_chief:
+        for rank in range(strategy.size):
+            shutil.copytree(os.path.join(directory, "job"), os.path.join(directory, "host%d" % rank))
+        os.remove(os.path.join(host, "smp-00000004", "complete.json"))
+    strategy.barrier()
+    checkpoints = strategy.checkpoints(host)
+    newest = checkpoints.newest_step()
+    chosen = newest if each_rank_its_own_newest else strategy.choose_checkpoint(newest)
+    fill(0)
+    checkpoints.restore(chosen, state)
+    return chosen, int(optimizer.step.numpy()), float(np.asarray(model.weights[0].numpy()).flat[0])
+
+
+@pytest.mark.parametrize("each_rank_its_own_newest", [False, True], ids=["rank 0 chooses", "old: each its own"])
+def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(fake_smdist, monkeypatch, tmp_path,
+                                                                         each_rank_its_own_newest):
+    results = _job(monkeypatch, 2, lambda: _save_twice_then_restore(str(tmp_path), each_rank_its_own_newest),
+                   partitions=2, **MANUAL)
+    every_rank_restored_step_2 = results == [(2, 2, 2.0), (2, 2, 2.0)]
+    # The old way (each rank resumes from its own directory's newest) fails this check: rank 1
+    # would restore step 4 while rank 0 restores step 2.
+    assert every_rank_restored_step_2 != each_rank_its_own_newest, results
 
 
 def _outputs_of_the_model():

@@ -44,65 +44,105 @@ def test_smddp_rank_0_trains_checkpoints_and_exports(dataset, tmp_path):
 # The FAKE SMP job: two ranks (threads of one process), one partition each (manual placement).
 MP = json.dumps({"partitions": 2, "microbatches": 2, "pipeline": "interleaved", "optimize": "speed",
                  "auto_partition": False, "default_partition": 0})
+# grad_clip 0.05: every step clips, by the norm of the whole model.
+SMP_RUN = dict(steps=4, grad_clip=0.05)
 
 
-def test_smp_trains_in_microbatches_checkpoints_per_partition_and_exports(dataset, tmp_path):
-    status, output, calls = run_train(dataset, str(tmp_path), "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2)
+@pytest.fixture(scope="module")
+def two_partition_run(dataset, tmp_path_factory):
+    """One uninterrupted 2-partition run of 4 steps (checkpoints at 2 and 4): (out dir, output, calls)."""
+    out = str(tmp_path_factory.mktemp("two_partitions"))
+    status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2, **SMP_RUN)
     assert status == 0, output
-    assert _trained(output, 3)
+    return out, output, calls
+
+
+def test_smp_trains_in_microbatches_checkpoints_per_partition_and_exports(two_partition_run):
+    out, output, calls = two_partition_run
+    assert _trained(output, 4)
     names = [call["call"] for call in calls]
     assert names.count("smp.init") == 2 and names[:2] == ["smp.init"] * 2
     train_steps = [call["details"] for call in calls
                    if call["call"] == "smp.step" and call["details"]["function"] == "forward_backward"]
     assert train_steps and train_steps[0]["shapes"] == {"inputs": [4, 16], "labels": [4, 16]}
     assert {details["rank"] for details in train_steps} == {0, 1}
-    assert _files(str(tmp_path), "ckpt") == ["ckpt-00000002mp0.npz", "ckpt-00000002mp1.npz",
-                                             "ckpt-00000003mp0.npz", "ckpt-00000003mp1.npz"]
-    assert "model.json" in _files(str(tmp_path), "model")
+    # Every partition saves through smp.CheckpointManager, into one directory per step, which
+    # rank 0 marks complete; only the newest two are kept.
+    saves = [(call["details"]["rank"], os.path.basename(call["details"]["directory"])) for call in calls
+             if call["call"] == "smp.CheckpointManager.save"]
+    assert sorted(saves) == [(0, "smp-00000002"), (0, "smp-00000004"), (1, "smp-00000002"), (1, "smp-00000004")]
+    assert _files(out, "ckpt") == ["smp-00000002", "smp-00000004"]
+    assert "complete.json" in _files(out, "ckpt/smp-00000004")
+    assert "model.json" in _files(out, "model")
 
 
 @pytest.fixture(scope="module")
 def one_partition_export(dataset, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("one_partition"))
     status, output, _ = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": json.dumps(
-        {"partitions": 1, "microbatches": 2})}, ranks=1, grad_clip=0.05)
+        {"partitions": 1, "microbatches": 2})}, ranks=1, **SMP_RUN)
     assert status == 0, output
     return os.path.join(out, "model")
 
 
-def test_smp_export_of_two_partitions_loads_in_lm_serve_and_equals_one_partition(dataset, tmp_path,
-                                                                                one_partition_export):
+def _assert_same_weights(export, reference_export):
     import numpy as np
 
     from lm.serve import ExportedModel
-    # grad_clip 0.05: every step clips, by the norm of the whole model.
-    status, output, _ = run_train(dataset, str(tmp_path), "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2,
-                                  grad_clip=0.05)
-    assert status == 0, output
-    served = ExportedModel(os.path.join(str(tmp_path), "model"))
-    reference = ExportedModel(one_partition_export)
+    served, reference = ExportedModel(export), ExportedModel(reference_export)
     ours, theirs = served.generator.model.get_weights(), reference.generator.model.get_weights()
     assert len(ours) == len(theirs) == len(reference.generator.model.weights)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    return served, reference
+
+
+def test_smp_export_of_two_partitions_loads_in_lm_serve_and_equals_one_partition(two_partition_run,
+                                                                                one_partition_export):
+    served, reference = _assert_same_weights(os.path.join(two_partition_run[0], "model"), one_partition_export)
     assert served.generate(["a b"], max_new_tokens=2, temperature=0.0) == reference.generate(
         ["a b"], max_new_tokens=2, temperature=0.0)
 
 
-def test_smp_ranks_resume_from_the_step_rank_0_chooses(dataset, tmp_path):
-    status, output, _ = run_train(dataset, str(tmp_path), "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2)
-    assert status == 0, output
-    # Partition 0's write of step 3 never finished; partition 1's did.
-    os.remove(os.path.join(str(tmp_path), "ckpt", "ckpt-00000003mp0.npz"))
-    os.remove(os.path.join(str(tmp_path), "calls.jsonl"))
-    status, output, calls = run_train(dataset, str(tmp_path), "smp", {"SM_HP_MP_PARAMETERS": MP}, steps=4, ranks=2)
+def test_smp_run_interrupted_in_a_save_resumes_from_the_last_complete_step_and_ends_like_one_run(
+        dataset, tmp_path, two_partition_run):
+    import shutil
+
+    reference_out = two_partition_run[0]
+    out = str(tmp_path)
+    shutil.copytree(os.path.join(reference_out, "ckpt"), os.path.join(out, "ckpt"))
+    # The job was stopped while saving step 4: partition 0 wrote its files, partition 1 did not,
+    # and rank 0 never marked the step complete. (The fake's own layout, read by this test only.)
+    partial = os.path.join(out, "ckpt", "smp-00000004")
+    os.remove(os.path.join(partial, "complete.json"))
+    shutil.rmtree(os.path.join(partial, "fake-partition-1"))
+    status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2, **SMP_RUN)
     assert status == 0, output
     assert "at step 2" in output and _trained_from(output, 3, 4)
-    # Both ranks trained steps 3 and 4 (resuming rank 1 from its own newest, step 3, would
-    # leave rank 0 waiting in a collective: the fake raises on such a hang).
+    restores = sorted((call["details"]["rank"], os.path.basename(call["details"]["directory"]),
+                       call["details"]["restored"] is not None) for call in calls
+                      if call["call"] == "smp.CheckpointManager.restore")
+    assert restores == [(0, "smp-00000002", True), (1, "smp-00000002", True)]
+    # Both ranks trained steps 3 and 4, and the weights are those of the uninterrupted run.
     train_steps = [call["details"]["rank"] for call in calls
                    if call["call"] == "smp.step" and call["details"]["function"] == "forward_backward"]
     assert train_steps.count(0) == train_steps.count(1) == 2
+    _assert_same_weights(os.path.join(out, "model"), os.path.join(reference_out, "model"))
+    assert _files(out, "ckpt") == ["smp-00000002", "smp-00000004"]
+    assert "complete.json" in _files(out, "ckpt/smp-00000004")
+
+
+def test_smp_dry_run_checks_the_newest_complete_smp_checkpoint(dataset, two_partition_run, capsys):
+    from lm import train
+    directory = os.path.join(two_partition_run[0], "ckpt")
+    arguments = ["--dry-run", "--preset", "tiny", "--strategy", "smp", "--global_batch_size", "8",
+                 "--mp_parameters", json.dumps({"partitions": 2, "microbatches": 2, "horovod": True}),
+                 "--instance-type", "ml.p3.16xlarge", "--instance-count", "1", "--data-dir", dataset,
+                 "--checkpoint-dir", directory]
+    assert train.main(arguments + ["--seed", "7"]) == 0
+    assert "checkpoint %s" % os.path.join(directory, "smp-00000004") in capsys.readouterr().out
+    assert train.main(arguments + ["--seed", "8"]) == 2
+    assert "smp-00000004: was written with hyperparameters.seed=7, this run has 8" in capsys.readouterr().err
 
 
 def _trained_from(output, first, last):

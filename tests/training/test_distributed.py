@@ -79,15 +79,15 @@ def test_horovod_gloo_two_processes_match_one(text_dataset, tmp_path, single_run
 def test_mwms_two_workers_on_loopback_match_one(text_dataset, tmp_path, single_run):
     tmp = str(tmp_path)
     workers = ["127.0.0.1:%d" % port for port in free_ports(2)]
-    processes = []
+    launches = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = helpers.environment(LM_REPORT_WEIGHT_DIGEST="1", TF_CONFIG=json.dumps(tf_config))
-        # Each worker its own checkpoint directory: only the chief may write, the other must not.
-        args = helpers.train_args(text_dataset, os.path.join(tmp, "w%d" % index), strategy="mwms", xla=False,
-                                  **STEPS)
-        processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          universal_newlines=True))
+        # Each worker its own checkpoint directory (as each host has): only the chief may write.
+        launches.append((helpers.train_args(text_dataset, os.path.join(tmp, "w%d" % index), strategy="mwms",
+                                            xla=False, **STEPS), env))
+    processes = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  universal_newlines=True) for args, env in launches]
     outputs = [process.communicate(timeout=600)[0] for process in processes]
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output
@@ -96,6 +96,69 @@ def test_mwms_two_workers_on_loopback_match_one(text_dataset, tmp_path, single_r
     assert not os.path.isdir(other_checkpoints) or not os.listdir(other_checkpoints), "only the chief saves"
     assert "[train]" not in outputs[1], "only the chief logs metrics"
     assert_matches_single(os.path.join(tmp, "w0"), outputs[0] + outputs[1], single_run)
+
+    # A restart: the chief chooses its newest checkpoint (step 5); worker 1's directory lacks it,
+    # so both workers fail at once, before step 1, each saying why.
+    restarted = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  universal_newlines=True) for args, env in launches]
+    outputs = [process.communicate(timeout=600)[0] for process in restarted]
+    assert [process.returncode for process in restarted] == [2, 2], outputs
+    assert "ckpt-00000005.npz: not found on rank 1, but the run resumes from step 5" in outputs[1]
+    assert "the checkpoint of step 5 (rank 0's newest) is missing on 1 of 2 ranks" in outputs[0]
+
+
+# Each rank's newest checkpoint differs (rank 1's is newer, or rank 0 has none): what each is told.
+CHOOSE = ("from lm.distributed import get_strategy; s = get_strategy(%r).setup(); "
+          "print('rank %%d chose %%s, then %%s' %% (s.rank, s.choose_checkpoint([4, 6][s.rank]), "
+          "s.choose_checkpoint([None, 6][s.rank])))")
+CHOSEN = re.compile(r"rank (\d) chose (\w+), then (\w+)")
+RANK_0S_CHOICE = [("0", "4", "None"), ("1", "4", "None")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod is not installed in this environment")
+def test_horovod_ranks_resume_from_the_step_rank_0_chooses():
+    command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo",
+               sys.executable, "-c", CHOOSE % "horovod"]
+    result = subprocess.run(command, env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert sorted(CHOSEN.findall(result.stdout)) == RANK_0S_CHOICE, result.stdout
+
+
+@pytest.mark.slow
+def test_mwms_workers_resume_from_the_step_the_chief_chooses():
+    workers = ["127.0.0.1:%d" % port for port in free_ports(2)]
+    processes = [subprocess.Popen([sys.executable, "-c", CHOOSE % "mwms"], env=helpers.environment(TF_CONFIG=json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, universal_newlines=True) for index in range(2)]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    assert sorted(CHOSEN.findall("".join(outputs))) == RANK_0S_CHOICE, outputs
+
+
+def test_mwms_refuses_a_worker_batch_its_gpus_cannot_split_evenly():
+    from lm import train
+    from lm.compat import tf
+    from lm.distributed.mwms import MultiWorkerMirroredStrategy, local_split_problem
+
+    message = "a worker's 6 sequences (global_batch_size / 2 workers) do not split evenly over its 4 GPUs"
+    assert local_split_problem(6, 2, 4) == message and local_split_problem(8, 2, 4) is None
+    # The runtime: a worker with 4 local replicas (as on a 4-GPU host) refuses a batch of 6, which
+    # floor division would cut to 4, before it runs the step.
+    strategy = MultiWorkerMirroredStrategy()  # not set up: the check comes before any TensorFlow work
+    strategy.size, strategy.local_replicas = 2, 4
+    batch = tf.zeros([6, 4], tf.int32)
+    for step in (strategy.build_train_step(None, None, None), strategy.build_eval_step(None, None)):
+        with pytest.raises(ValueError) as refused:
+            step(batch, batch)
+        assert str(refused.value) == message
+    # The dry run says the same, from the same function.
+    hp, paths = train.parse_args(["--dry-run", "--strategy", "mwms", "--global_batch_size", "12",
+                                  "--instance-type", "ml.g5.12xlarge", "--instance-count", "2"])
+    with pytest.raises(train.UsageError) as refused:
+        train.dry_run(hp, paths)
+    assert str(refused.value) == message
 
 
 def test_tf_config_is_built_from_the_sagemaker_hosts():

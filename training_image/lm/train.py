@@ -309,7 +309,7 @@ class Training:
         self.state = (list(self.model.weights) + self.optimizer.variables
                       + (self.loss_scale.variables if self.loss_scale else []))
 
-        self.checkpoints = checkpoint.Checkpointer(paths.checkpoint_dir, tag=strategy.checkpoint_tag)
+        self.checkpoints = strategy.checkpoints(paths.checkpoint_dir)
         self.fingerprint = shards.fingerprint(manifest)
         self.clock = checkpoint.SaveClock(hp.checkpoint_minutes * 60.0)
         self.tensorboard = summaries.Summaries(paths.tensorboard_dir, self.chief)
@@ -332,22 +332,31 @@ class Training:
         return self.learning_rate_at(step, self.peak_lr, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
 
     def restore(self):
-        """The step of the newest complete checkpoint, restored into `state`; 0 when there is none.
+        """The step of rank 0's newest complete checkpoint, restored into `state` on every rank; 0 when
+        there is none.
 
-        The strategy chooses the step, so ranks whose files differ (SMP partitions) resume together."""
-        steps = self.checkpoints.steps()
-        chosen = self.strategy.choose_checkpoint(steps[-1] if steps else None)
+        Rank 0 chooses and the strategy sends its choice to every rank, whose own directory (its host's)
+        must hold that checkpoint. A rank without it fails, and so does every other rank, at once,
+        rather than waiting for it in the first collective."""
+        strategy, checkpoints = self.strategy, self.checkpoints
+        chosen = strategy.choose_checkpoint(checkpoints.newest_step())
         if chosen is None:
             return 0
-        latest = self.checkpoints.path(chosen)
-        if chosen not in steps:
-            raise checkpoint.CheckpointError("%s: not found on rank %d, but the run resumes from step %d"
-                                             % (latest, self.strategy.rank, chosen))
-        meta = checkpoint.read_meta(latest)
+        latest = checkpoints.where(chosen)
+        present = checkpoints.has(chosen)
+        lacking = 0 if strategy.size == 1 else int(round(
+            float(strategy.allreduce_mean(0.0 if present else 1.0)) * strategy.size))
+        if not present:
+            raise checkpoint.CheckpointError("%s: not found on rank %d, but the run resumes from step %d (rank 0's "
+                                             "newest checkpoint)" % (latest, strategy.rank, chosen))
+        if lacking:
+            raise checkpoint.CheckpointError("the checkpoint of step %d (rank 0's newest) is missing on %d of %d ranks; "
+                                             "they name the path" % (chosen, lacking, strategy.size))
+        meta = checkpoints.read_meta(chosen)
         check_resume(meta, self.hp, latest)
         if checkpoint.check_dataset(meta, self.fingerprint, self.hp.allow_new_data, latest):
             self.say("note: resuming %s on another dataset (allow_new_data)" % latest)
-        checkpoint.restore(latest, self.state)
+        checkpoints.restore(chosen, self.state)
         step = meta["step"]
         self.say("resumed from %s at step %d (epoch %d, batch %d)" % ((latest, step) + self.train_stream.position(step)))
         return step
@@ -372,12 +381,12 @@ class Training:
     def save(self, at_step):
         self.saved_step = at_step
         self.clock.saved()
-        if self.strategy.writes_checkpoints:
-            epoch, batch = self.train_stream.position(at_step)
-            self.checkpoints.save(at_step, self.state, {
-                "hyperparameters": self.hp.as_dict(), "epoch": epoch, "batch": batch,
-                "config": self.config.to_dict(), "precision": self.precision,
-                "dataset_fingerprint": self.fingerprint})
+        epoch, batch = self.train_stream.position(at_step)
+        # On every rank: the strategy's checkpoints know which ranks write.
+        self.checkpoints.save(at_step, self.state, {
+            "hyperparameters": self.hp.as_dict(), "epoch": epoch, "batch": batch,
+            "config": self.config.to_dict(), "precision": self.precision,
+            "dataset_fingerprint": self.fingerprint})
         self.strategy.barrier()
 
     # -- the loop --
@@ -553,6 +562,9 @@ def dry_run(hp, paths):
     (`data_parallel_layout`), the split of the global batch over the ranks (lm.data.TokenStream's
     rule) and over a worker's GPUs, and with a dataset (--data-dir) the manifest, the model config,
     both streams as Training opens them and the newest checkpoint's compatibility."""
+    from lm import distributed
+    from lm.distributed import mwms
+
     mp_parameters = paths.sdk_mp_parameters or os.environ.get("SM_HP_MP_PARAMETERS")
     if hp.strategy == "smp" and not mp_parameters:
         raise UsageError("strategy smp needs mp_parameters (--mp_parameters JSON or SM_HP_MP_PARAMETERS)")
@@ -560,9 +572,9 @@ def dry_run(hp, paths):
     if hp.global_batch_size % ranks:
         raise UsageError("global_batch_size (%d) must be divisible by the data-parallel size (%d)"
                          % (hp.global_batch_size, ranks))
-    if hp.global_batch_size // ranks % local:
-        raise UsageError("a worker's %d sequences (global_batch_size / %d workers) do not split evenly over its %d "
-                         "GPUs" % (hp.global_batch_size // ranks, ranks, local))
+    problem = mwms.local_split_problem(hp.global_batch_size // ranks, ranks, local)
+    if problem:
+        raise UsageError(problem)
     checked = "layout and batch"
     if paths.data_dir:
         manifest = shards.load_manifest(paths.data_dir)
@@ -570,9 +582,12 @@ def dry_run(hp, paths):
         for split in ("train", "val" if manifest.records("val") >= hp.global_batch_size else "train"):
             data.TokenStream(paths.data_dir, split, global_batch_size=hp.global_batch_size, dp_size=ranks,
                              seq_len=manifest.seq_len, vocab_size=config.vocab_size)
-        latest = checkpoint.Checkpointer(paths.checkpoint_dir).latest()
+        # The newest checkpoint as the strategy keeps them (constructing an adapter starts nothing).
+        checkpoints = distributed.get_strategy(hp.strategy).checkpoints(paths.checkpoint_dir)
+        newest = checkpoints.newest_step()
+        latest = None if newest is None else checkpoints.where(newest)
         if latest:
-            meta = checkpoint.read_meta(latest)
+            meta = checkpoints.read_meta(newest)
             check_resume(meta, hp, latest)
             checkpoint.check_dataset(meta, shards.fingerprint(manifest), hp.allow_new_data, latest)
         checked += ", dataset %s%s" % (paths.data_dir, ", checkpoint %s" % latest if latest else "")

@@ -9,7 +9,7 @@
         optimizer = lm.optim.AdamW(...)            # creates its slots eagerly
     train_step = strategy.build_train_step(model, optimizer, loss_fn, ...)
     eval_step = strategy.build_eval_step(model, loss_fn, ...)
-    restore the newest checkpoint (every rank reads it), then per step:
+    restore the checkpoint rank 0 chooses (every rank reads it), then per step:
         metrics = train_step(inputs, labels)       # inputs, labels: this data-parallel rank's batch
         after the first step of this process: strategy.broadcast_initial_state(model, optimizer)
     only ranks with `writes_checkpoints` save; only `is_chief` prints and exports.
@@ -46,18 +46,24 @@ What an adapter must do (override only what differs from the single-device defau
 - `broadcast_initial_state(model, optimizer)`: make every rank's weights and optimizer state
   equal rank 0's (Horovod: `hvd.broadcast_variables`). Called once, after the first step, when
   the optimizer's variables exist. A no-op where variables are mirrored by construction.
-- `choose_checkpoint(newest_step)`: the step all ranks resume from (SMP: rank 0's choice,
-  broadcast, since each partition's files are its own).
+- `checkpoints(directory)`: where and how this strategy's checkpoints are kept (`Checkpoints`:
+  lm.checkpoint's .npz files, written by the ranks with `writes_checkpoints`; SMP: its own).
+- `choose_checkpoint(newest_step)`: the step every rank resumes from: rank 0's newest, sent to
+  every rank with the library's collective (`broadcast_step`). Ranks on different hosts see
+  different checkpoint directories (SageMaker syncs each host's with S3), so no rank picks its own.
 - `whole_model(model)`: called on every rank before the export; the complete model on the
   chief (SMP: the partitions gathered from the model-parallel group).
 - `barrier()`: return when every rank has called it.
-- `writes_checkpoints` / `checkpoint_tag`: which ranks save, and a tag that keeps the files of
-  ranks holding different variables apart (SMP: one file per pipeline partition).
+- `writes_checkpoints`: which ranks save (the chief by default; SMP: one rank per partition).
 - `shutdown()`: release the library at the end (optional).
 """
 import contextlib
 
+from lm import checkpoint
 from lm.compat import tf
+
+# Steps travel as float32 through collectives that reduce floats: exact below 2**24.
+LARGEST_STEP = 2 ** 24 - 2
 
 
 def pin_gpu(local_rank):
@@ -152,10 +158,6 @@ class Strategy:
     def writes_checkpoints(self):
         return self.is_chief
 
-    @property
-    def checkpoint_tag(self):
-        return ""
-
     def scope(self):
         return contextlib.nullcontext()
 
@@ -200,9 +202,19 @@ class Strategy:
     def broadcast_initial_state(self, model, optimizer):
         """Single device: nothing to broadcast."""
 
+    def checkpoints(self, directory):
+        """This strategy's checkpoints in `directory` (see `Checkpoints`)."""
+        return Checkpoints(self, directory)
+
     def choose_checkpoint(self, newest_step):
-        """The checkpoint step every rank resumes from, given this rank's newest (None: none)."""
-        return newest_step
+        """The checkpoint step every rank resumes from: rank 0's `newest_step` (None: start afresh)."""
+        if self.size == 1:
+            return newest_step
+        return self.broadcast_step(newest_step if self.is_chief else None)
+
+    def broadcast_step(self, step):
+        """Rank 0's `step` (an int or None) on every rank; adapters with several ranks implement it."""
+        raise NotImplementedError("strategy %s: broadcast_step with %d ranks" % (self.name, self.size))
 
     def whole_model(self, model):
         """Called on every rank before the export: the complete model on the chief (it exports it)."""
@@ -213,3 +225,55 @@ class Strategy:
 
     def shutdown(self):
         """Nothing to release."""
+
+
+def encode_step(step):
+    """`step` (int or None) as a float a collective carries exactly; None is 0."""
+    if step is None:
+        return 0.0
+    if not 0 <= step <= LARGEST_STEP:
+        raise ValueError("checkpoint step %d is outside 0..%d, which the collectives carry exactly" % (step, LARGEST_STEP))
+    return float(step + 1)
+
+
+def decode_step(value):
+    value = int(round(float(value)))
+    return None if value == 0 else value - 1
+
+
+class Checkpoints:
+    """A strategy's checkpoints in one directory: lm.checkpoint's .npz files (`Checkpointer`),
+    written by the ranks with `writes_checkpoints`, one file per step.
+
+    Training calls `save` on every rank; `newest_step`, `has`, `where`, `read_meta` and `restore`
+    answer for this rank's directory (on SageMaker, its host's copy of the S3 checkpoints).
+    """
+
+    def __init__(self, strategy, directory):
+        self.strategy = strategy
+        self.files = checkpoint.Checkpointer(directory)
+
+    def newest_step(self):
+        steps = self.files.steps()
+        return steps[-1] if steps else None
+
+    def has(self, step):
+        return step in self.files.steps()
+
+    def where(self, step):
+        return self.files.path(step)
+
+    def read_meta(self, step):
+        return checkpoint.read_meta(self.files.path(step))
+
+    def restore(self, step, variables):
+        checkpoint.restore(self.files.path(step), variables)
+
+    def save(self, step, variables, meta):
+        """This rank's part of the checkpoint of `step` (the write may go on in the background)."""
+        if self.strategy.writes_checkpoints:
+            self.files.save(step, variables, meta)
+
+    def wait(self):
+        """Return when this rank's last save is on disk."""
+        self.files.wait()

@@ -4,11 +4,12 @@ The seed's six steps: `hvd.init()`, pin one GPU per process by local rank, scale
 learning rate with the data-parallel size (`lm.optim.scaled_learning_rate` scales with the
 global batch), average the gradients (`hvd.grouped_allreduce(op=Average)`, what
 `hvd.DistributedGradientTape` does inside), broadcast weights and optimizer state from rank 0
-after the first step, checkpoint on rank 0 only. Works over MPI (SageMaker's `mpi`
+after the first step, checkpoint on rank 0 only (and resume from the step rank 0 chooses,
+`hvd.broadcast`). Works over MPI (SageMaker's `mpi`
 distribution) and over Gloo (`horovodrun --gloo`, our tests).
 """
 from lm.compat import tf
-from lm.distributed.base import Strategy, pin_gpu
+from lm.distributed.base import Strategy, decode_step, encode_step, pin_gpu
 
 
 class HorovodStrategy(Strategy):
@@ -35,6 +36,9 @@ class HorovodStrategy(Strategy):
 
     def broadcast_initial_state(self, model, optimizer):
         self.hvd.broadcast_variables(list(model.variables) + optimizer.variables, root_rank=0)
+
+    def broadcast_step(self, step):
+        return decode_step(self.hvd.broadcast(tf.constant(encode_step(step), tf.float32), root_rank=0))
 
     def barrier(self):
         self.allreduce_mean(0.0)

@@ -7,16 +7,20 @@ local "hosts" can be two ports on 127.0.0.1.
 
 Every replica runs forward and backward on its share of this worker's batch inside
 `strategy.run`, the gradients are averaged with the replica context's all-reduce, and the
-optimizer updates each device's copy of the (mirrored) variables through `merge_call`.
+optimizer updates each device's copy of the (mirrored) variables through `merge_call`. A
+worker's batch must split evenly over its GPUs (`local_split_problem`, checked before each step
+and by `lm.train --dry-run`). At a restart every worker resumes from the step the chief chooses
+(a sum over the workers in which only the chief's value is not zero).
 """
 import json
 import os
 
 from lm.compat import tf
-from lm.distributed.base import Strategy, apply_update, compute_gradients
+from lm.distributed.base import Strategy, apply_update, compute_gradients, decode_step, encode_step
 
 DEFAULT_PORT = 2222
 MEAN = tf.distribute.ReduceOp.MEAN
+SUM = tf.distribute.ReduceOp.SUM
 
 
 def tf_config_from_sagemaker(environ):
@@ -31,6 +35,14 @@ def tf_config_from_sagemaker(environ):
     addresses = json.loads(environ.get("LM_HOST_ADDRESSES", "{}"))
     workers = [addresses.get(host, "%s:%d" % (host, port)) for host in hosts]
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": hosts.index(current)}}
+
+
+def local_split_problem(worker_batch, workers, local_replicas):
+    """Why a worker's `worker_batch` sequences cannot be split evenly over its `local_replicas` GPUs, or None."""
+    if worker_batch % local_replicas:
+        return ("a worker's %d sequences (global_batch_size / %d workers) do not split evenly over its %d GPUs"
+                % (worker_batch, workers, local_replicas))
+    return None
 
 
 def worker_rank(tf_config):
@@ -49,7 +61,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         super().__init__()
         self.strategy = None
         self.local_replicas = 1
-        self._reduce_value = None
+        self._reduce_value = self._sum_value = None
 
     def setup(self):
         if "TF_CONFIG" not in os.environ:
@@ -67,7 +79,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         def reduce_value(value):
             return strategy.reduce(MEAN, strategy.run(tf.identity, args=(value,)), axis=None)
 
-        self._reduce_value = reduce_value
+        @tf.function(autograph=False)
+        def sum_value(value):
+            return strategy.reduce(SUM, strategy.run(tf.identity, args=(value,)), axis=None)
+
+        self._reduce_value, self._sum_value = reduce_value, sum_value
         return self
 
     @property
@@ -76,6 +92,11 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def scope(self):
         return self.strategy.scope()
+
+    def _check_batch(self, inputs):
+        problem = local_split_problem(inputs.shape[0], self.size, self.local_replicas)
+        if problem:
+            raise ValueError(problem)
 
     def _local_share(self, inputs, labels):
         """This replica's part of the worker's batch (the whole batch with one local device)."""
@@ -100,9 +121,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             return metrics
 
         @tf.function(autograph=False)
-        def train_step(inputs, labels):
+        def distributed_step(inputs, labels):
             metrics = self.strategy.run(replica_step, args=(inputs, labels))
             return {name: self.strategy.experimental_local_results(value)[0] for name, value in metrics.items()}
+
+        def train_step(inputs, labels):
+            self._check_batch(inputs)
+            return distributed_step(inputs, labels)
 
         return train_step
 
@@ -116,8 +141,12 @@ class MultiWorkerMirroredStrategy(Strategy):
             return tf.distribute.get_replica_context().all_reduce(MEAN, loss)
 
         @tf.function(autograph=False)
-        def eval_step(inputs, labels):
+        def distributed_eval(inputs, labels):
             return self.strategy.experimental_local_results(self.strategy.run(replica_eval, args=(inputs, labels)))[0]
+
+        def eval_step(inputs, labels):
+            self._check_batch(inputs)
+            return distributed_eval(inputs, labels)
 
         return eval_step
 
@@ -126,6 +155,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
             return tf.distribute.get_replica_context().all_reduce(MEAN, value)
         return self._reduce_value(value)
+
+    def broadcast_step(self, step):
+        # Every local replica of a worker contributes the worker's value.
+        total = self._sum_value(tf.constant(encode_step(step) if self.is_chief else 0.0, tf.float32))
+        return decode_step(float(total) / self.local_replicas)
 
     def barrier(self):
         self.allreduce_mean(0.0)

@@ -5,11 +5,12 @@ learning rate by `sdp.size()` (lm.train does it from `data_parallel_size`); wrap
 `sdp.DistributedGradientTape` (with `sparse_as_dense=True`, documented from the v1.1.x API page
 on, SageMaker Python SDK pull request #2346; without it the library's handling of
 `tf.IndexedSlices` is undocumented); `sdp.broadcast_variables` of model and optimizer state from
-rank 0 after the first step; checkpoints and export on rank 0 only. SMDDP does not support
+rank 0 after the first step; checkpoints and export on rank 0 only, and at a restart every rank
+resumes from the step rank 0 chooses (`sdp.broadcast(tensor, root_rank)`). SMDDP does not support
 Keras `model.fit`, which is why the loop is a plain GradientTape step.
 """
 from lm.compat import tf
-from lm.distributed.base import Strategy, apply_update, pin_gpu
+from lm.distributed.base import Strategy, apply_update, decode_step, encode_step, pin_gpu
 
 
 class SMDDPStrategy(Strategy):
@@ -59,6 +60,9 @@ class SMDDPStrategy(Strategy):
     def broadcast_initial_state(self, model, optimizer):
         self._sdp.broadcast_variables(model.variables, root_rank=0)
         self._sdp.broadcast_variables(optimizer.variables, root_rank=0)
+
+    def broadcast_step(self, step):
+        return decode_step(self._sdp.broadcast(tf.constant(encode_step(step), tf.float32), root_rank=0))
 
     def barrier(self):
         # SMDDP documents no barrier; an all-reduce returns only when every rank has joined it.

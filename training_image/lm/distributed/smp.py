@@ -28,9 +28,23 @@ guide's "Modify a TensorFlow Training Script"):
   model and optimizer state is broadcast from rank 0 after the first step.
 - votes and agreed values (stop after SIGTERM, time-based checkpoints) span every rank
   (`smp.CommGroup.WORLD`): a pipeline partner that missed the vote would wait forever.
-- checkpoints: one file per partition; rank 0 chooses the step to resume from and sends it to
-  every rank (`smp.broadcast` / `smp.recv_from`). The restore happens after the partition step
-  ("checkpoint restores ... should take place after the first step").
+- checkpoints go through `smp.CheckpointManager(checkpoint, directory, max_to_keep,
+  checkpoint_name)` ("TensorFlow API"), whose `save()` writes a new checkpoint into its directory
+  and whose `restore()` "restores the latest checkpoint in the specified directory"; the files it
+  writes there are the library's own (undocumented), so nothing here reads them. To restore a
+  chosen step with those two calls only, every save gets a directory of its own,
+  `<checkpoint dir>/smp-<step, 8 digits>/` (`SMPCheckpoints`): the ranks of the first model
+  replica (`dp_rank() == 0`; the others hold the same values) each save their partition's state
+  through a manager of that directory; after a barrier over every rank, rank 0 writes
+  `complete.json` there (our metadata: step, hyperparameters, dataset fingerprint; written last,
+  so a directory without it is a save that did not finish) and removes all but the newest two
+  complete step directories. At a start rank 0 chooses the newest complete step directory on its
+  disk and sends the step to every rank (`smp.broadcast` / `smp.recv_from` over WORLD); every rank
+  checks that it sees the same directory complete, builds a manager on it and calls `restore()`
+  after the partition step ("restore ... after the first step": `build_model` runs that step).
+  Each rank's state is saved under a key naming its partition (`tf.train.Checkpoint(partition_<k>
+  =[variables])`), so a restore that also reads other partitions' files cannot assign them to this
+  partition's variables.
 - the export gathers every partition's weights on the chief (`smp.allgather` over the
   model-parallel group) into one plain model, which `lm.export` writes as for any strategy.
 - data is sharded and seeded by `smp.dp_rank()` (`data_parallel_rank`), batches divide into
@@ -40,12 +54,17 @@ guide's "Modify a TensorFlow Training Script"):
 """
 import json
 import os
+import re
+import shutil
 
 from lm.compat import tf
+from lm import shards
 from lm.distributed.base import Strategy, apply_update
 from lm.job import validate_mp_parameters
 
 MP_PARAMETERS_ENV = "SM_HP_MP_PARAMETERS"
+STEP_DIRECTORY = re.compile(r"^smp-(\d{8})$")
+COMPLETE = "complete.json"
 
 
 def horovod_problem(mp_parameters, replicas, processes):
@@ -166,10 +185,6 @@ class SMPStrategy(Strategy):
         # One writer per pipeline partition: the first replica's rank holding it.
         return self._dp_rank == 0
 
-    @property
-    def checkpoint_tag(self):
-        return "mp%d" % self.mp_rank
-
     def build_model(self, build_fn):
         """The DistributedGPT, partitioned: each rank holds (and later trains) only its variables."""
         model = _distributed_gpt(self._smp, build_fn(build=False))
@@ -259,14 +274,14 @@ class SMPStrategy(Strategy):
             self._hvd.broadcast_variables(model.variables, root_rank=0)
             self._hvd.broadcast_variables(optimizer.variables, root_rank=0)
 
-    def choose_checkpoint(self, newest_step):
-        """Rank 0's newest step, on every rank."""
+    def checkpoints(self, directory):
+        return SMPCheckpoints(self, directory)
+
+    def broadcast_step(self, step):
         smp = self._smp
-        if self.size == 1:
-            return newest_step
-        if self.rank == 0:
-            smp.broadcast(newest_step, smp.CommGroup.WORLD)
-            return newest_step
+        if self.is_chief:
+            smp.broadcast(step, smp.CommGroup.WORLD)
+            return step
         return smp.recv_from(0, smp.RankType.WORLD_RANK)
 
     def whole_model(self, model):
@@ -297,3 +312,61 @@ class SMPStrategy(Strategy):
 
     def barrier(self):
         self._smp.barrier()
+
+
+class SMPCheckpoints:
+    """SMP checkpoints through `smp.CheckpointManager`, one directory per step (see the module doc)."""
+
+    def __init__(self, strategy, directory, keep=2):
+        self.strategy, self.directory, self.keep = strategy, directory, keep
+
+    def where(self, step):
+        return os.path.join(self.directory, "smp-%08d" % step)
+
+    def _marker(self, step):
+        return os.path.join(self.where(step), COMPLETE)
+
+    def _steps(self):
+        if not os.path.isdir(self.directory):
+            return []
+        matches = [STEP_DIRECTORY.match(name) for name in os.listdir(self.directory)]
+        return sorted(int(match.group(1)) for match in matches if match)
+
+    def complete_steps(self):
+        return [step for step in self._steps() if self.has(step)]
+
+    def newest_step(self):
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    def has(self, step):
+        return os.path.isfile(self._marker(step))
+
+    def read_meta(self, step):
+        with open(self._marker(step)) as handle:
+            return json.load(handle)
+
+    def _manager(self, step, variables):
+        state = tf.train.Checkpoint(**{"partition_%d" % self.strategy.mp_rank: list(variables)})
+        return self.strategy._smp.CheckpointManager(state, directory=self.where(step), max_to_keep=1)
+
+    def restore(self, step, variables):
+        self._manager(step, variables).restore()
+
+    def save(self, step, variables, meta):
+        """Every partition's state at `step`, then (rank 0, after a barrier over every rank) the marker."""
+        strategy = self.strategy
+        if strategy.writes_checkpoints:
+            self._manager(step, variables).save()
+        strategy._smp.barrier()
+        if not strategy.is_chief:
+            return
+        os.makedirs(self.where(step), exist_ok=True)
+        shards.write_atomically(self._marker(step), json.dumps(dict(meta, step=step), sort_keys=True))
+        kept = self.complete_steps()[-self.keep:]
+        for old in self._steps():
+            if old < kept[0]:
+                shutil.rmtree(self.where(old), ignore_errors=True)
+
+    def wait(self):
+        """Saves are synchronous: nothing pending."""

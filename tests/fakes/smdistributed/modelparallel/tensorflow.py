@@ -35,6 +35,9 @@ What the fake emulates, and where it simplifies:
   lists of the documented groups (WORLD, MP_GROUP, DP_GROUP, RDP_GROUP = DP_GROUP without
   tensor parallelism), exchanging pickled copies. A peer that does not arrive within
   FAKE_SMP_TIMEOUT seconds (default 60) makes the call raise: a hang becomes an error.
+- `smp.CheckpointManager` saves, on each rank, only the variables that rank holds, in the fake's
+  own files (one set per partition under the manager's directory), and `restore()` (only after
+  the model is partitioned) reads the newest of this partition's; see the class.
 - With "horovod": true, init() initializes the real Horovod of this process (scripts must
   never call hvd.init); thread ranks cannot share it, so run_ranks refuses dp_size > 1 there.
 """
@@ -674,14 +677,126 @@ class DistributedModel(keras.Model):
                                   % FAKE)
 
 
-class CheckpointManager(tf.train.CheckpointManager):
-    """smp.CheckpointManager(checkpoint, directory="/opt/ml/checkpoints", max_to_keep=None, checkpoint_name="ckpt")."""
+class CheckpointManager:
+    """smp.CheckpointManager(checkpoint, directory="/opt/ml/checkpoints", max_to_keep=None, checkpoint_name="ckpt").
+
+    "TensorFlow API", smp.CheckpointManager: `checkpoint` a tf.train.Checkpoint; `directory` where
+    checkpoints are written; `max_to_keep` how many to keep (None: all); `checkpoint_name` the
+    files' name. Methods: `save()` "saves a new checkpoint in the specified directory", `restore()`
+    "restores the latest checkpoint in the specified directory"; restores happen after the first
+    step (the developer guide; here: before the model is partitioned, restore raises). Nothing
+    else the page lists exists here (no save or restore arguments, no latest_checkpoint).
+
+    Each rank saves only its own variables: those of the checkpoint's object graph that are not
+    placed on another rank (a partition's variables exist on its rank only). The files are the
+    fake's own layout, `<directory>/fake-partition-<mp_rank>/`: pickles and a "checkpoint" state
+    file naming the latest; a caller must not read them (the library's layout is undocumented).
+    A restore reads this partition's latest file and requires the same variables (paths and
+    shapes); a directory without one for this partition restores nothing, as TensorFlow's
+    `restore(None)` does.
+    """
+
+    STATE_FILE = "checkpoint"
 
     def __init__(self, checkpoint, directory="/opt/ml/checkpoints", max_to_keep=None, checkpoint_name="ckpt"):
         _require_init("CheckpointManager")
-        super().__init__(checkpoint, directory, max_to_keep, checkpoint_name=checkpoint_name)
+        if not isinstance(checkpoint, tf.train.Checkpoint):
+            raise TypeError("%s: smp.CheckpointManager(checkpoint) takes a tf.train.Checkpoint, got %s"
+                            % (FAKE, type(checkpoint).__name__))
+        if not isinstance(directory, str) or not isinstance(checkpoint_name, str):
+            raise TypeError("%s: smp.CheckpointManager directory and checkpoint_name are str" % FAKE)
+        if max_to_keep is not None and (not isinstance(max_to_keep, int) or isinstance(max_to_keep, bool)
+                                        or max_to_keep < 1):
+            raise ValueError("%s: smp.CheckpointManager max_to_keep=%r: a positive int or None" % (FAKE, max_to_keep))
+        self._checkpoint, self._directory = checkpoint, directory
+        self._max_to_keep, self._name = max_to_keep, checkpoint_name
+
+    def _partition_directory(self):
+        return os.path.join(self._directory, "fake-partition-%d" % mp_rank())
+
+    def _state_path(self):
+        return os.path.join(self._partition_directory(), self.STATE_FILE)
+
+    def _saved(self):
+        """This partition's checkpoint files in this directory, oldest first."""
+        if not os.path.exists(self._state_path()):
+            return []
+        with open(self._state_path()) as handle:
+            return [line.split('"')[1] for line in handle if line.startswith("all_model_checkpoint_paths")]
+
+    def _own_variables(self):
+        """(path, variable) of this rank's variables in the checkpoint's object graph, in path order."""
+        view = tf.train.TrackableView(self._checkpoint)
+        elsewhere = _placed_on_other_ranks()
+        found, queue, seen = [], [("", self._checkpoint)], set()
+        while queue:
+            path, node = queue.pop(0)
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, tf.Variable):
+                if id(getattr(node, "_variable", node)) not in elsewhere:
+                    found.append((path, node))
+                continue
+            for name, child in sorted(view.children(node).items()):
+                queue.append(("%s/%s" % (path, name) if path else name, child))
+        return found
+
+    def save(self):
+        _require_init("CheckpointManager.save")
+        own = self._own_variables()
+        saved = self._saved()
+        number = int(saved[-1].rsplit("-", 1)[1].split(".")[0]) + 1 if saved else 1
+        name = "%s-%d.pickle" % (self._name, number)
+        os.makedirs(self._partition_directory(), exist_ok=True)
+        payload = {"paths": [path for path, _ in own], "values": [variable.numpy() for _, variable in own]}
+        with open(os.path.join(self._partition_directory(), name + ".tmp"), "wb") as handle:
+            pickle.dump(payload, handle, protocol=4)
+        os.replace(os.path.join(self._partition_directory(), name + ".tmp"),
+                   os.path.join(self._partition_directory(), name))
+        saved.append(name)
+        if self._max_to_keep is not None:
+            for old in saved[:-self._max_to_keep]:
+                os.remove(os.path.join(self._partition_directory(), old))
+            saved = saved[-self._max_to_keep:]
+        with open(self._state_path() + ".tmp", "w") as handle:
+            handle.write('model_checkpoint_path: "%s"\n' % saved[-1])
+            handle.writelines('all_model_checkpoint_paths: "%s"\n' % old for old in saved)
+        os.replace(self._state_path() + ".tmp", self._state_path())
+        record("smp.CheckpointManager.save", rank=rank(), directory=self._directory, variables=len(own))
+        return os.path.join(self._partition_directory(), name)
 
     def restore(self):
+        _require_init("CheckpointManager.restore")
         if not _state()["partitioned"]:
-            raise RuntimeError("%s: restore with smp.CheckpointManager after the first smp.step" % FAKE)
-        return self.checkpoint.restore(self.latest_checkpoint)
+            raise RuntimeError("%s: restore with smp.CheckpointManager after the first smp.step (the model is not "
+                               "partitioned yet)" % FAKE)
+        own = self._own_variables()
+        saved = self._saved()
+        record("smp.CheckpointManager.restore", rank=rank(), directory=self._directory,
+               restored=saved[-1] if saved else None)
+        if not saved:
+            return
+        with open(os.path.join(self._partition_directory(), saved[-1]), "rb") as handle:
+            payload = pickle.load(handle)
+        paths = [path for path, _ in own]
+        if payload["paths"] != paths:
+            raise ValueError("%s: %s holds variables %s, the checkpoint object has %s"
+                             % (FAKE, saved[-1], payload["paths"][:4], paths[:4]))
+        for (path, variable), value in zip(own, payload["values"]):
+            if tuple(variable.shape) != value.shape:
+                raise ValueError("%s: %s: %s has shape %s, the checkpoint holds %s"
+                                 % (FAKE, saved[-1], path, tuple(variable.shape), value.shape))
+        for (_, variable), value in zip(own, payload["values"]):
+            variable.assign(value)
+
+
+def _placed_on_other_ranks():
+    """ids of the partitioned variables this rank does not hold."""
+    state = _state()
+    world = state["world"]
+    if world is None:
+        return set()
+    with world.lock:
+        placed = [value for key, value in world.placed.items() if key[1] != "random"]
+    return {id(variable) for variable in placed} - state["owned"]
