@@ -258,6 +258,17 @@ def test_fake_refuses_what_the_documentation_does_not_allow(fake_smdist, monkeyp
     manager = smp.CheckpointManager(tf.train.Checkpoint(step=tf.Variable(1)), directory=str(fake_smdist.__file__) + "x")
     with pytest.raises(RuntimeError, match="after the first smp.step"):
         manager.restore()
+    # The page lists save() and restore() without arguments, and these four constructor arguments.
+    with pytest.raises(TypeError):
+        manager.save(checkpoint_number=3)
+    with pytest.raises(TypeError):
+        manager.restore(restore_prefix="ckpt-1")
+    with pytest.raises(TypeError):
+        smp.CheckpointManager(tf.train.Checkpoint(), keep_checkpoint_every_n_hours=1)
+    with pytest.raises(TypeError, match="takes a tf.train.Checkpoint"):
+        smp.CheckpointManager({"step": tf.Variable(1)})
+    with pytest.raises(ValueError, match="max_to_keep=0"):
+        smp.CheckpointManager(tf.train.Checkpoint(), max_to_keep=0)
 
 
 # ---- several ranks (threads), each holding only its partition ----
@@ -412,6 +423,24 @@ def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(fake_s
     # The old way (each rank resumes from its own directory's newest) fails this check: rank 1
     # would restore step 4 while rank 0 restores step 2.
     assert every_rank_restored_step_2 != each_rank_its_own_newest, results
+
+
+def _save_the_whole_model(directory):
+    import smdistributed
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    # The page's own example: tf.train.Checkpoint(model=model), whose object graph reaches every
+    # partition's layers; each rank saves the variables it holds only.
+    strategy._smp.CheckpointManager(tf.train.Checkpoint(model=model), directory=directory).save()
+    saved = [details["variables"] for name, details in smdistributed.calls
+             if name == "smp.CheckpointManager.save" and details["rank"] == strategy.rank]
+    return saved, len(model.weights)
+
+
+def test_each_rank_saves_only_the_variables_it_holds(fake_smdist, monkeypatch, tmp_path):
+    (saved0, held0), (saved1, held1) = _job(monkeypatch, 2, lambda: _save_the_whole_model(str(tmp_path)),
+                                            partitions=2, **MANUAL)
+    assert (saved0, saved1) == ([held0], [held1]) and held0 and held1
 
 
 def _outputs_of_the_model():
