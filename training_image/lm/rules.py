@@ -22,6 +22,7 @@ Pure Python 3.8, no TensorFlow: imported at synth time.
 """
 import collections
 import dataclasses
+import functools
 import json
 from typing import Any, Optional, Tuple
 
@@ -277,9 +278,13 @@ def export_hf_family_rule():
                 subject="hyperparameters.model")
 
 
+@functools.lru_cache(maxsize=None)
 def serving_rules():
     """`deploy.container` tgi: it serves the Hugging Face export (which needs model gpt) on an
-    instance whose GPUs hold the model (`lm.containers.tgi_shards`, grouped by instance type)."""
+    instance whose GPUs hold the model (`lm.containers.tgi_shards`, grouped by instance type).
+
+    A tuple, built once: it depends only on the preset, instance and container tables, and
+    `lm.plan.feasibility_table` asks for the cross-field rules thousands of times."""
     from lm import containers
     from lm.config import ALL_PRESETS
     from lm.instances import INSTANCES
@@ -308,7 +313,7 @@ def serving_rules():
                           "%s %s" % row for row in rows))
         found.append(rule("deploy.container.tgi.%s" % instance_type, All(tgi + (
             Is("deploy.instance_type", instance_type), OneOf("preset", presets))), message, subject="preset"))
-    return found
+    return tuple(found)
 
 
 def cross_field_rules(runtimes=None):
