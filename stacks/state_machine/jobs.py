@@ -47,7 +47,7 @@ class JobKind(collections.namedtuple("JobKind", "state token slot kind config sp
 
 
 RAW_S3_URI_PATH = "$.config.prepare.raw_s3_uri"  # null: the raw files are on EFS (raw_directory)
-INIT_FROM_PATH = "$.config.init_from"  # null: training starts from random weights
+INIT_FROM_PATH = "$.config.init_from"  # null: training starts from random weights, prepare needs a tokenizer
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
@@ -83,7 +83,7 @@ def job_values(kind, settings, value_at, strategy="single"):
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
         dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None,
-        init_from=value_at(INIT_FROM_PATH) if kind is TRAIN else None)
+        init_from=value_at(INIT_FROM_PATH))
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -109,17 +109,19 @@ def tags(kind):
 
 
 def create_request(kind, settings):
-    """CreateTrainingJob Parameters; image, hyperparameters, channels and stopping were put in <slot>.request."""
+    """CreateTrainingJob Parameters; image, hyperparameters, channels, tags and stopping were put in
+    <slot>.request."""
     request_slot = kind.slot + ".request"
     values = dataclasses.replace(job_values(kind, settings, request.Path),
                                  image=request.Path(request_slot + ".image"))
     return asl.parameters(request.create_training_job_request(
         values, hyperparameter_map=request.Path(request_slot + ".hyperparameters"),
-        stopping=request.Path(request_slot + ".stopping"), channels=request.Path(request_slot + ".channels")))
+        stopping=request.Path(request_slot + ".stopping"), channels=request.Path(request_slot + ".channels"),
+        job_tags=request.Path(request_slot + ".tags")))
 
 
 def request_states(kind, settings, first, next_state):
-    """<slot>.request = {image, hyperparameters, channels, stopping} for this attempt."""
+    """<slot>.request = {image, hyperparameters, channels, tags, stopping} for this attempt."""
     states = collections.OrderedDict()
     stopping = "%s.Stopping" % kind.state
 
@@ -127,7 +129,8 @@ def request_states(kind, settings, first, next_state):
         values = dataclasses.replace(job_values(kind, settings, request.Path, strategy), **changes)
         return asl.pass_state(stopping, {"image": values.image,
                                          "hyperparameters": asl.parameters(request.hyperparameters(values)),
-                                         "channels": asl.parameters(request.input_channels(values))},
+                                         "channels": asl.parameters(request.input_channels(values)),
+                                         "tags": asl.parameters(request.tags(values))},
                               result_path=kind.slot + ".request")
 
     if kind is TRAIN:
@@ -144,11 +147,16 @@ def request_states(kind, settings, first, next_state):
             states[name + ".Scratch"] = request_state(strategy, init_from=None)
         states[first] = asl.choice(rules, rules[-1]["Next"])
         states.move_to_end(first, last=False)
-    else:  # the raw files from S3 (an S3 channel) or from EFS
-        states[first] = asl.choice([asl.rule({"Variable": RAW_S3_URI_PATH, "IsNull": False}, first + ".S3")],
-                                   first + ".EFS")
-        states[first + ".S3"] = request_state("single")
-        states[first + ".EFS"] = request_state("single", raw_s3_uri=None)
+    else:  # the raw files from S3 (an S3 channel) or from EFS; the tokenizer of init_from (its channel) or not
+        from_s3 = {"Variable": RAW_S3_URI_PATH, "IsNull": False}
+        with_init = {"Variable": INIT_FROM_PATH, "IsNull": False}
+        states[first] = asl.choice([asl.rule(asl.all_of(from_s3, with_init), first + ".S3.Init"),
+                                    asl.rule(from_s3, first + ".S3"),
+                                    asl.rule(with_init, first + ".EFS.Init")], first + ".EFS")
+        states[first + ".S3.Init"] = request_state("single")
+        states[first + ".S3"] = request_state("single", init_from=None)
+        states[first + ".EFS.Init"] = request_state("single", raw_s3_uri=None)
+        states[first + ".EFS"] = request_state("single", raw_s3_uri=None, init_from=None)
     runtime = request.Path(kind.config + ".max_runtime_seconds")
     target = kind.slot + ".request.stopping"
 

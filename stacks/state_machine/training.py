@@ -5,13 +5,14 @@ Extension points: a stage is a dict of states entered at one name and leaving to
 
 The prepare stage runs when `prepare.enabled`. It is skipped when a prepare job of an
 earlier execution completed for the same dataset key: the MD5 of data_directory, tokenizer,
-train_tokenizer, vocab_size and seq_len, kept as the job's tag `lmstack:dataset-key` and
-found with SageMaker Search. (The machine cannot look into EFS itself; `prepare.force`
-runs it regardless, e.g. after the directory was emptied.)
+train_tokenizer, vocab_size and seq_len (and init_from, whose tokenizer the prepare job then
+uses), kept as the job's tag `lmstack:dataset-key` and found with SageMaker Search. (The
+machine cannot look into EFS itself; `prepare.force` runs it regardless, e.g. after the
+directory was emptied.)
 """
 import collections
 
-from lm import contract, request
+from lm import contract, request, rules
 from stacks.state_machine import asl, deploy, inputs, jobs
 
 VALIDATE = "Validate"
@@ -36,13 +37,24 @@ DATASET_NOT_PREPARED = "DatasetNotPrepared"
 DATASET_KEY_FIELDS = ("$.config.data_directory", "$.config.prepare.hyperparameters.tokenizer",
                       "$.config.prepare.hyperparameters.train_tokenizer",
                       "$.config.prepare.hyperparameters.vocab_size", "$.config.prepare.hyperparameters.seq_len")
+# With init_from the dataset is tokenized with the checkpoint's tokenizer, so its prefix is part of the
+# key (only then: the keys of datasets prepared without it stay what they were).
+INIT_DATASET_KEY_FIELDS = DATASET_KEY_FIELDS + (jobs.INIT_FROM_PATH,)
+# What a tag value may hold (CreateTrainingJob API reference, Tag.Value: ^([\p{L}\p{Z}\p{N}_.:/=+\-@]*)$),
+# ASCII letters and digits for \p{L} and \p{N}: init_from becomes the tag lmstack:init-from of its jobs.
+TAG_VALUE_CHARACTERS = rules.ALPHANUMERIC + " _.:/=+-@"
 
 
-def _run_state(next_state):
+def dataset_key(fields):
+    """The expression of the dataset key: the MD5 of the values at `fields`, joined by |."""
+    return "States.Hash(%s, 'MD5')" % asl.fmt("|".join(["{}"] * len(fields)), *fields)
+
+
+def _run_state(next_state, key_fields=DATASET_KEY_FIELDS):
+    """$.run: the execution's id (in job names), the dataset key, the defaults of optional fields."""
     return asl.pass_state(next_state, {
         "id.$": "States.Hash($$.Execution.Id, 'MD5')",
-        "dataset_key.$": "States.Hash(%s, 'MD5')" % asl.fmt("|".join(["{}"] * len(DATASET_KEY_FIELDS)),
-                                                            *DATASET_KEY_FIELDS),
+        "dataset_key.$": dataset_key(key_fields),
         "defaults": jobs.DESCRIBE_DEFAULTS,
     }, result_path="$.run")
 
@@ -78,13 +90,20 @@ def _dataset_check_states(first, next_state):
 def _init_from_states(first, next_state):
     """init_from is read by the job role, which may read only the artifact bucket's INIT_PREFIX:
     another prefix is refused here, before any job starts (the bucket name is filled in at deploy),
-    and so is strategy smp, whose partitioned model lm.train cannot load a checkpoint into."""
+    and so is strategy smp, whose partitioned model lm.train cannot load a checkpoint into.
+
+    The checkpoint brings its tokenizer: a prepare stage tokenizes with it (lm.prepare reads the
+    init channel), so a tokenizer of prepare's own (`tokenizer`, `train_tokenizer`) is refused, and
+    the dataset key includes init_from. Characters a tag value cannot hold are refused too
+    (`States.StringSplit` at every allowed character leaves nothing exactly when there is no other)."""
     allowed = "s3://${ArtifactBucket}/%s" % contract.INIT_PREFIX
+    prepare_enabled = {"Variable": "$.config.prepare.enabled", "BooleanEquals": True}
+    prepare_hyperparameters = "$.config.prepare.hyperparameters."
     return collections.OrderedDict([
         (first, asl.choice([
             asl.rule({"Variable": jobs.INIT_FROM_PATH, "IsNull": True}, next_state),
             asl.rule({"Variable": "$.config.strategy", "StringEquals": "smp"}, first + ".Smp"),
-            asl.rule({"Variable": jobs.INIT_FROM_PATH, "StringMatches": allowed + "*"}, next_state),
+            asl.rule({"Variable": jobs.INIT_FROM_PATH, "StringMatches": allowed + "*"}, first + ".Characters"),
         ], first + ".Outside")),
         (first + ".Smp", asl.fail(inputs.ERROR, asl.fmt(
             "init_from is not supported with strategy smp (its model is partitioned across ranks); "
@@ -92,6 +111,27 @@ def _init_from_states(first, next_state):
         (first + ".Outside", asl.fail(inputs.ERROR, asl.fmt(
             "init_from must start with %s (the prefix the training jobs may read), got {}" % allowed,
             jobs.INIT_FROM_PATH))),
+        (first + ".Characters", asl.pass_state(first + ".Check", {
+            "others.$": "States.ArrayLength(States.StringSplit(%s, %s))" % (
+                jobs.INIT_FROM_PATH, asl.quote(TAG_VALUE_CHARACTERS))}, result_path="$.scratch")),
+        (first + ".Check", asl.choice([
+            asl.rule({"Variable": "$.scratch.others", "NumericGreaterThan": 0}, first + ".Tag"),
+            asl.rule(asl.all_of(prepare_enabled, {"Variable": prepare_hyperparameters + "train_tokenizer",
+                                                  "BooleanEquals": True}), first + ".TrainTokenizer"),
+            asl.rule(asl.all_of(prepare_enabled, asl.negate({"Variable": prepare_hyperparameters + "tokenizer",
+                                                             "StringEquals": ""})), first + ".Tokenizer"),
+        ], first + ".DatasetKey")),
+        (first + ".Tag", asl.fail(inputs.ERROR, asl.fmt(
+            "init_from may hold only letters, digits, spaces and %s (it becomes the tag %s of its jobs), got {}"
+            % (" ".join(TAG_VALUE_CHARACTERS[len(rules.ALPHANUMERIC):].strip()), request.INIT_FROM_TAG),
+            jobs.INIT_FROM_PATH))),
+        (first + ".TrainTokenizer", asl.fail(inputs.ERROR, asl.fmt(
+            "init_from brings its tokenizer, which the prepare job tokenizes with: leave "
+            "prepare.hyperparameters.train_tokenizer false"))),
+        (first + ".Tokenizer", asl.fail(inputs.ERROR, asl.fmt(
+            "init_from brings its tokenizer, which the prepare job tokenizes with: leave "
+            "prepare.hyperparameters.tokenizer empty, got {}", prepare_hyperparameters + "tokenizer"))),
+        (first + ".DatasetKey", _run_state(next_state, INIT_DATASET_KEY_FIELDS)),
     ])
 
 

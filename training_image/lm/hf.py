@@ -195,13 +195,17 @@ def write_hf(model, config, tokenizer_file, output_dir):
     return output_dir
 
 
-def _read_hf_config(hf_dir):
+def _config_values(hf_dir):
     path = os.path.join(hf_dir, HF_CONFIG_FILE)
     try:
         with open(path) as f:
-            values = json.load(f)
+            return path, json.load(f)
     except (OSError, ValueError) as error:
         raise HFError("%s: cannot read: %s" % (path, error))
+
+
+def _read_hf_config(hf_dir):
+    path, values = _config_values(hf_dir)
     if values.get("model_type") != "gpt2":
         raise HFError("%s: model_type %r; only 'gpt2' can be imported" % (path, values.get("model_type")))
     if values.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -241,6 +245,28 @@ def hf_tokenizer_file(hf_dir):
     if not os.path.isfile(tokenizer_file):
         raise HFError("%s: not found; the import needs the fast tokenizer file" % tokenizer_file)
     return tokenizer_file
+
+
+def dataset_tokenizer(hf_dir, eod_token=EOD_TOKEN):
+    """(tokenizer.json, the end-of-document token) to tokenize a dataset with for the GPT-2 in `hf_dir`
+    (lm.prepare --init-from): the token of config.json's eos_token_id (`eod_token` when it names none);
+    the tokenizer must fit the vocab_size config.json gives the model."""
+    from tokenizers import Tokenizer
+
+    config = _read_hf_config(hf_dir)
+    path, values = _config_values(hf_dir)
+    tokenizer_file = hf_tokenizer_file(hf_dir)
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise HFError("%s has %d tokens, more than the vocab_size %d of %s" % (
+            tokenizer_file, tokenizer.get_vocab_size(), config.vocab_size, path))
+    eos_id = values.get("eos_token_id")
+    if eos_id is None:
+        return tokenizer_file, eod_token
+    token = tokenizer.id_to_token(eos_id) if isinstance(eos_id, int) and not isinstance(eos_id, bool) else None
+    if token is None:
+        raise HFError("%s: eos_token_id %r is not a token id of %s" % (path, eos_id, tokenizer_file))
+    return tokenizer_file, token
 
 
 def import_hf(hf_dir, export_dir):

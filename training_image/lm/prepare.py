@@ -1,6 +1,6 @@
 """The Pile into compact token shards (the format of `lm.shards`), fast, restartable, honest.
 
-    python -m lm.prepare INPUT... --output DIR (--tokenizer FILE | --train-tokenizer) [options]
+    python -m lm.prepare INPUT... --output DIR (--tokenizer FILE | --train-tokenizer | --init-from HF_DIR) [options]
     python -m lm.prepare merge DIR          # one manifest from the parts of a multi-instance run
     python -m lm.prepare train-tokenizer INPUT... --output FILE [--vocab-size N]
     python -m lm.prepare verify DIR [--workers N]   # hash every shard against the manifest
@@ -22,6 +22,9 @@ channel is the EFS file system's root (the one directory that exists on a fresh 
 and the output is `--dataset-directory` inside it, made here. With `--raw-sharded` (an S3 raw
 channel with ShardedByS3Key) SageMaker already gave each instance its own share of the files:
 an instance then takes every file it sees, and the merge counts the parts' inputs together.
+With an `init` channel (execution input init_from: a Hugging Face GPT-2 directory) the job
+tokenizes with that checkpoint's tokenizer.json, as `--init-from` does, so that lm.train can
+start from the checkpoint on this dataset.
 
 Sizing the full Pile (825 GiB = 886 GB of text in 30 files) at r MB/s of text per vCPU: an
 hour needs 886e3 / 3600 / r vCPUs, and 886e3 / 30 / 3600 = 8.2 MB/s per file, so about
@@ -326,7 +329,7 @@ def _load_tokenizer(args, inputs, output, existing):
         copy = not os.path.exists(target) or shards.sha256_file(target) != digest
         return tokenizer, eod, digest, (lambda: _copy_atomically(source, target)) if copy else None
     if not args.train_tokenizer:
-        raise PrepareError("pass --tokenizer FILE (a tokenizers JSON file) or --train-tokenizer")
+        raise PrepareError("pass --tokenizer FILE (a tokenizers JSON file), --train-tokenizer or --init-from HF_DIR")
     if existing is not None and os.path.exists(target):
         tokenizer, eod = tokenizers_lib.load(target, args.eod_token)
         if existing.prepare.get("trained_vocab_size") != args.vocab_size:
@@ -628,8 +631,9 @@ _SIZE_SUFFIXES = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
 
 
 def parse_int(text):
-    """An integer, optionally with a size suffix: 1GiB, 512MiB, 100M."""
-    match = re.match(r"^\s*(\d+)\s*([A-Za-z]*)\s*$", str(text))
+    """An integer, optionally with a size suffix: 1GiB, 512MiB, 100M (a sign too: the job's default
+    shard_index is -1)."""
+    match = re.match(r"^\s*(-?\d+)\s*([A-Za-z]*)\s*$", str(text))
     if not match or (match.group(2) and match.group(2).lower() not in _SIZE_SUFFIXES):
         raise argparse.ArgumentTypeError("%r is not an integer (size suffixes: %s)" % (text, ", ".join(_SIZE_SUFFIXES)))
     return int(match.group(1)) * _SIZE_SUFFIXES.get(match.group(2).lower(), 1)
@@ -666,6 +670,10 @@ def build_parser():
     parser.add_argument("--" + contract.PREPARE_RAW_SHARDED, "--raw-sharded", dest=contract.PREPARE_RAW_SHARDED,
                         type=parse_bool, nargs="?", const=True, default=False,
                         help="the raw channel holds only this instance's files (S3 ShardedByS3Key)")
+    parser.add_argument("--init-from", default=os.environ.get(contract.channel_environment_variable(
+                        contract.INIT_CHANNEL)), help="a Hugging Face GPT-2 directory (lm.train --init-from): tokenize "
+                        "with its tokenizer.json, its config.json's eos_token_id as the end-of-document token "
+                        "[env %s]" % contract.channel_environment_variable(contract.INIT_CHANNEL))
     types = {int: parse_int, float: _float, str: str}
     for name, spec in job.PREPARE_HYPERPARAMETERS.items():
         flags = ["--" + name.replace("_", "-")] + (["--" + name] if "_" in name else [])
@@ -693,7 +701,31 @@ def parse_args(argv):
         args.output = output_directory(root, args.dataset_directory)
     if root and os.path.isabs(args.tokenizer) and not os.path.exists(args.tokenizer):
         args.tokenizer = output_directory(root, args.tokenizer)  # a path from the file system's root
+    if args.init_from:
+        use_checkpoint_tokenizer(args)
     return args
+
+
+def use_checkpoint_tokenizer(args):
+    """--init-from: the checkpoint's tokenizer becomes `--tokenizer` and its eos token `--eod-token`,
+    which then take the one path of a given tokenizer file."""
+    from lm import hf
+
+    source = "--init-from %s (or the %r channel)" % (args.init_from, contract.INIT_CHANNEL)
+    if args.train_tokenizer:
+        raise PrepareError("%s brings the checkpoint's tokenizer; --train-tokenizer would train another: leave it out"
+                           % source)
+    if args.tokenizer:
+        raise PrepareError("%s brings the checkpoint's tokenizer; --tokenizer %s would tokenize with another: "
+                           "leave it out" % (source, args.tokenizer))
+    try:
+        tokenizer_file, eod_token = hf.dataset_tokenizer(args.init_from, args.eod_token)
+    except hf.HFError as error:
+        raise PrepareError(str(error))
+    if args.eod_token not in (job.PREPARE_HYPERPARAMETERS["eod_token"].default, eod_token):
+        raise PrepareError("--eod-token %r: the checkpoint's end-of-document token (config.json eos_token_id) is %r; "
+                           "leave --eod-token out" % (args.eod_token, eod_token))
+    args.tokenizer, args.eod_token = os.path.abspath(tokenizer_file), eod_token
 
 
 def output_directory(channel, dataset_directory):

@@ -35,6 +35,9 @@ DATASET_KEY_TAG = TAG_PREFIX + "dataset-key"
 # On prepare jobs: the EFS directory they made. A training run looks for a completed prepare job
 # with its data_directory here before it starts (SageMaker Search on this tag).
 DATASET_DIRECTORY_TAG = TAG_PREFIX + "dataset-directory"
+# On jobs that read init_from (the init channel): its S3 prefix. A prepare job with it tokenized its
+# dataset with that checkpoint's tokenizer.
+INIT_FROM_TAG = TAG_PREFIX + "init-from"
 # The raw corpus from S3 is read by lm.prepare once, each file start to end: FastFile streams the
 # objects on demand, so the job starts without a copy and the ML volume (VOLUME_SIZE_GB) need not
 # hold the corpus, as File mode would need (an instance's share of the Pile is 100 GB and more).
@@ -155,7 +158,9 @@ class TrainingJob:
     raw_directory: Any = None       # prepare: the raw files on EFS (when raw_s3_uri is None)
     raw_s3_uri: Any = None          # prepare: the raw files under an S3 prefix (an S3 channel)
     dataset_key: Any = None         # prepare: tagged, so a later execution can skip the job
-    init_from: Any = None           # train: an S3 prefix holding a Hugging Face GPT-2 directory (or None)
+    # An S3 prefix holding a Hugging Face GPT-2 directory (or None): training starts from its weights,
+    # the prepare job tokenizes with its tokenizer.
+    init_from: Any = None
 
 
 def artifact_uri(bucket, prefix):
@@ -274,18 +279,20 @@ def s3_channel(name, s3_uri, input_mode, distribution):
 def input_channels(training_job):
     """Training reads the prepared dataset directory read-only. The prepare job reads the raw files
     (S3 or EFS) and mounts the file system's root read-write, the one directory that surely exists;
-    lm.prepare makes the dataset directory inside it."""
+    lm.prepare makes the dataset directory inside it. With init_from both get the `init` channel:
+    training its weights, the prepare job its tokenizer (every instance: FullyReplicated)."""
     j = training_job
     if j.kind == "train":
         channels = [efs_channel(contract.TRAIN_CHANNEL, j.file_system_id, j.data_directory, "ro")]
-        if j.init_from is not None:  # a few files, read once at start-up: copied (File)
-            channels.append(s3_channel(contract.INIT_CHANNEL, j.init_from, "File", "FullyReplicated"))
-        return channels
-    if j.raw_s3_uri is not None:
-        raw = s3_channel(contract.RAW_CHANNEL, j.raw_s3_uri, RAW_S3_INPUT_MODE, RAW_S3_DISTRIBUTION)
     else:
-        raw = efs_channel(contract.RAW_CHANNEL, j.file_system_id, j.raw_directory, "ro")
-    return [raw, efs_channel(contract.DATASET_CHANNEL, j.file_system_id, contract.FILE_SYSTEM_ROOT, "rw")]
+        if j.raw_s3_uri is not None:
+            raw = s3_channel(contract.RAW_CHANNEL, j.raw_s3_uri, RAW_S3_INPUT_MODE, RAW_S3_DISTRIBUTION)
+        else:
+            raw = efs_channel(contract.RAW_CHANNEL, j.file_system_id, j.raw_directory, "ro")
+        channels = [raw, efs_channel(contract.DATASET_CHANNEL, j.file_system_id, contract.FILE_SYSTEM_ROOT, "rw")]
+    if j.init_from is not None:  # a few files, read once at start-up: copied (File)
+        channels.append(s3_channel(contract.INIT_CHANNEL, j.init_from, "File", "FullyReplicated"))
+    return channels
 
 
 def resource_tags(kind, execution_name):
@@ -303,15 +310,18 @@ def tags(training_job):
     if training_job.kind == "prepare":
         found.append({"Key": DATASET_KEY_TAG, "Value": training_job.dataset_key})
         found.append({"Key": DATASET_DIRECTORY_TAG, "Value": training_job.data_directory})
+    if training_job.init_from is not None:
+        found.append({"Key": INIT_FROM_TAG, "Value": training_job.init_from})
     return found
 
 
 def create_training_job_request(training_job, *, hyperparameter_map: Optional[Any] = None,
-                                stopping: Optional[Any] = None, channels: Optional[Any] = None):
-    """The CreateTrainingJob request. `hyperparameter_map`, `stopping` and `channels` default to
-    `hyperparameters(job)`, `stopping_condition(...)` and `input_channels(job)`; the state machine
-    passes markers for them, since it computes them in branches of its own (per strategy, per
-    spot, per raw source)."""
+                                stopping: Optional[Any] = None, channels: Optional[Any] = None,
+                                job_tags: Optional[Any] = None):
+    """The CreateTrainingJob request. `hyperparameter_map`, `stopping`, `channels` and `job_tags`
+    default to `hyperparameters(job)`, `stopping_condition(...)`, `input_channels(job)` and
+    `tags(job)`; the state machine passes markers for them, since it computes them in branches of
+    its own (per strategy, per spot, per raw source, with or without init_from)."""
     j = training_job
     algorithm = collections.OrderedDict([("TrainingImage", j.image), ("TrainingInputMode", "File")])
     if j.kind == "train":
@@ -341,5 +351,5 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     # SageMaker Debugger availability change", "Profiler availability change"): off, as the
     # SDK's disable_profiler=True sends it; TensorBoard and CloudWatch replace them.
     request["ProfilerConfig"] = {"DisableProfiler": True}
-    request["Tags"] = tags(j)
+    request["Tags"] = tags(j) if job_tags is None else job_tags
     return request
