@@ -39,6 +39,7 @@ every test that uses the `engine` fixture) makes the engine behave as AWS docume
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 import threading
@@ -48,6 +49,8 @@ from typing import Tuple
 import boto3
 import botocore.session
 from botocore.exceptions import ClientError
+import jsonpath_ng
+import jsonpath_ng.ext
 import pytest
 from moto import mock_aws
 from moto.core.exceptions import JsonRESTError
@@ -57,7 +60,9 @@ from moto.sagemaker import responses as sagemaker_responses
 from moto.stepfunctions.parser.asl.component.common.error_name import error_equals_decl
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+from moto.stepfunctions.parser.asl.component.common.path import result_path
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_aws_sdk
+from moto.stepfunctions.parser.asl.utils import json_path
 
 import aws_rules
 from lm import contract, job
@@ -457,8 +462,22 @@ def invalid_sagemaker_requests(run):
         run.calls(), run.deployment.file_system, run.deployment.readable_prefixes)
 
 
+@functools.lru_cache(maxsize=None)
+def _json_path(path):
+    """jsonpath_ng's parse, once per path: it builds a new PLY parser on every call, most of an
+    execution's evaluation time. A parsed expression is immutable and its `find` pure."""
+    return jsonpath_ng.ext.parse(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _result_path(path):
+    return jsonpath_ng.parse(path)
+
+
 @pytest.fixture
-def engine(strict):
+def engine(strict, monkeypatch):
+    monkeypatch.setattr(json_path, "parse", _json_path)
+    monkeypatch.setattr(result_path, "parse", _result_path)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine() as asked, \
             strict.active():
         yield asked

@@ -1,9 +1,11 @@
 """lm.train on one device: learns real text, deterministic, exact resume after SIGTERM, clear errors."""
 import collections
+import json
 import math
 import os
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -38,29 +40,63 @@ def test_tiny_learns_real_text_below_the_unigram_entropy(text_dataset, tmp_path,
     assert os.path.isfile(os.path.join(str(tmp_path), "model", "model.json"))
 
 
+# One uninterrupted run (seed 7, TINY's) is the reference of both the seed and the SIGTERM test.
+STEPS = 14
+IN_ONE_PROCESS = ("import json, sys\n"
+                  "from lm import train\n"
+                  "for args in sys.argv[1:]:\n"
+                  "    print('%s %d' % (RUN_ENDED, train.main(json.loads(args))), flush=True)\n")
+RUN_ENDED = "=== run ended, exit status"
+
+
+@pytest.fixture(scope="module")
+def straight(text_dataset, tmp_path_factory):
+    """(output directory, stdout) of a fresh process training STEPS steps with seed 7."""
+    directory = str(tmp_path_factory.mktemp("straight"))
+    result = helpers.run_training(text_dataset, directory, max_steps=STEPS)
+    assert result.returncode == 0, result.stdout
+    return directory, result.stdout
+
+
+def run_one_after_another(runs):
+    """The stdout of each `lm.train` run of `runs` (a list of cli_args), all in one fresh process, in order."""
+    code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED))
+    result = subprocess.run([sys.executable, "-c", code] + [json.dumps(args) for args in runs],
+                            env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    outputs = result.stdout.split(RUN_ENDED)[:-1]
+    statuses = [int(part.split()[0]) for part in result.stdout.split(RUN_ENDED)[1:]]
+    assert statuses == [0] * len(runs), result.stdout
+    return outputs
+
+
 @pytest.mark.slow
-def test_same_seed_same_losses_and_weights_other_seed_differs(text_dataset, tmp_path, capsys):
+def test_same_seed_same_losses_and_weights_other_seed_differs(text_dataset, tmp_path, straight):
     # Fresh processes: other in-process tests change TF's global state (e.g. the JIT setting),
     # and determinism is a property of a run, not of what ran before it in the same process.
-    runs = [helpers.run_training(text_dataset, str(tmp_path / name), seed=seed, max_steps=6)
-            for name, seed in (("a", 7), ("b", 7), ("c", 8))]
-    for result in runs:
-        assert result.returncode == 0, result.stdout
-    a, b, c = (helpers.losses(result.stdout) for result in runs)
-    assert len(a) == 6
+    # Seed 8 runs first in its process, as the reference did in its own; seed 7 then runs after it
+    # there, so it also shows that nothing of an earlier run in a process leaks into the next.
+    reference, reference_output = straight
+    other, same = run_one_after_another([helpers.cli_args(text_dataset, str(tmp_path / name), seed=seed,
+                                                          max_steps=STEPS)
+                                         for name, seed in (("c", 8), ("b", 7))])
+    a, b, c = (helpers.losses(output) for output in (reference_output, same, other))
+    assert len(a) == STEPS
     assert a == b
     assert a != c
-    weights = [np.load(str(tmp_path / name / "model" / "weights.npz")) for name in ("a", "b")]
+    weights = [np.load(os.path.join(directory, "model", "weights.npz"))
+               for directory in (reference, str(tmp_path / "b"))]
+    assert weights[0].files == weights[1].files
     for key in weights[0].files:
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset, tmp_path):
-    steps = 14
-    straight = helpers.run_training(text_dataset, str(tmp_path / "straight"), max_steps=steps)
-    assert straight.returncode == 0, straight.stdout
-    expected = helpers.losses(straight.stdout)
+def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset, tmp_path, straight):
+    steps = STEPS
+    _, straight_output = straight
+    expected = helpers.losses(straight_output)
 
     tmp = str(tmp_path / "interrupted")
     process = subprocess.Popen(helpers.train_args(text_dataset, tmp, max_steps=steps), env=helpers.environment(),
@@ -87,7 +123,7 @@ def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset
     assert sorted(combined) == sorted(expected)
     for step in expected:
         assert combined[step] == pytest.approx(expected[step], abs=2e-4), step
-    assert helpers.val_losses(resumed.stdout)[-1] == pytest.approx(helpers.val_losses(straight.stdout)[-1], abs=2e-4)
+    assert helpers.val_losses(resumed.stdout)[-1] == pytest.approx(helpers.val_losses(straight_output)[-1], abs=2e-4)
 
 
 def test_unknown_hyperparameter_is_a_clear_error(text_dataset, tmp_path, capsys):
