@@ -1,22 +1,27 @@
 """lmstack against transformers' TFGPT2LMHeadModel on the same weights, CPU, fp32, side by side.
 
     .venv-hf/bin/python bench/hf_compare.py [--preset gpt-125m] [--batch-sizes 1 8] [--new-tokens 256]
-        [--prompt-tokens 8] [--train-batch 4] [--train-seq-len 256] [--train-steps 5] [--repeats 2]
+        [--prompt-tokens 8] [--train-batch 4] [--train-seq-len 256] [--train-steps 2]
+        [--train-xla off on] [--repeats 3]
 
 Run with .venv-hf's interpreter (transformers 4.46.3; `make setup` builds it). Our model gets
 random weights, is written by `lm.export --format hf` and loaded by TFGPT2LMHeadModel.
 
 - generation: new tokens/s of `lm.generate.generate_tokens` (greedy, key/value cache) and of
   `model.generate(do_sample=False, use_cache=True)`, both without an end token (all
-  `--new-tokens` are generated), per batch size; the ratio ours / theirs (goal >= 1.0);
+  `--new-tokens` are generated), per batch size (`--batch-sizes` with no value: none); the
+  ratio ours / theirs (goal >= 1.0);
 - training: tokens/s of the same train step (`lm.distributed` single strategy: lm.optim.AdamW,
-  clipping at 1.0, token_loss) on our GPT and on TFGPT2LMHeadModel (its logits); the ratio
-  (goal >= 1.3).
-Each measurement runs once untimed (tracing), then `--repeats` times; the best run counts.
-Prints a table and JSON; writes bench/results/hf_compare.json.
+  clipping at 1.0, token_loss) on our GPT and on TFGPT2LMHeadModel (its logits), without and
+  with XLA (`jit_compile` of the forward and backward pass; `lm.train`'s default is on); the
+  ratio in each mode (goal >= 1.3).
+Each candidate runs once untimed (tracing, compiling), then `--repeats` rounds time every
+candidate of a measure in turn, so a busy machine slows all alike; best and median are
+reported, the ratios of both. Prints a table and JSON; writes bench/results/hf_compare.json.
 """
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -55,37 +60,55 @@ class LogitsOf:
         return self.model(inputs, training=training).logits
 
 
-def best_seconds(function, repeats):
-    function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
+def interleaved_seconds(functions, repeats):
+    """{name: [seconds of each round]}: every function once untimed, then `repeats` rounds that
+    call each function in turn."""
+    for function in functions.values():
         function()
-        times.append(time.perf_counter() - started)
-    return min(times)
+    seconds = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            started = time.perf_counter()
+            function()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
 
 
-def train_tokens_per_second(model, tokens, steps, repeats):
+def compare(work, ours_seconds, theirs_seconds):
+    """Tokens/s (best and median round) of both sides doing `work` tokens, and their ratios."""
+    row = {}
+    for side, seconds in (("lmstack", ours_seconds), ("transformers", theirs_seconds)):
+        row[side + "_tokens_per_s"] = work / min(seconds)
+        row[side + "_median_tokens_per_s"] = work / statistics.median(seconds)
+    row["ratio"] = row["lmstack_tokens_per_s"] / row["transformers_tokens_per_s"]
+    row["median_ratio"] = row["lmstack_median_tokens_per_s"] / row["transformers_median_tokens_per_s"]
+    return row
+
+
+def train_steps(model, tokens, steps, jit_compile):
+    """A callable running `steps` train steps on `tokens` (the batch, one token longer than the sequence)."""
     optimizer = AdamW(model.trainable_variables, lambda step: 1e-4)
-    step = get_strategy("single").setup().build_train_step(model, optimizer, token_loss(tf), grad_clip=1.0)
+    step = get_strategy("single").setup().build_train_step(model, optimizer, token_loss(tf), grad_clip=1.0,
+                                                           jit_compile=jit_compile)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
 
     def run():
         for _ in range(steps):
             float(step(inputs, labels)["loss"])
-    return steps * int(np.prod(inputs.shape)) / best_seconds(run, repeats)
+    return run
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="bench/hf_compare.py", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="gpt-125m")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt-tokens", type=int, default=8)
     parser.add_argument("--train-batch", type=int, default=4)
     parser.add_argument("--train-seq-len", type=int, default=256)
-    parser.add_argument("--train-steps", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--train-steps", type=int, default=2, help="train steps per timed round")
+    parser.add_argument("--train-xla", nargs="+", choices=["off", "on"], default=["off", "on"])
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     from transformers import TFGPT2LMHeadModel, __version__ as transformers_version
 
@@ -101,31 +124,33 @@ def main(argv=None):
     theirs.generation_config.eos_token_id = None
     rng = np.random.default_rng(0)
     report = {"preset": args.preset, "tf": tf.__version__, "transformers": transformers_version,
-              "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "generation": {}}
+              "cpu_threads": os.cpu_count(), "repeats": args.repeats, "new_tokens": args.new_tokens,
+              "prompt_tokens": args.prompt_tokens, "generation": {}}
     for batch in args.batch_sizes:
         prompts = rng.integers(0, config.vocab_size, [batch, args.prompt_tokens]).astype(np.int32)
-        ours_s = best_seconds(lambda: generate_tokens(ours, config, prompts.tolist(), args.new_tokens,
-                                                      temperature=0.0), args.repeats)
-        theirs_s = best_seconds(lambda: theirs.generate(tf.constant(prompts), max_new_tokens=args.new_tokens,
-                                                        min_new_tokens=args.new_tokens, do_sample=False,
-                                                        use_cache=True, pad_token_id=0), args.repeats)
-        new = batch * args.new_tokens
-        report["generation"]["batch_%d" % batch] = {
-            "lmstack_tokens_per_s": new / ours_s, "transformers_tokens_per_s": new / theirs_s,
-            "ratio": theirs_s / ours_s}
+        seconds = interleaved_seconds({
+            "ours": lambda: generate_tokens(ours, config, prompts.tolist(), args.new_tokens, temperature=0.0),
+            "theirs": lambda: theirs.generate(tf.constant(prompts), max_new_tokens=args.new_tokens,
+                                              min_new_tokens=args.new_tokens, do_sample=False, use_cache=True,
+                                              pad_token_id=0)}, args.repeats)
+        report["generation"]["batch_%d" % batch] = compare(batch * args.new_tokens, seconds["ours"], seconds["theirs"])
     tokens = tf.constant(rng.integers(0, config.vocab_size, [args.train_batch, args.train_seq_len + 1]), tf.int32)
-    ours_train = train_tokens_per_second(ours, tokens, args.train_steps, args.repeats)
-    theirs_train = train_tokens_per_second(LogitsOf(theirs), tokens, args.train_steps, args.repeats)
-    report["training"] = {"batch": args.train_batch, "seq_len": args.train_seq_len,
-                          "lmstack_tokens_per_s": ours_train, "transformers_tokens_per_s": theirs_train,
-                          "ratio": ours_train / theirs_train}
-    print("%-22s %14s %14s %8s" % ("measure", "lmstack tok/s", "transformers", "ratio"))
-    for name, row in sorted(report["generation"].items()):
-        print("%-22s %14.1f %14.1f %8.2f" % ("generate " + name, row["lmstack_tokens_per_s"],
-                                             row["transformers_tokens_per_s"], row["ratio"]))
-    row = report["training"]
-    print("%-22s %14.1f %14.1f %8.2f" % ("train step", row["lmstack_tokens_per_s"],
-                                         row["transformers_tokens_per_s"], row["ratio"]))
+    report["training"] = {}
+    for xla in args.train_xla:
+        seconds = interleaved_seconds({
+            "ours": train_steps(ours, tokens, args.train_steps, xla == "on"),
+            "theirs": train_steps(LogitsOf(theirs), tokens, args.train_steps, xla == "on")}, args.repeats)
+        row = {"batch": args.train_batch, "seq_len": args.train_seq_len, "xla": xla == "on"}
+        row.update(compare(args.train_steps * args.train_batch * args.train_seq_len, seconds["ours"],
+                           seconds["theirs"]))
+        report["training"]["xla_" + xla] = row
+    print("%-24s %24s %24s %13s" % ("measure", "lmstack tok/s best/med", "transformers best/med", "ratio best/med"))
+    rows = [("generate " + name, row) for name, row in sorted(report["generation"].items())]
+    rows += [("train step, XLA " + xla, report["training"]["xla_" + xla]) for xla in args.train_xla]
+    for name, row in rows:
+        print("%-24s %12.1f %11.1f %12.1f %11.1f %6.2f %6.2f" % (
+            name, row["lmstack_tokens_per_s"], row["lmstack_median_tokens_per_s"], row["transformers_tokens_per_s"],
+            row["transformers_median_tokens_per_s"], row["ratio"], row["median_ratio"]))
     publish("hf_compare", report)
     return report
 

@@ -47,9 +47,19 @@ def _sub_seed(seed, index):
     return None if seed is None else seed + tf.constant([0, index], seed.dtype)
 
 
+def _matmul_last(x, matrix, transpose_b=False):
+    """x [..., in] @ matrix as one 2-D MatMul: its gradients are MatMuls with transposed operands,
+    where einsum's gradients copy transposes of their [tokens, out] operand first."""
+    inner = matrix.shape[1] if transpose_b else matrix.shape[0]
+    outer = matrix.shape[0] if transpose_b else matrix.shape[1]
+    y = tf.matmul(tf.reshape(x, [-1, inner]), tf.cast(matrix, x.dtype), transpose_b=transpose_b)
+    return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [outer]], axis=0))
+
+
 def _dense(x, kernel, bias=None):
-    y = tf.einsum("bsi,io->bso", x, tf.cast(kernel, x.dtype))
-    return y if bias is None else y + tf.cast(bias, x.dtype)
+    """x [..., in] @ kernel [in, out] + bias (BiasAdd: its gradient is one reduction)."""
+    y = _matmul_last(x, kernel)
+    return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, x.dtype))
 
 
 class Embedding(keras.layers.Layer):
@@ -73,7 +83,7 @@ class Embedding(keras.layers.Layer):
         return tf.gather(self.token_table, tokens) + tf.gather(self.position_table, positions)
 
     def project(self, x):
-        return tf.einsum("bsd,vd->bsv", x, tf.cast(self.token_table, x.dtype))
+        return _matmul_last(x, self.token_table, transpose_b=True)
 
     def get_config(self):
         config = super().get_config()
@@ -108,9 +118,9 @@ class CausalSelfAttention(keras.layers.Layer):
         return q * tf.cast(1.0 / math.sqrt(self.head_dim), q.dtype), k, v
 
     def attend(self, q, k, v, bias, seed=None):
-        scores = tf.cast(tf.einsum("bhqd,bhkd->bhqk", q, k), tf.float32) + bias
+        scores = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) + bias
         probs = dropout(tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype), self.dropout_rate, seed)
-        y = tf.einsum("bhqk,bhkd->bqhd", probs, v)
+        y = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])
         y = tf.reshape(y, [tf.shape(y)[0], tf.shape(y)[1], self.n_head * self.head_dim])
         return _dense(y, self.output_kernel, self.output_bias)
 
