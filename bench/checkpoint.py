@@ -1,37 +1,38 @@
-"""How long a checkpoint save stalls training: background write against a synchronous one.
+"""How long a checkpoint save stalls training: lm.checkpoint's paced writer against the unpaced one.
 
     python bench/checkpoint.py [--layers 4] [--d-model 512] [--heads 8] [--seq-len 128] [--batch 4]
-                               [--vocab 8192] [--steps 12] [--save-every 4] [--repeats 3]
-                               [--interval-minutes 15]
+                               [--vocab 8192] [--saves 5] [--alone 3] [--noise-steps 12]
+                               [--interval-minutes 15] [--directory DIR]
 
-In one process, the `lm.distributed.single` train step (AdamW, clipping) runs `--steps` steps
-three ways, in turn, `--repeats` times (medians reported, so a busy machine slows all alike):
+In one process the `lm.distributed.single` train step (AdamW, clipping) runs episodes of each
+mode in turn, `--saves` rounds, the order rotated every round (a busy machine slows all alike):
 
-- `none`: no checkpoint: the step time;
-- `sync`: `lm.checkpoint.Checkpointer(background=False).save` every `--save-every` steps, the
-  write (.npz, fsync, rename) on the training thread;
-- `background-copy`: the snapshot lm.checkpoint took before: the training thread copies every
-  variable to host memory (`np.array(variable.numpy())`), a thread writes while the next steps
-  run;
-- `background`: lm.checkpoint's snapshot: one tf.function reads every variable (no copy; the
-  next step's updates copy on write), a thread moves the tensors to host memory and writes.
+- `none`: no checkpoint. Its "stall" is the estimator below applied to `--noise-steps` steps
+  without any write: the noise floor of this machine;
+- `sync`: `lm.checkpoint.Checkpointer(background=False)`: the write on the training thread;
+- `unpaced`: the reference, lm.checkpoint's background writer as it was before pacing
+  (`writer_share=1`: lowest priority, full speed);
+- `paced`: lm.checkpoint's default: the writer sleeps so that it takes at most 2 % of one core
+  while no core is idle.
 
-The stall of one save is the time the save call blocks (after the previous write ended, as
-it has at lm.train's minutes-long cadence) plus, for each step that runs while
-the background write is in flight, its time beyond the median of the steps that ran alone
-(what the writer thread takes from training: CPU cores, memory bandwidth). It is reported
-per save, as a fraction of one step, and spread over one time-based checkpoint interval
-(`--interval-minutes`, lm.train's `checkpoint_minutes`): the share of training time the
-periodic checkpoints cost. The target: a save stalls training by at most 2 % of one step.
-Also reported: the first save's call (it reads eagerly while the read function is traced)
-and the CPU time of each write on its own thread. Prints a table and JSON; writes
-bench/results/checkpoint.json.
+An episode: `--alone` steps without a write, one save (its call timed), then steps until the
+write is on disk. The stall of a save is its call plus, for each step that ran while the write
+was in flight, its time beyond the median of the round's steps without a write (what the writer
+takes from training: CPU cores, memory bandwidth). Reported per save (seconds, and as a share of
+one step), per step while a write runs (the share of each step the write takes), and over one
+`--interval-minutes` time-based checkpoint interval (lm.train's `checkpoint_minutes`). Also the
+CPU time of the writer thread per save and the training's own extra CPU time per save (copies on
+write, cache misses), measured with thread CPU clocks, which the machine's other load disturbs
+less than wall times. The spread of the steps without a write (10th to 90th percentile) and the
+standard error of the per-step figure say whether 2 % is within this machine's noise.
+Prints a table and JSON; writes bench/results/checkpoint.json.
 """
 import argparse
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -50,66 +51,73 @@ from lm.optim import AdamW, learning_rate_at  # noqa: E402
 from lm.train import token_loss  # noqa: E402
 
 TARGET_FRACTION_OF_STEP = 0.02
-MODES = ("none", "sync", "background-copy", "background")
+MODES = ("none", "sync", "unpaced", "paced")
 
 
-class TimedWrites:
-    """Records the CPU time each write takes on its own thread: what it can take from training."""
+class Saver:
+    """A Checkpointer and the CPU clock of its writer thread (0 for a synchronous one)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.write_cpu_s = []
+    def __init__(self, mode, directory):
+        background = mode != "sync"
+        self.files = checkpoint.Checkpointer(directory, background=background,
+                                             writer_share=1.0 if mode == "unpaced" else checkpoint.WRITER_SHARE)
+        self._clock = None
+        if background:
+            writer_thread = self.files._writer.submit(threading.get_ident).result()
+            self._clock = time.pthread_getcpuclockid(writer_thread)
 
-    def _write(self, *args):
-        started = time.thread_time()
-        try:
-            return super()._write(*args)
-        finally:
-            self.write_cpu_s.append(time.thread_time() - started)
-
-
-class Checkpointer(TimedWrites, checkpoint.Checkpointer):
-    pass
+    def writer_cpu(self):
+        return time.clock_gettime(self._clock) if self._clock is not None else 0.0
 
 
-class CopyingCheckpointer(TimedWrites, checkpoint.Checkpointer):
-    """lm.checkpoint's earlier snapshot: a host copy of every variable, made on the training thread."""
-
-    def _snapshot(self, variables):
-        return [np.array(variable.numpy()) for variable in variables]
-
-
-def make_saver(mode, directory):
-    if mode == "none":
-        return None
-    if mode == "background-copy":
-        return CopyingCheckpointer(directory)
-    return Checkpointer(directory, background=mode == "background")
+def timed_step(step, inputs, labels, saver):
+    """(wall seconds, training CPU seconds, writer CPU seconds) of one step."""
+    writer_before, cpu_before, started = saver.writer_cpu() if saver else 0.0, time.process_time(), time.perf_counter()
+    float(step(inputs, labels)["loss"])
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_before
+    writer = (saver.writer_cpu() - writer_before) if saver else 0.0
+    return wall, cpu - writer, writer
 
 
-def run(saver, step, state, tokens, steps, save_every):
-    """This saver's stall per save: the save calls plus, for each step that ran beside a
-    background write, its time beyond the median of the steps that ran alone."""
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    alone, beside, calls = [], [], []
-    for index in range(1, steps + 1):
-        writing = saver is not None and saver.writing()
-        started = time.perf_counter()
-        float(step(inputs, labels)["loss"])
-        (beside if writing else alone).append(time.perf_counter() - started)
-        if saver and index % save_every == 0 and index < steps:
-            # Saves come minutes apart in training, long after the last write ended; here they
-            # come --save-every steps apart, so the previous write is waited for untimed.
-            saver.wait()
-            started = time.perf_counter()
-            saver.save(index, state, {"bench": True})
-            calls.append(time.perf_counter() - started)
-    if saver:
-        saver.wait()
-    step_seconds = statistics.median(alone)
-    stall = (sum(calls) + sum(max(0.0, seconds - step_seconds) for seconds in beside)) / len(calls) if calls else 0.0
-    return {"seconds_per_step": step_seconds, "stall_per_save_s": stall,
-            "save_call_s": statistics.median(calls) if calls else 0.0, "steps_beside_a_write": len(beside)}
+def episode(mode, saver, step, state, inputs, labels, alone_steps, noise_steps, index):
+    """Steps without a write, then one save and the steps that run until it is on disk."""
+    alone = [timed_step(step, inputs, labels, saver) for _ in range(alone_steps)]
+    if saver is None:
+        return {"alone": alone, "call": 0.0, "beside": [timed_step(step, inputs, labels, None)
+                                                       for _ in range(noise_steps)], "write_wall": 0.0}
+    writer_before, call_cpu, started = saver.writer_cpu(), time.thread_time(), time.perf_counter()
+    saver.files.save(index, state, {"bench": True})
+    call, call_cpu = time.perf_counter() - started, time.thread_time() - call_cpu
+    beside = []
+    while saver.files.writing():
+        beside.append(timed_step(step, inputs, labels, saver))
+    write_wall = time.perf_counter() - started
+    saver.files.wait()
+    return {"alone": alone, "call": call, "beside": beside, "write_wall": write_wall,
+            "writer_cpu": saver.writer_cpu() - writer_before + (call_cpu if mode == "sync" else 0.0)}
+
+
+def summarize(mode, episodes, baselines):
+    """Per save and per step figures of one mode; `baselines[i]`: (wall, training CPU) medians of round i."""
+    stalls, per_step, training_cpu, beside_count = [], [], [], []
+    for (wall_base, cpu_base), row in zip(baselines, episodes):
+        excess = [wall - wall_base for wall, _, _ in row["beside"]]
+        stalls.append(row["call"] + sum(excess))
+        per_step.extend(value / wall_base for value in excess)
+        training_cpu.append(sum(cpu - cpu_base for _, cpu, _ in row["beside"]))
+        beside_count.append(len(row["beside"]))
+    result = {"stall_per_save_s": statistics.median(stalls), "stall_per_save_all_s": stalls,
+              "save_call_s": statistics.median(row["call"] for row in episodes),
+              "steps_beside_a_write": statistics.median(beside_count),
+              "training_extra_cpu_per_save_s": statistics.median(training_cpu)}
+    if per_step:
+        result["stall_fraction_per_step_while_writing"] = statistics.mean(per_step)
+        result["per_step_standard_error"] = (statistics.stdev(per_step) / len(per_step) ** 0.5
+                                            if len(per_step) > 1 else None)
+    if mode != "none":
+        result["write_wall_s"] = statistics.median(row["write_wall"] for row in episodes)
+        result["writer_cpu_per_save_s"] = statistics.median(row["writer_cpu"] for row in episodes)
+    return result
 
 
 def main(argv=None):
@@ -120,9 +128,9 @@ def main(argv=None):
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--save-every", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--saves", type=int, default=5, help="rounds; each mode saves once per round")
+    parser.add_argument("--alone", type=int, default=3, help="steps without a write before each save")
+    parser.add_argument("--noise-steps", type=int, default=12, help="steps of the `none` mode's estimate")
     parser.add_argument("--interval-minutes", type=float, default=15.0)
     parser.add_argument("--directory", help="where checkpoints are written (default: a temporary directory)")
     args = parser.parse_args(argv)
@@ -136,55 +144,73 @@ def main(argv=None):
     state = list(model.weights) + optimizer.variables
     state_bytes = sum(int(variable.shape.num_elements()) * variable.dtype.size for variable in state)
     tokens = tf.random.uniform([args.batch, args.seq_len + 1], maxval=args.vocab, dtype=tf.int32, seed=1)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
 
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=args.directory) as directory:
-        run(None, step, state, tokens, 2, args.save_every)  # trace and warm up
-        savers = {mode: make_saver(mode, os.path.join(directory, mode)) for mode in MODES}
-        # A process's first save also traces lm.checkpoint's read function: once, reported apart.
+        for _ in range(2):  # trace and warm up
+            timed_step(step, inputs, labels, None)
+        savers = {mode: Saver(mode, os.path.join(directory, mode)) if mode != "none" else None for mode in MODES}
         first_call = {}
-        for mode, saver in savers.items():
+        for mode, saver in savers.items():  # a process's first save also traces the read function
             if saver:
                 started = time.perf_counter()
-                saver.save(0, state, {"bench": True})
+                saver.files.save(0, state, {"bench": True})
                 first_call[mode] = time.perf_counter() - started
-                saver.wait()
-        measured = {mode: [] for mode in MODES}
-        for repeat in range(args.repeats):
+                saver.files.wait()
+        episodes = {mode: [] for mode in MODES}
+        baselines = []
+        for round_index in range(args.saves):
+            order = MODES[round_index % len(MODES):] + MODES[:round_index % len(MODES)]
+            rows = {mode: episode(mode, savers[mode], step, state, inputs, labels, args.alone, args.noise_steps,
+                                  round_index + 1) for mode in order}
+            alone = [sample for row in rows.values() for sample in row["alone"]]
+            baselines.append((statistics.median(wall for wall, _, _ in alone),
+                              statistics.median(cpu for _, cpu, _ in alone)))
             for mode in MODES:
-                measured[mode].append(run(savers[mode], step, state, tokens, args.steps, args.save_every))
+                episodes[mode].append(rows[mode])
 
-    step_seconds = statistics.median(row["seconds_per_step"] for row in measured["none"])
+    alone_walls = [wall for mode in MODES for row in episodes[mode] for wall, _, _ in row["alone"]]
+    step_seconds = statistics.median(alone_walls)
     interval = args.interval_minutes * 60
-    results = {"none": {"seconds_per_step": step_seconds}}
-    for mode in MODES[1:]:
-        row = {name: statistics.median(run_row[name] for run_row in measured[mode])
-               for name in ("stall_per_save_s", "save_call_s", "steps_beside_a_write")}
-        row.update(first_save_call_s=first_call[mode], write_cpu_s=statistics.median(savers[mode].write_cpu_s),
-                   stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
+    results = {}
+    for mode in MODES:
+        row = summarize(mode, episodes[mode], baselines)
+        row.update(stall_fraction_of_step=row["stall_per_save_s"] / step_seconds,
                    stall_fraction_per_interval=row["stall_per_save_s"] / interval)
+        if mode in first_call:
+            row["first_save_call_s"] = first_call[mode]
         results[mode] = row
+    spread = [float(np.percentile(alone_walls, 10)), float(np.percentile(alone_walls, 90))]
     report = {
         "tensorflow": ".".join(map(str, TF_VERSION)), "cpu_threads": os.cpu_count(),
         "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
         "gpus": len(tf.config.list_physical_devices("GPU")),
         "shape": {"layers": args.layers, "d_model": args.d_model, "heads": args.heads, "seq_len": args.seq_len,
                   "batch": args.batch, "vocab": args.vocab, "params": parameter_count(config)},
-        "state_bytes": state_bytes, "steps": args.steps, "save_every": args.save_every,
-        "interval_minutes": args.interval_minutes, "results": results,
-        "target_fraction_of_step": TARGET_FRACTION_OF_STEP,
+        "state_bytes": state_bytes, "saves": args.saves, "interval_minutes": args.interval_minutes,
+        "writer_share": checkpoint.WRITER_SHARE,
+        "step_without_a_write": {"median_s": step_seconds, "p10_p90_s": spread, "samples": len(alone_walls),
+                                 "round_medians_s": [wall for wall, _ in baselines]},
+        "results": results, "target_fraction_of_step": TARGET_FRACTION_OF_STEP,
     }
-    print("state %.1f MB, step %.3f s, load average %.1f -> %.1f on %d CPUs"
-          % (state_bytes / 1e6, step_seconds, load_before, os.getloadavg()[0], os.cpu_count()))
-    print("%-15s %15s %9s %12s %20s %15s %14s" % ("write", "stall/save (s)", "call (s)", "of one step",
-                                                "per %g-min interval" % args.interval_minutes, "first call (s)",
-                                                "write CPU (s)"))
-    for mode in MODES[1:]:
-        row = results[mode]
-        print("%-15s %15.3f %9.3f %11.1f %% %19.4f %% %15.3f %14.3f" % (
-            mode, row["stall_per_save_s"], row["save_call_s"], 100 * row["stall_fraction_of_step"],
-            100 * row["stall_fraction_per_interval"], row["first_save_call_s"], row["write_cpu_s"]))
     publish("checkpoint", report)
+    print("state %.1f MB; step without a write %.3f s (p10-p90 %.3f-%.3f, %d steps); load average %.1f -> %.1f "
+          "on %d CPUs" % (state_bytes / 1e6, step_seconds, spread[0], spread[1], len(alone_walls), load_before,
+                          os.getloadavg()[0], os.cpu_count()))
+    print("%-8s %10s %9s %16s %8s %10s %9s %12s %14s %14s" % (
+        "write", "stall/save", "of a step", "per step writing", "steps", "write wall", "call", "writer CPU",
+        "training CPU+", "per %g min" % args.interval_minutes))
+    for mode in MODES:
+        row = results[mode]
+        per_step = row.get("stall_fraction_per_step_while_writing")
+        error = row.get("per_step_standard_error")
+        print("%-8s %9.3fs %8.1f%% %16s %8g %9.2fs %8.3fs %11.3fs %13.3fs %13.4f%%" % (
+            mode, row["stall_per_save_s"], 100 * row["stall_fraction_of_step"],
+            "-" if per_step is None else "%.1f%% +- %.1f%%" % (100 * per_step, 100 * (error or 0.0)),
+            row["steps_beside_a_write"], row.get("write_wall_s", 0.0), row["save_call_s"],
+            row.get("writer_cpu_per_save_s", 0.0), row["training_extra_cpu_per_save_s"],
+            100 * row["stall_fraction_per_interval"]))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""lm.checkpoint: atomic files, newest complete one wins, mismatches are named."""
+"""lm.checkpoint: atomic files, newest complete one wins, mismatches and damage are named, the
+background writer is paced while no core is idle and on disk after wait()."""
 import os
+import signal
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -54,6 +58,147 @@ def test_shape_or_count_mismatch_names_the_file(tmp_path):
         handle.write(b"not a zip")
     with pytest.raises(checkpoint.CheckpointError, match="ckpt-00000002.npz: not a readable checkpoint"):
         checkpoint.restore(broken, variables())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit flipped in the data", "no metadata"])
+def test_a_damaged_file_is_refused_with_its_name(tmp_path, damage):
+    state = [tf.Variable(np.arange(50000, dtype=np.float32)), tf.Variable(np.int64(3))]
+    path = checkpoint.Checkpointer(str(tmp_path), background=False).save(1, state, {})
+    data = bytearray(open(path, "rb").read())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "bit flipped in the data":
+        data[len(data) // 3] ^= 0x10  # inside v00000's array: only its CRC-32 tells
+    else:
+        data = data.replace(b"__meta__.npy", b"__xxxx__.npy")
+    with open(path, "wb") as handle:
+        handle.write(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="ckpt-00000001.npz: not a readable checkpoint"):
+        checkpoint.restore(path, state)
+    np.testing.assert_array_equal(state[0].numpy(), np.arange(50000, dtype=np.float32))  # nothing assigned
+    if damage != "bit flipped in the data":  # read_meta reads only the metadata member
+        with pytest.raises(checkpoint.CheckpointError, match="ckpt-00000001.npz: not a readable checkpoint"):
+            checkpoint.read_meta(path)
+
+
+KILLED_WRITER = """
+import os, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from lm import checkpoint
+
+checkpoint.CHUNK_BYTES = 4096
+saver = checkpoint.Checkpointer(sys.argv[1])
+saver._write(1, [np.zeros(10000, np.float32)], {"shapes": [[10000]]}, lambda: None)
+
+def hold_after_first_chunk():
+    print("writing", flush=True)
+    time.sleep(600)
+
+saver._write(2, [np.ones(10000, np.float32)], {"shapes": [[10000]]}, hold_after_first_chunk)
+"""
+
+
+def test_a_process_killed_mid_write_leaves_no_file_with_the_final_name(tmp_path):
+    # The writer's own code (Checkpointer._write, as the writer thread runs it), SIGKILLed after
+    # its first 4 KB of step 2: only the temporary file exists, and step 1 is the newest.
+    training_image = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint.__file__)))
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path), training_image],
+                              stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline() == b"writing\n"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    names = sorted(os.listdir(str(tmp_path)))
+    assert names[0] == "ckpt-00000001.npz" and names[1].startswith("ckpt-00000002.npz.tmp-") and len(names) == 2
+    saver = checkpoint.Checkpointer(str(tmp_path))
+    assert saver.steps() == [1]
+    fresh = [tf.Variable(np.full(10000, 7, np.float32))]
+    checkpoint.restore(saver.latest(), fresh)
+    np.testing.assert_array_equal(fresh[0].numpy(), np.zeros(10000, np.float32))
+
+
+class RecordedWaits:
+    """A stand-in for the pacer's threading.Event: records how long it was asked to wait."""
+
+    def __init__(self, is_set=False):
+        self.waits, self._set = [], is_set
+
+    def is_set(self):
+        return self._set
+
+    def wait(self, seconds):
+        self.waits.append(seconds)
+
+
+def test_the_pacer_sleeps_so_the_writer_uses_its_share_only_while_no_core_is_idle():
+    cpu = [10.0]
+    idle = [0.4]
+    hurry = RecordedWaits()
+    pacer = checkpoint.Pacer(0.02, hurry, lambda: idle[0], cpu_clock=lambda: cpu[0])
+    cpu[0] += 0.01  # a chunk took 10 ms of the writer's CPU, no core idle: wait 490 ms (2 % duty)
+    pacer.chunk_done()
+    idle[0] = 1.5  # a whole core idle: the next chunk goes on at once
+    cpu[0] += 0.01
+    pacer.chunk_done()
+    idle[0] = 0.0
+    cpu[0] += 0.002
+    pacer.chunk_done()
+    assert hurry.waits == pytest.approx([0.49, 0.098])
+    hurried = RecordedWaits(is_set=True)  # wait() was called: no more pauses
+    pacer = checkpoint.Pacer(0.02, hurried, lambda: 0.0, cpu_clock=lambda: cpu[0])
+    cpu[0] += 0.01
+    pacer.chunk_done()
+    unpaced = RecordedWaits()
+    pacer = checkpoint.Pacer(1.0, unpaced, lambda: 0.0, cpu_clock=lambda: cpu[0])
+    cpu[0] += 0.01
+    pacer.chunk_done()
+    assert hurried.waits == unpaced.waits == []
+
+
+def test_idle_cores_come_from_proc_stat_over_a_window(tmp_path):
+    stat = tmp_path / "stat"
+    now = [0.0]
+
+    def counters(user, idle, iowait):  # user nice system idle iowait irq softirq steal guest guest_nice
+        stat.write_text("cpu  %d 0 0 %d %d 0 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0 0 0\n" % (user, idle, iowait))
+
+    counters(100, 100, 0)
+    idle_cores = checkpoint.IdleCores(window=0.25, path=str(stat), clock=lambda: now[0], cores=4)
+    assert idle_cores() == 0.0  # no window yet: taken as busy
+    counters(250, 140, 10)  # 200 ticks: 150 busy, 50 idle (iowait is idle) -> 1 of 4 cores idle
+    now[0] = 0.1
+    assert idle_cores() == 0.0  # still inside the window
+    now[0] = 0.3
+    assert idle_cores() == pytest.approx(1.0)
+    counters(250, 340, 10)  # all 200 ticks idle
+    now[0] = 0.6
+    assert idle_cores() == pytest.approx(4.0)
+    unreadable = checkpoint.IdleCores(window=0.25, path=str(tmp_path / "missing"), clock=lambda: now[0], cores=4)
+    now[0] = 1.0
+    assert unreadable() == 0.0
+
+
+def test_a_paced_background_write_is_on_disk_after_wait(tmp_path):
+    # A share this small would pace the write for hours; wait() ends the pacing and returns
+    # once the file is complete under its final name.
+    saver = checkpoint.Checkpointer(str(tmp_path), writer_share=1e-6)
+    saver._idle_cores = lambda: 0.0  # no core idle: every chunk is paced
+    state = [tf.Variable(np.arange(3 * checkpoint.CHUNK_BYTES // 4, dtype=np.float32)), tf.Variable(np.int64(3))]
+    path = saver.save(9, state, {"note": "paced"})
+    assert saver.writing()
+    saver.wait()
+    assert not saver.writing() and sorted(os.listdir(str(tmp_path))) == ["ckpt-00000009.npz"]
+    fresh = [tf.Variable(np.zeros_like(state[0].numpy())), tf.Variable(np.int64(0))]
+    assert checkpoint.restore(path, fresh)["note"] == "paced"
+    np.testing.assert_array_equal(fresh[0].numpy(), state[0].numpy())
+
+
+def test_writer_share_outside_0_to_1_is_refused(tmp_path):
+    for share in (0, 1.5):
+        with pytest.raises(ValueError, match="writer_share must be in \\(0, 1\\].*%r" % share):
+            checkpoint.Checkpointer(str(tmp_path), writer_share=share)
 
 
 def test_background_save_snapshots_the_values_at_the_call(tmp_path):

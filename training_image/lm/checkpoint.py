@@ -17,8 +17,18 @@ moments just swaps buffers). A background thread then moves the tensors to host 
 GPU, device-to-host copies off the training thread; on a CPU, views) and lets the tensors go,
 then writes the .npz without another copy, syncs, renames and prunes while the next steps run.
 The price: until the copies to host are done the device holds the snapshot's buffers besides
-the live ones (at most one more copy of the state). `bench/checkpoint.py` measures the stall
-against the earlier snapshot (a host copy of every variable on the training thread).
+the live ones (at most one more copy of the state).
+
+What the write costs training is its CPU time (the zip's CRC-32, the copy into the page cache,
+the sync: about 0.15 s per 200 MB) wherever no core is idle for it, as on a CPU host whose
+steps use every core. So the writer runs at the lowest priority and is paced (`Pacer`): it writes
+8 MB at a time and, while fewer than one core of the machine is idle (`IdleCores`, from
+/proc/stat), sleeps after each piece so that it uses at most `writer_share` (2 %) of one core,
+so that no step loses more than about 2 % of its time; the file lands over several steps
+(about 50 times its CPU time). Where a core is idle (a GPU host: the step runs on the GPU)
+it writes at full speed. `wait()` ends the pacing: its caller trains no more until the file is
+on disk. `bench/checkpoint.py` measures the stall per step and per save against the unpaced
+writer.
 
 On SageMaker a spot interruption or a stop cannot be counted on to reach the training
 processes (the toolkit does not forward SIGTERM; MPI workers are killed without a save), so
@@ -43,6 +53,9 @@ PATTERN = re.compile(r"^ckpt-(\d{8})(.*)\.npz$")
 META_KEY = "__meta__"
 # Replica indices below this share no dropout key (the key is step * REPLICA_STRIDE + replica).
 REPLICA_STRIDE = 1 << 20
+# While no core is idle, the writer thread uses at most this share of one core (see the module doc).
+WRITER_SHARE = 0.02
+CHUNK_BYTES = 8 << 20
 
 
 class CheckpointError(ValueError):
@@ -57,15 +70,20 @@ class Checkpointer:
     """Saves and finds checkpoints in `directory`; `tag` separates ranks that hold different variables.
 
     With `background` (the default) `save` returns once it holds a snapshot of the values and
-    one thread writes the file; `wait()` returns when it is on disk (and raises what the write
-    raised). A save while the previous write still runs waits for it first.
+    one thread writes the file, paced to `writer_share` of one core while no core is idle
+    (1: not paced); `wait()` ends the pacing and returns when the file is on disk (and raises
+    what the write raised). A save while the previous write still runs waits for it first.
     """
 
-    def __init__(self, directory, tag="", keep=2, background=True):
-        self.directory, self.tag, self.keep = directory, tag, keep
+    def __init__(self, directory, tag="", keep=2, background=True, writer_share=WRITER_SHARE):
+        if not 0 < writer_share <= 1:
+            raise ValueError("writer_share must be in (0, 1] (a share of one core), got %r" % (writer_share,))
+        self.directory, self.tag, self.keep, self.writer_share = directory, tag, keep, writer_share
         self._writer = concurrent.futures.ThreadPoolExecutor(1, initializer=_yield_to_training) if background else None
         self._pending = None
+        self._hurry = threading.Event()
         self._reader = (None, None)
+        self._idle_cores = IdleCores() if background and writer_share < 1 else None
 
     def steps(self):
         """Steps of the complete checkpoints with this tag, oldest first (after the pending write)."""
@@ -95,8 +113,10 @@ class Checkpointer:
         values = self._snapshot(variables)
         meta = dict(meta, step=step, shapes=[list(variable.shape) for variable in variables])
         if self._writer is None:
-            return self._write(step, values, meta)
-        self._pending = self._writer.submit(self._write, step, values, meta)
+            return self._write(step, values, meta, lambda: None)
+        self._hurry = threading.Event()
+        pacer = Pacer(self.writer_share, self._hurry, self._idle_cores) if self._idle_cores else None
+        self._pending = self._writer.submit(self._write, step, values, meta, pacer.chunk_done if pacer else lambda: None)
         return self.path(step)
 
     def _snapshot(self, variables):
@@ -120,12 +140,13 @@ class Checkpointer:
         return self._pending is not None and not self._pending.done()
 
     def wait(self):
-        """Block until the last save is on disk; re-raises its error."""
+        """Block until the last save is on disk (written at full speed from now on); re-raises its error."""
         pending, self._pending = self._pending, None
         if pending is not None:
+            self._hurry.set()
             pending.result()
 
-    def _write(self, step, values, meta):
+    def _write(self, step, values, meta, chunk_done):
         os.makedirs(self.directory, exist_ok=True)
         path = self.path(step)
         tmp = "%s.tmp-%d" % (path, os.getpid())
@@ -134,7 +155,7 @@ class Checkpointer:
         arrays = [np.asarray(value) for value in values]
         del values[:]
         with open(tmp, "wb") as handle:
-            write_npz(handle, arrays, json.dumps(meta, sort_keys=True).encode("utf-8"))
+            write_npz(handle, arrays, json.dumps(meta, sort_keys=True).encode("utf-8"), chunk_done)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -143,19 +164,76 @@ class Checkpointer:
         return path
 
 
-def write_npz(handle, arrays, meta_json):
-    """What `np.savez(handle, v00000=..., __meta__=...)` writes, without its copy of every array."""
+def write_npz(handle, arrays, meta_json, chunk_done=lambda: None):
+    """What `np.savez(handle, v00000=..., __meta__=...)` writes, without its copy of every array;
+    calls `chunk_done()` after every CHUNK_BYTES (or smaller array) written."""
     with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for index, array in enumerate(arrays):
-            _write_npy(archive, "v%05d" % index, array)
-        _write_npy(archive, META_KEY, np.frombuffer(meta_json, np.uint8))
+            _write_npy(archive, "v%05d" % index, array, chunk_done)
+        _write_npy(archive, META_KEY, np.frombuffer(meta_json, np.uint8), chunk_done)
 
 
-def _write_npy(archive, name, array):
+def _write_npy(archive, name, array, chunk_done):
     array = np.require(array, requirements="C")  # not ascontiguousarray: it makes scalars 1-d
     with archive.open(name + ".npy", "w", force_zip64=True) as member:
         np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
-        member.write(array.reshape(-1).view(np.uint8).data)
+        data = array.reshape(-1).view(np.uint8).data
+        for start in range(0, len(data), CHUNK_BYTES):
+            member.write(data[start:start + CHUNK_BYTES])
+            chunk_done()
+
+
+class Pacer:
+    """Keeps a writer thread to `share` of one core while fewer than one core is idle.
+
+    `chunk_done()` after each piece written: unless `idle_cores()` reports a whole core idle or
+    `hurry` (a threading.Event) is set, it waits on `hurry` for as long as makes the CPU time the
+    writer used since the previous piece `share` of the time it took.
+    """
+
+    def __init__(self, share, hurry, idle_cores, cpu_clock=time.thread_time):
+        self.share, self.hurry, self.idle_cores, self._cpu_clock = share, hurry, idle_cores, cpu_clock
+        self._cpu = cpu_clock()
+
+    def chunk_done(self):
+        used = self._cpu_clock() - self._cpu
+        if self.share < 1 and not self.hurry.is_set() and self.idle_cores() < 1:
+            self.hurry.wait(used * (1 - self.share) / self.share)
+        self._cpu = self._cpu_clock()
+
+
+class IdleCores:
+    """How many cores of this machine were idle, from /proc/stat's counters, over the last window of
+    at least `window` seconds (the counters tick every 10 ms). 0 until a window has passed, and
+    where /proc/stat cannot be read (then the writer is always paced)."""
+
+    def __init__(self, window=0.25, path="/proc/stat", clock=time.monotonic, cores=None):
+        self.window, self.path, self._clock = window, path, clock
+        self.cores = cores or os.cpu_count() or 1
+        self.value = 0.0
+        self._since, self._counters = clock(), self._read()
+
+    def _read(self):
+        """(idle ticks, all ticks) summed over the CPUs, or None."""
+        try:
+            with open(self.path) as handle:
+                fields = handle.readline().split()
+            ticks = [int(field) for field in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        except (OSError, ValueError):
+            return None
+        if not fields or fields[0] != "cpu" or len(ticks) < 5:
+            return None
+        return ticks[3] + ticks[4], sum(ticks)
+
+    def __call__(self):
+        now = self._clock()
+        if now - self._since >= self.window:
+            counters = self._read()
+            if counters and self._counters and counters[1] > self._counters[1]:
+                idle, total = (new - old for new, old in zip(counters, self._counters))
+                self.value = self.cores * idle / total
+            self._since, self._counters = now, counters
+        return self.value
 
 
 def _yield_to_training():
@@ -168,18 +246,27 @@ def _yield_to_training():
             pass
 
 
+# What np.load raises on a file that is not a complete checkpoint (a truncated or altered zip,
+# a CRC-32 mismatch, another format, a missing member).
+_UNREADABLE = (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile)
+
+
 def read_meta(path):
-    with np.load(path) as data:
-        return json.loads(bytes(data[META_KEY]).decode("utf-8"))
+    try:
+        with np.load(path) as data:
+            return json.loads(bytes(data[META_KEY]).decode("utf-8"))
+    except _UNREADABLE as error:
+        raise CheckpointError("%s: not a readable checkpoint: %s" % (path, error))
 
 
 def restore(path, variables):
-    """Assign a checkpoint's arrays to `variables` (same order and shapes). Returns its metadata."""
+    """Assign a checkpoint's arrays to `variables` (same order and shapes). Returns its metadata.
+    Every array is read (and its CRC-32 checked) before any variable is assigned."""
     try:
         with np.load(path) as data:
             meta = json.loads(bytes(data[META_KEY]).decode("utf-8"))
             arrays = [data["v%05d" % index] for index in range(len(meta["shapes"]))]
-    except (OSError, KeyError, ValueError) as error:
+    except _UNREADABLE as error:
         raise CheckpointError("%s: not a readable checkpoint: %s" % (path, error))
     if len(arrays) != len(variables):
         raise CheckpointError("%s: holds %d variables, the model being trained has %d (different model?)"
