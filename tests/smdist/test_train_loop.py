@@ -104,6 +104,32 @@ def test_smp_export_of_two_partitions_loads_in_lm_serve_and_equals_one_partition
         ["a b"], max_new_tokens=2, temperature=0.0)
 
 
+def test_smp_two_replicas_with_horovod_train_checkpoint_and_export_like_one_replica(dataset, tmp_path,
+                                                                                    two_partition_run):
+    """FAKE SMP + its fake Horovod under the thread ranks (not AWS's library, not Horovod): 4 ranks of
+    2 partitions with "horovod": true (smd_model_parallel_general: "Must be set to True if hybrid
+    model/data parallelism is used and the data parallelism (DP) framework is Horovod") are 2 replicas, each on half of the global batch, whose
+    gradients hvd.allreduce averages over the dp group ("Ranking Basics"). lm.train ends with the
+    weights of the 1-replica run on the same global batches; only the first replica saves."""
+    out = str(tmp_path)
+    status, output, calls = run_train(dataset, out, "smp", {
+        "SM_HP_MP_PARAMETERS": json.dumps(dict(json.loads(MP), horovod=True)),
+        # The fake's allreduce inside a tf.function holds an inter-op thread per rank.
+        "TF_NUM_INTEROP_THREADS": "4"}, ranks=4, **SMP_RUN)
+    assert status == 0, output
+    assert _trained(output, 4)
+    names = [call["call"] for call in calls]
+    assert names.count("smp.init") == 4 and "hvd.init" not in names
+    # Model, then optimizer state, from dp rank 0 to every replica, once per rank.
+    broadcasts = [(call["details"]["rank"], call["details"]["dp_group"]) for call in calls
+                  if call["call"] == "hvd.broadcast_variables"]
+    assert sorted(broadcasts) == [(0, [0, 2]), (0, [0, 2]), (1, [1, 3]), (1, [1, 3]), (2, [0, 2]), (2, [0, 2]),
+                                  (3, [1, 3]), (3, [1, 3])]
+    saves = sorted({call["details"]["rank"] for call in calls if call["call"] == "smp.CheckpointManager.save"})
+    assert saves == [0, 1]
+    _assert_same_weights(os.path.join(out, "model"), os.path.join(two_partition_run[0], "model"))
+
+
 def test_smp_run_interrupted_in_a_save_resumes_from_the_last_complete_step_and_ends_like_one_run(
         dataset, tmp_path, two_partition_run):
     import shutil

@@ -38,8 +38,12 @@ What the fake emulates, and where it simplifies:
 - `smp.CheckpointManager` saves, on each rank, only the variables that rank holds, in the fake's
   own files (one set per partition under the manager's directory), and `restore()` (only after
   the model is partitioned) reads the newest of this partition's; see the class.
-- With "horovod": true, init() initializes the real Horovod of this process (scripts must
-  never call hvd.init); thread ranks cannot share it, so run_ranks refuses dp_size > 1 there.
+- With "horovod": true, init() initializes Horovod ("smp.init() initializes Horovod"; scripts
+  must never call hvd.init). One process without run_ranks: the real Horovod of the process.
+  Under run_ranks the threads cannot share that one, so run_ranks puts the fake Horovod of
+  fake_horovod.py in sys.modules as `horovod.tensorflow` while it runs: on each rank it spans
+  the rank's dp group (hvd.rank() == dp_rank(), hvd.size() == dp_size()) and its allreduce and
+  broadcast_variables exchange real values with the group's other ranks (see that module).
 """
 import enum
 import functools
@@ -47,6 +51,7 @@ import inspect
 import json
 import os
 import pickle
+import random
 import sys
 import threading
 
@@ -113,7 +118,7 @@ def _state():
     if not hasattr(_local, "state"):
         _local.state = {"initialized": False, "config": None, "in_step": False, "partitioned": False,
                         "world": _process_world["world"], "rank": None, "sequence": {}, "hooks": [],
-                        "created": 0, "partition_stack": [], "owned": set()}
+                        "created": 0, "partition_stack": [], "owned": set(), "horovod": False}
     return _local.state
 
 
@@ -144,10 +149,12 @@ def run_ranks(size, target, *args):
             reset()
 
     threads = [threading.Thread(target=main, args=(rank,), name="fake-smp-rank-%d" % rank) for rank in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    from smdistributed.modelparallel import fake_horovod
+    with fake_horovod.installed():
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     first = next((error for error in errors if error is not None and not isinstance(error, FakeHang)),
                  next((error for error in errors if error is not None), None))
     if first is not None:
@@ -200,13 +207,16 @@ def init():
     if state["size"] % config["partitions"]:
         raise ValueError("%s: %d processes are not a multiple of partitions=%d"
                          % (FAKE, state["size"], config["partitions"]))
-    if world is not None and config["horovod"] and state["size"] > config["partitions"]:
-        raise NotImplementedError("%s: Horovod across thread ranks (dp_size > 1) is not emulated" % FAKE)
     state.update(initialized=True, config=config)
     record("smp.init", mp_parameters=config, rank=state["rank"])
     if config["horovod"]:
-        import horovod.tensorflow as hvd
-        hvd.init()
+        # "smp.init() initializes Horovod": under run_ranks, the fake Horovod of the rank threads
+        # (fake_horovod, spanning this rank's dp group); in one process, the real one.
+        if world is not None:
+            state["horovod"] = True
+        else:
+            import horovod.tensorflow as hvd
+            hvd.init()
 
 
 def _config():
@@ -306,12 +316,17 @@ def _world(call):
 def _exchange(call, group, obj):
     """Every member of `group` contributes `obj`; returns the contributions in member order."""
     members = _members(group)
-    world = _world(call)
+    if _world(call) is None:
+        return [pickle.loads(pickle.dumps(obj))]
+    return exchange_among(_state(), members, tuple(members), call, obj, "smp.%s over %s" % (call, group.name))
+
+
+def exchange_among(state, members, key, call, obj, what):
+    """The rank of `state` (a rank thread's state: this helper may run on another thread) and
+    every other rank in `members` contribute an object to their next exchange on channel `key`;
+    returns the contributions in member order. (Not part of the library: the fake Horovod uses it.)"""
+    world = state["world"]
     payload = pickle.dumps(obj)
-    if world is None:
-        return [pickle.loads(payload)]
-    state = _state()
-    key = tuple(members)
     sequence = state["sequence"].get(key, 0)
     state["sequence"][key] = sequence + 1
     slot_key = (key, sequence)
@@ -320,7 +335,7 @@ def _exchange(call, group, obj):
         slot["values"][state["rank"]] = (call, payload)
         world.lock.notify_all()
         world.wait(lambda: len(slot["values"]) == len(members),
-                   "smp.%s over %s: rank %d waited for ranks %s" % (call, group.name, state["rank"], members))
+                   "%s: rank %d waited for ranks %s" % (what, state["rank"], members))
         calls = {name for name, _ in slot["values"].values()}
         if len(calls) > 1:
             raise RuntimeError("%s: ranks %s made different collective calls %s" % (FAKE, members, sorted(calls)))
@@ -591,7 +606,9 @@ def _place(next_creator, **kwargs):
             # as one process building the whole model.
             world.wait(lambda: (group, index - 1) in world.placed or index == 0,
                        "creating variable %d on rank %d" % (index, rank()))
-            with _random_of(world.placed.setdefault((group, "random"), _seed_generator())):
+            if (group, "random") not in world.placed:
+                world.placed[(group, "random")] = _seed_generator()
+            with _random_of(world.placed[(group, "random")]):
                 variable = next_creator(**kwargs)
             world.placed[(group, index)] = variable
             world.lock.notify_all()
@@ -607,8 +624,15 @@ def _keras_backend():
 
 
 def _seed_generator():
-    """The Python generator Keras draws unseeded initializers' seeds from in this thread."""
-    return getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+    """The Python generator Keras draws unseeded initializers' seeds from in this thread. Without one
+    (no keras.utils.set_random_seed) Keras draws from the process's `random`, which the rank threads
+    share: each mp group then draws from its own copy of it as it is now (after the ranks seeded it),
+    as each replica's processes would, instead of the groups taking turns on one sequence."""
+    generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+    if generator is None:
+        generator = random.Random()
+        generator.setstate(random.getstate())
+    return generator
 
 
 class _random_of:  # noqa: N801
