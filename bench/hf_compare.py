@@ -14,7 +14,10 @@ random weights, is written by `lm.export --format hf` and loaded by TFGPT2LMHead
 - training: tokens/s of the same train step (`lm.distributed` single strategy: lm.optim.AdamW,
   clipping at 1.0, token_loss) on our GPT and on TFGPT2LMHeadModel (its logits), without and
   with XLA (`jit_compile` of the forward and backward pass; `lm.train`'s default is on); the
-  ratio in each mode (goal >= 1.3).
+  ratio in each mode (goal >= 1.3). Timed in the same rounds: a float32 [tokens, d] @ [d, 4d]
+  matmul (bench/train_step.py's), the rate this CPU reaches; each side's model FLOP/s (6N +
+  12 L d T + 6 d V per token) as a share of it, and the ceiling: the ratio a step at that rate
+  would reach against transformers.
 Each candidate runs once untimed (tracing, compiling), then `--repeats` rounds time every
 candidate of a measure in turn, so a busy machine slows all alike; best and median are
 reported, the ratios of both. Prints a table and JSON; writes bench/results/hf_compare.json.
@@ -44,6 +47,7 @@ from lm.model import build_model  # noqa: E402
 from lm.optim import AdamW  # noqa: E402
 from lm.tokenizer import save, train_bpe  # noqa: E402
 from lm.train import token_loss  # noqa: E402
+from train_step import make_matmul, time_matmul  # noqa: E402
 
 
 class LogitsOf:
@@ -82,6 +86,23 @@ def compare(work, ours_seconds, theirs_seconds):
         row[side + "_median_tokens_per_s"] = work / statistics.median(seconds)
     row["ratio"] = row["lmstack_tokens_per_s"] / row["transformers_tokens_per_s"]
     row["median_ratio"] = row["lmstack_median_tokens_per_s"] / row["transformers_median_tokens_per_s"]
+    return row
+
+
+def useful_flops_per_token(config, seq_len):
+    """Training FLOPs of a token on either model: 6N + 12 L d T (lm.config) plus the tied output
+    projection over the real vocabulary (6 d V), which at gpt-125m is a third of the work."""
+    return config.flops_per_token(seq_len) + 6 * config.d_model * config.vocab_size
+
+
+def with_matmul_ceiling(row, flops_per_token, matmul_seconds, matmul_flops):
+    """Each side's model FLOP/s as a share of the dense-matmul rate measured in the same rounds, and
+    the ratio a train step running at that rate would reach against transformers."""
+    for suffix, pick in (("", min), ("_median", statistics.median)):
+        peak = matmul_flops / pick(matmul_seconds)
+        for side in ("lmstack", "transformers"):
+            row[side + suffix + "_fraction_of_matmul"] = row[side + suffix + "_tokens_per_s"] * flops_per_token / peak
+        row["ceiling" + suffix + "_ratio"] = 1.0 / row["transformers" + suffix + "_fraction_of_matmul"]
     return row
 
 
@@ -136,14 +157,18 @@ def main(argv=None):
         report["generation"]["batch_%d" % batch] = compare(batch * args.new_tokens, seconds["ours"], seconds["theirs"])
     tokens = tf.constant(rng.integers(0, config.vocab_size, [args.train_batch, args.train_seq_len + 1]), tf.int32)
     report["training"] = {}
+    matmul, matmul_flops = make_matmul(args.train_batch * args.train_seq_len, config.d_model, 4 * config.d_model)
+    matmul_calls = 20
     for xla in args.train_xla:
         seconds = interleaved_seconds({
             "ours": train_steps(ours, tokens, args.train_steps, xla == "on"),
-            "theirs": train_steps(LogitsOf(theirs), tokens, args.train_steps, xla == "on")}, args.repeats)
+            "theirs": train_steps(LogitsOf(theirs), tokens, args.train_steps, xla == "on"),
+            "matmul": lambda: time_matmul(matmul, matmul_calls)}, args.repeats)
         row = {"batch": args.train_batch, "seq_len": args.train_seq_len, "xla": xla == "on"}
         row.update(compare(args.train_steps * args.train_batch * args.train_seq_len, seconds["ours"],
                            seconds["theirs"]))
-        report["training"]["xla_" + xla] = row
+        report["training"]["xla_" + xla] = with_matmul_ceiling(
+            row, useful_flops_per_token(config, args.train_seq_len), seconds["matmul"], matmul_calls * matmul_flops)
     print("%-24s %24s %24s %13s" % ("measure", "lmstack tok/s best/med", "transformers best/med", "ratio best/med"))
     rows = [("generate " + name, row) for name, row in sorted(report["generation"].items())]
     rows += [("train step, XLA " + xla, report["training"]["xla_" + xla]) for xla in args.train_xla]
@@ -151,6 +176,12 @@ def main(argv=None):
         print("%-24s %12.1f %11.1f %12.1f %11.1f %6.2f %6.2f" % (
             name, row["lmstack_tokens_per_s"], row["lmstack_median_tokens_per_s"], row["transformers_tokens_per_s"],
             row["transformers_median_tokens_per_s"], row["ratio"], row["median_ratio"]))
+    for xla in args.train_xla:
+        row = report["training"]["xla_" + xla]
+        print("train step, XLA %-3s of the matmul rate (best rounds): lmstack %.0f %%, transformers %.0f %%; "
+              "a step at the matmul rate would be %.2fx transformers" % (
+                  xla, 100 * row["lmstack_fraction_of_matmul"], 100 * row["transformers_fraction_of_matmul"],
+                  row["ceiling_ratio"]))
     publish("hf_compare", report)
     return report
 

@@ -27,3 +27,7 @@ def test_hf_compare_runs_at_a_tiny_size(tmp_path):
     for row in rows:
         assert row["ratio"] > 0 and row["median_ratio"] > 0
         assert row["lmstack_tokens_per_s"] >= row["lmstack_median_tokens_per_s"]  # the best round is the fastest
+    for row in report["training"].values():
+        assert 0 < row["lmstack_fraction_of_matmul"] and 0 < row["transformers_fraction_of_matmul"]
+        assert row["ceiling_ratio"] == 1 / row["transformers_fraction_of_matmul"]
+    assert "a step at the matmul rate would be" in result.stdout
