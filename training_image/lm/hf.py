@@ -205,7 +205,11 @@ def _config_values(hf_dir):
 
 
 def _read_hf_config(hf_dir):
-    path, values = _config_values(hf_dir)
+    return _gpt_config(*_config_values(hf_dir))
+
+
+def _gpt_config(path, values):
+    """The GPTConfig of config.json's `values` (read from `path`); HFError where lmstack's GPT differs."""
     if values.get("model_type") != "gpt2":
         raise HFError("%s: model_type %r; only 'gpt2' can be imported" % (path, values.get("model_type")))
     if values.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -253,8 +257,8 @@ def dataset_tokenizer(hf_dir, eod_token=EOD_TOKEN):
     the tokenizer must fit the vocab_size config.json gives the model."""
     from tokenizers import Tokenizer
 
-    config = _read_hf_config(hf_dir)
     path, values = _config_values(hf_dir)
+    config = _gpt_config(path, values)
     tokenizer_file = hf_tokenizer_file(hf_dir)
     tokenizer = Tokenizer.from_file(tokenizer_file)
     if tokenizer.get_vocab_size() > config.vocab_size:
