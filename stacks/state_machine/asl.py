@@ -97,6 +97,29 @@ def publish(topic, message_expression, next_state, subject=None):
                 catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.notify_error", "Next": next_state}])
 
 
+def state_machine(comment, start_at, states):
+    """A whole definition, refused when a state name is used twice anywhere in it (ASL specification,
+    "States": names MUST be unique within the state machine; a Map item processor or Parallel branch is
+    no scope of its own, and CloudFormation fails the CREATE with DUPLICATE_STATE_NAME)."""
+    definition = {"Comment": comment, "StartAt": start_at, "States": states}
+    duplicates = sorted(name for name, count in collections.Counter(state_names(definition)).items() if count > 1)
+    if duplicates:
+        raise ValueError("state names used more than once in the definition: %s" % ", ".join(duplicates))
+    return definition
+
+
+def state_names(machine):
+    """The name of every state of `machine` (a definition, Map item processor or Parallel branch), nested
+    ones included, once per occurrence."""
+    names = []
+    for name, state in machine["States"].items():
+        names.append(name)
+        nested = [state[key] for key in ("ItemProcessor", "Iterator") if key in state] + state.get("Branches", [])
+        for inner in nested:
+            names += state_names(inner)
+    return names
+
+
 def _next(next_state):
     return {"End": True} if next_state is None else {"Next": next_state}
 

@@ -7,13 +7,18 @@ Used twice by the main machine: the "prepare" job (lm.prepare) and the training 
 - CreateTrainingJob runs through the AWS SDK integration (`aws-sdk:sagemaker:createTrainingJob`,
   request-response) rather than the optimized `sagemaker:createTrainingJob`: moto executes the
   optimized one only by forwarding and turns its errors into an uncatchable States.Runtime, so
-  its error path could not be tested. Errors are caught whole; a capacity error is recognized
-  by its text (the create error or the job's FailureReason, CAPACITY_PATTERNS) and retried
-  with a fresh name after a doubling wait, at most MAX_ATTEMPTS attempts in all.
+  its error path could not be tested. A throttled create is retried as it is (THROTTLE_RETRY);
+  other errors are caught whole. A quota (QUOTA_PATTERN: SageMaker's "account-level service
+  limit", the normal state of GPU types on a new account) fails at once with a cause naming the
+  Service Quotas limit to raise; a capacity error is recognized by its text (the create error
+  or the job's FailureReason, CAPACITY_PATTERNS) and retried with a fresh name after a doubling
+  wait, at most MAX_ATTEMPTS attempts in all.
 - Monitor: Wait -> DescribeTrainingJob -> Choice. The wait starts at POLL_MIN_SECONDS, doubles
-  while nothing changes up to POLL_MAX_SECONDS and starts over on each SecondaryStatus change
-  (notified to SNS). A steady iteration writes 9 history events, so a 30-day job writes about
-  30 * 86400 / 3840 * 9 = 6,075 events, a quarter of the 25,000 limit.
+  while nothing changes up to POLL_MAX_SECONDS (15 minutes) and starts over on each
+  SecondaryStatus change (notified to SNS). A steady iteration writes 9 history events, so a
+  28-day job (MaxRuntimeInSeconds' cap) writes about 28 * 86400 / 900 * 9 = 24,192 events of
+  the 25,000 a Standard execution may hold (measured in tests/state_machine/test_training_paths.py;
+  spot interruptions in tests/aws/test_history_budget.py).
 """
 import collections
 import dataclasses
@@ -25,12 +30,23 @@ from stacks.state_machine.inputs import TOP_LEVEL_HYPERPARAMETERS
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
 
 POLL_MIN_SECONDS = 60
-POLL_MAX_SECONDS = 3840  # POLL_MIN_SECONDS * 2**6
+POLL_MAX_SECONDS = 900  # the doubling stops here: 60, 120, 240, 480, 900
 MAX_ATTEMPTS = 4
 CAPACITY_RETRY_SECONDS = 120
+# ResourceLimitExceeded: "The account-level service limit '<instance type> for training job usage' is 0
+# Instances, with current utilization of 0 Instances and a request delta of 1 Instances. ..." (SageMaker's text;
+# the limit is a quota of the account in Service Quotas, raised on request, so waiting does not help).
+QUOTA_PATTERN = "*account-level service limit*"
 CAPACITY_PATTERNS = ("*ResourceLimitExceeded*", "*CapacityError*", "*InsufficientInstanceCapacity*",
                      "*insufficient capacity*")
 RETRY = [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 10, "MaxAttempts": 6, "BackoffRate": 2}]
+# Calls that must not simply be repeated on any error (a create, a stop) retry only a throttled request,
+# which SageMaker refused before doing anything. An AWS SDK integration names its errors
+# <Service>.<Error>Exception ("AWS SDK service integrations", Step Functions Developer Guide);
+# ThrottlingException is among SageMaker's common errors (SageMaker API Reference, "Common Errors").
+THROTTLED = "SageMaker.ThrottlingException"
+THROTTLE_RETRY = [{"ErrorEquals": [THROTTLED], "IntervalSeconds": 5, "MaxAttempts": 8, "BackoffRate": 2,
+                   "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}]
 # Defaults for the optional fields of describe results (kept in $.run.defaults: intrinsics
 # take no object literals).
 DESCRIBE_DEFAULTS = {
@@ -197,6 +213,7 @@ def job_states(kind, settings, on_success):
     states.update(request_states(kind, settings, s + ".Request", s + ".Create"))
     states[s + ".Create"] = asl.task(
         asl.sdk("sagemaker", "createTrainingJob"), create_request(kind, settings), s + ".PollStart",
+        retry=THROTTLE_RETRY,
         catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": slot + ".error", "Next": s + ".CreateError"}])
     states[s + ".CreateError"] = asl.pass_state(s + ".IsCapacity", {
         "reason.$": asl.fmt("CreateTrainingJob failed: {}: {}", slot + ".error.Error", slot + ".error.Cause")},
@@ -216,6 +233,7 @@ def job_states(kind, settings, on_success):
         asl.rule(asl.negate({"Variable": slot + ".describe.secondary", "StringEqualsPath": slot + ".poll.secondary"}),
                  s + ".Phase"),
         asl.rule({"Variable": slot + ".poll.seconds", "NumericGreaterThanEquals": POLL_MAX_SECONDS}, s + ".Wait"),
+        asl.rule({"Variable": slot + ".poll.seconds", "NumericGreaterThan": POLL_MAX_SECONDS // 2}, s + ".PollCap"),
     ], s + ".Backoff")
     states[s + ".Phase"] = asl.publish("${TopicArn}", asl.fmt(
         "%s {}: {} ({})" % label, name_path, slot + ".describe.secondary", status), s + ".PhaseSeen")
@@ -224,6 +242,8 @@ def job_states(kind, settings, on_success):
     states[s + ".Backoff"] = asl.pass_state(s + ".Wait", {
         "seconds.$": "States.MathAdd(%s.poll.seconds, %s.poll.seconds)" % (slot, slot),
         "secondary.$": slot + ".poll.secondary"}, result_path=slot + ".poll")
+    states[s + ".PollCap"] = asl.pass_state(s + ".Wait", {
+        "seconds": POLL_MAX_SECONDS, "secondary.$": slot + ".poll.secondary"}, result_path=slot + ".poll")
     # Optional fields of DescribeTrainingJob get defaults: a missing JSONPath fails the execution.
     states[s + ".Failed"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".FailedDefaults",
                                      result_path="$.scratch", retry=RETRY)
@@ -232,9 +252,16 @@ def job_states(kind, settings, on_success):
         "reason.$": "$.scratch.job.FailureReason"}, result_path=slot + ".failure")
     states[s + ".Stopped"] = asl.pass_state(s + ".Notify", {
         "reason.$": asl.fmt("stopped ({})", slot + ".describe.secondary")}, result_path=slot + ".failure")
-    states[s + ".IsCapacity"] = asl.choice([asl.rule(asl.any_of(*[
-        {"Variable": slot + ".failure.reason", "StringMatches": pattern} for pattern in CAPACITY_PATTERNS]),
-        s + ".Retry")], s + ".Notify")
+    states[s + ".IsCapacity"] = asl.choice([
+        asl.rule({"Variable": slot + ".failure.reason", "StringMatches": QUOTA_PATTERN}, s + ".Quota"),
+        asl.rule(asl.any_of(*[{"Variable": slot + ".failure.reason", "StringMatches": pattern}
+                              for pattern in CAPACITY_PATTERNS]), s + ".Retry"),
+    ], s + ".Notify")
+    states[s + ".Quota"] = asl.pass_state(s + ".Notify", {"reason.$": asl.fmt(
+        "an account quota, not capacity (not retried): in Service Quotas, request an increase of the Amazon "
+        "SageMaker quota named below; for instance type {} that is \"{} for training job usage\" (\"{} for spot "
+        "training job usage\" with spot). {}", *([kind.config + ".instance_type"] * 3 + [slot + ".failure.reason"]))},
+        result_path=slot + ".failure")
     states[s + ".Retry"] = asl.choice([asl.rule(
         {"Variable": slot + ".attempt", "NumericGreaterThanEquals": MAX_ATTEMPTS}, s + ".Notify")], s + ".RetryWait")
     states[s + ".RetryWait"] = {"Type": "Wait", "SecondsPath": slot + ".retry_wait", "Next": s + ".NextAttempt"}
@@ -253,9 +280,10 @@ def job_states(kind, settings, on_success):
     states[s + ".Metrics"] = {
         "Type": "Map", "ItemsPath": "$.scratch.job.FinalMetricDataList",
         "ItemSelector": {"metric.$": "$$.Map.Item.Value", "defaults": METRIC_DEFAULTS},
-        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": "Defaults", "States": {
-            "Defaults": asl.pass_state("Metric", {"metric.$": "States.JsonMerge($.defaults, $.metric, false)"}),
-            "Metric": asl.pass_state(None, {"name.$": "$.metric.MetricName", "value.$": "$.metric.Value"})}},
+        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": s + ".Metric.Defaults", "States": {
+            s + ".Metric.Defaults": asl.pass_state(s + ".Metric", {
+                "metric.$": "States.JsonMerge($.defaults, $.metric, false)"}),
+            s + ".Metric": asl.pass_state(None, {"name.$": "$.metric.MetricName", "value.$": "$.metric.Value"})}},
         "ResultPath": slot + ".metrics", "Next": s + ".Outputs"}
     states[s + ".Outputs"] = asl.pass_state(s + ".Succeeded", {
         "model_artifacts.$": "$.scratch.job.ModelArtifacts.S3ModelArtifacts",

@@ -171,7 +171,7 @@ def _prepare_states(settings, first, next_state):
             {"Name": "Tags.%s" % request.DATASET_KEY_TAG, "Operator": "Equals", "Value.$": "$.run.dataset_key"},
         ]},
         "MaxResults": 1,
-    }, first + ".Prepared", result_path="$.scratch")
+    }, first + ".Prepared", result_path="$.scratch", retry=jobs.RETRY)
     # Search's Results is optional in its response: no match may come back without it.
     states[first + ".Prepared"] = asl.choice([asl.rule(
         {"Variable": "$.scratch.Results[0]", "IsPresent": True}, first + ".AlreadyDone")],
@@ -212,9 +212,6 @@ def build_training_definition(settings):
     states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states[OUTPUTS] = _outputs_state()
-    return {
-        "Comment": "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
-                   % settings.name_prefix,
-        "StartAt": VALIDATE,
-        "States": states,
-    }
+    return asl.state_machine(
+        "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
+        % settings.name_prefix, VALIDATE, states)

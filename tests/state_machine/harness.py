@@ -34,7 +34,15 @@ every test that uses the `engine` fixture) makes the engine behave as AWS docume
   docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html: "The States.ALL
   error type must appear alone in a Catcher and can't catch the States.DataLimitExceeded
   terminal error or Runtime error types"). moto retries and catches them; here the execution
-  fails at once, and `StrictLayer.uncaught` records each such error.
+  fails at once, and `StrictLayer.uncaught` records each such error;
+- error names: an AWS SDK integration's error is `<Service>.<Error>` with an `Exception` suffix added
+  where the error has none, service and error in PascalCase ("AWS SDK service integrations", Step
+  Functions developer guide, docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html:
+  `SageMaker.ThrottlingException`, `SageMaker.ResourceLimitExceededException`). moto names the service
+  by its lower-case API name and an error its botocore model does not list (ThrottlingException,
+  ValidationException) `sagemaker.sagemakerException`; here SageMaker errors get the documented names.
+
+Retry intervals are recorded in `retry_waits` (the seconds each retry asked for), not slept.
 """
 import collections
 import contextlib
@@ -44,6 +52,7 @@ import json
 import re
 import threading
 import time
+import types
 from typing import Tuple
 
 import boto3
@@ -61,6 +70,7 @@ from moto.stepfunctions.parser.asl.component.common.error_name import error_equa
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
 from moto.stepfunctions.parser.asl.component.common.path import result_path
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_aws_sdk
 from moto.stepfunctions.parser.asl.utils import json_path
 
@@ -186,12 +196,24 @@ class StrictLayer:
             return False
         return True
 
+    @staticmethod
+    def error_name(service_name, error):
+        """The documented name of an AWS SDK integration's error (module docstring)."""
+        code = error.response["Error"]["Code"] if isinstance(error, ClientError) else type(error).__name__
+        service = {"sagemaker": "SageMaker"}.get(service_name.lower(), service_name)
+        return "%s.%s" % (service, code if code.endswith("Exception") else code + "Exception")
+
     @contextlib.contextmanager
     def active(self):
         aws_sdk = state_task_service_aws_sdk.StateTaskServiceAwsSdk
         decl = error_equals_decl.ErrorEqualsDecl
         original_call, original_match = aws_sdk._eval_service_task, decl._eval_body
+        original_name = aws_sdk.__dict__["_normalise_exception_name"]
         layer = self
+
+        def strict_name(norm_service_name, error):
+            return layer.error_name(norm_service_name, error) if layer.enabled else original_name.__func__(
+                norm_service_name, error)
 
         def strict_call(task, env, resource_runtime_part, normalised_parameters, state_credentials):
             sagemaker = layer.enabled and task.resource.api_name == "sagemaker"
@@ -216,10 +238,12 @@ class StrictLayer:
             original_match(component, env)
 
         aws_sdk._eval_service_task, decl._eval_body = strict_call, strict_match
+        aws_sdk._normalise_exception_name = staticmethod(strict_name)
         try:
             yield self
         finally:
             aws_sdk._eval_service_task, decl._eval_body = original_call, original_match
+            aws_sdk._normalise_exception_name = original_name
 
 
 class JobFake:
@@ -230,6 +254,7 @@ class JobFake:
         self.scripts = []
         self.default = SUCCESS
         self.create_errors = []  # (code, message) raised by the next CreateTrainingJob calls
+        self.stop_errors = []  # (code, message) raised by the next StopTrainingJob calls
         self.created = []
         self.stopped = []
         self._steps = {}
@@ -316,6 +341,13 @@ def jobs(monkeypatch, strict):
         name = self._get_param("TrainingJobName")
         if name not in self.sagemaker_backend.training_jobs:
             raise JsonRESTError("ValidationException", "Could not find training job %s" % name)
+        if fake.stop_errors:
+            code, message = fake.stop_errors.pop(0)
+            raise JsonRESTError(code, message)
+        status = self.sagemaker_backend.training_jobs[name].training_job_status
+        if status != "InProgress":  # what SageMaker answers for a job that already ended
+            raise JsonRESTError("ValidationException",
+                                "The request was rejected because the training job is in status %s." % status)
         fake.on_stop(self.sagemaker_backend.training_jobs[name])
         return EmptyResult()
 
@@ -475,7 +507,15 @@ def _result_path(path):
 
 
 @pytest.fixture
-def engine(strict, monkeypatch):
+def retry_waits(monkeypatch):
+    """The seconds every Retry of the test's executions waited before its next attempt (not slept)."""
+    asked = []
+    monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=asked.append))
+    return asked
+
+
+@pytest.fixture
+def engine(strict, monkeypatch, retry_waits):
     monkeypatch.setattr(json_path, "parse", _json_path)
     monkeypatch.setattr(result_path, "parse", _result_path)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine() as asked, \
