@@ -47,7 +47,7 @@ class LmStack(Stack):
             self.permissions.stop_machine_role, state_machine.REQUIRED_ACTIONS["stop"], resources)
         self.monitoring = Monitoring(self, "Monitoring", name_prefix=settings.name_prefix,
                                      state_machine=self.orchestration.training_machine,
-                                     topic=self.notifications.topic)
+                                     stop_machine=self.orchestration.stop_machine, topic=self.notifications.topic)
         self._outputs()
 
     def _substitution_values(self) -> Dict[str, str]:

@@ -1,4 +1,4 @@
-"""Monitoring: the notification topic, the training dashboard and the failed-execution alarm."""
+"""Monitoring: the notification topic, the training dashboard and the failed-execution alarms."""
 from typing import Optional
 
 from aws_cdk import Aws, Duration
@@ -49,16 +49,17 @@ class Monitoring(Construct):
     """Dashboard (training and instance metrics per host, executions), alarms on failed executions and low GPU use."""
 
     def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, state_machine: sfn.IStateMachine,
-                 topic: sns.ITopic) -> None:
+                 stop_machine: sfn.IStateMachine, topic: sns.ITopic) -> None:
         super().__init__(scope, construct_id)
         self._prefix = name_prefix
-        self.failed_alarm = cloudwatch.Alarm(
-            self, "FailedExecutions", metric=state_machine.metric_failed(period=Duration.minutes(5), statistic="Sum"),
-            threshold=1, evaluation_periods=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            alarm_description="An lmstack training execution failed; the execution's error cause says why.")
-        self.failed_alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+        self.failed_alarm = self._failed_executions_alarm(
+            "FailedExecutions", state_machine, topic,
+            "An lmstack training execution failed; the execution's error cause says why.")
+        # The stop machine fails when a StopTrainingJob kept failing: a job may still run (and bill).
+        self.stop_failed_alarm = self._failed_executions_alarm(
+            "StopFailedExecutions", stop_machine, topic,
+            "The lmstack stop-on-abort machine could not stop a training job of an ended execution: the job may "
+            "still be running; the stop execution's error cause names it. Stop it by hand.")
         self.low_gpu_alarm = cloudwatch.Alarm(
             self, "LowGpuUtilization",
             metric=cloudwatch.MathExpression(expression=LOW_GPU_QUERY, using_metrics={}, period=PERIOD,
@@ -92,8 +93,18 @@ class Monitoring(Construct):
                 state_machine.metric_aborted(period=PERIOD, statistic="Sum"),
                 state_machine.metric_timed_out(period=PERIOD, statistic="Sum"),
             ]),
-            cloudwatch.AlarmStatusWidget(title="Alarms", width=8, alarms=[self.failed_alarm, self.low_gpu_alarm]),
+            cloudwatch.AlarmStatusWidget(title="Alarms", width=8,
+                                         alarms=[self.failed_alarm, self.stop_failed_alarm, self.low_gpu_alarm]),
         )
+
+    def _failed_executions_alarm(self, construct_id, machine, topic, description):
+        alarm = cloudwatch.Alarm(
+            self, construct_id, metric=machine.metric_failed(period=Duration.minutes(5), statistic="Sum"),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING, alarm_description=description)
+        alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+        return alarm
 
     def _per_host(self, title, metric_name, width=8):
         """One line per host of every job with our prefix: a metrics SEARCH over the Host dimension."""

@@ -149,8 +149,52 @@ def metrics_insights_alarms_are_evaluable(template):
     return problems
 
 
+def _state_names(machine):
+    for name, state in machine.get("States", {}).items():
+        yield name
+        for inner in [state[key] for key in ("ItemProcessor", "Iterator") if key in state] + state.get("Branches", []):
+            yield from _state_names(inner)
+
+
+def state_names_unique(template):
+    """Amazon States Language specification, "States": state names MUST be unique within the scope of the
+    whole state machine, Map item processors and Parallel branches included; CloudFormation fails the CREATE
+    with "Invalid State Machine Definition: 'DUPLICATE_STATE_NAME: Duplicate State name: ...'" (cfn-lint
+    issue #3616), while cfn-lint and moto accept it. (tests/cdk/test_asl_validator.py runs an independent
+    validator on the same definitions.)"""
+    problems = []
+    for key, machine in _resources(template, "AWS::StepFunctions::StateMachine").items():
+        text = machine["Properties"].get("DefinitionString")
+        if not isinstance(text, str):
+            problems.append("%s: DefinitionString is not one string; cannot check it" % key)
+            continue
+        seen = set()
+        for name in _state_names(json.loads(text)):
+            if name in seen:
+                problems.append("%s: state name %r used more than once" % (key, name))
+            seen.add(name)
+    return problems
+
+
+def _physical_name(resource):
+    """The explicit physical name of a resource: the property named after its type (AWS::Logs::LogGroup ->
+    LogGroupName, AWS::S3::Bucket -> BucketName, ...), or None."""
+    return resource.get("Properties", {}).get(resource["Type"].split("::")[-1] + "Name")
+
+
+def named_resources_not_retained_on_create(template):
+    """CloudFormation User Guide, "DeletionPolicy attribute": with `Retain` a resource is kept "when its stack
+    is deleted", and also when a failed CREATE rolls the stack back; `RetainExceptOnCreate` keeps it except
+    then. A kept resource with a fixed physical name (a log group's LogGroupName) makes the retry of a failed
+    first deploy fail with "already exists". So a named resource may be RetainExceptOnCreate, never Retain."""
+    return ["%s (%s): named %r with DeletionPolicy Retain; use RetainExceptOnCreate or no fixed name" % (
+        key, value["Type"], _physical_name(value)) for key, value in template["Resources"].items()
+        if value.get("DeletionPolicy") == "Retain" and _physical_name(value) is not None]
+
+
 TEMPLATE_RULES = (state_machine_log_groups_are_vended, customer_managed_key_with_rotation,
-                  key_policy_service_principals, alarm_actions_can_publish, metrics_insights_alarms_are_evaluable)
+                  key_policy_service_principals, alarm_actions_can_publish, metrics_insights_alarms_are_evaluable,
+                  named_resources_not_retained_on_create, state_names_unique)
 
 
 def check_template(template):

@@ -1,4 +1,6 @@
 """The strict stand-in rules (tests/aws_rules.py) on the synthesized template: ours passes, wrong copies fail."""
+import json
+
 import pytest
 
 import aws_rules
@@ -59,6 +61,22 @@ def _window_too_long(template):
     _low_gpu_query(template)["EvaluationPeriods"] = 181
 
 
+def _named_log_groups_retained(template):
+    for value in template["Resources"].values():
+        if value["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in value["Properties"]:
+            value["DeletionPolicy"] = value["UpdateReplacePolicy"] = "Retain"
+
+
+def _map_item_named_like_the_first_state(template):
+    for value in template["Resources"].values():
+        if value["Type"] == "AWS::StepFunctions::StateMachine":
+            definition = json.loads(value["Properties"]["DefinitionString"])
+            item_processor = next(state["ItemProcessor"] for state in definition["States"].values()
+                                  if state["Type"] == "Map")
+            item_processor["States"][definition["StartAt"]] = {"Type": "Pass", "End": True}
+            value["Properties"]["DefinitionString"] = json.dumps(definition)
+
+
 def test_our_template_passes_every_rule(default):
     assert aws_rules.check_template(default.template) == []
 
@@ -73,6 +91,8 @@ def test_our_template_passes_every_rule(default):
     (aws_rules.alarm_actions_can_publish, _no_topic_policy),
     (aws_rules.metrics_insights_alarms_are_evaluable, _group_by),
     (aws_rules.metrics_insights_alarms_are_evaluable, _window_too_long),
+    (aws_rules.named_resources_not_retained_on_create, _named_log_groups_retained),
+    (aws_rules.state_names_unique, _map_item_named_like_the_first_state),
 ])
 def test_rule_fails_on_a_wrong_template(default, rule, change):
     assert rule(default.template) == []

@@ -328,9 +328,16 @@ def _alarm(default, prefix):
     return alarm
 
 
-def test_alarm_on_failed_executions_notifies_the_topic(default):
-    props = _alarm(default, "MonitoringFailedExecutions")["Properties"]
+@pytest.mark.parametrize("alarm, machine_name", [("MonitoringFailedExecutions", "lmstack-training"),
+                                                 ("MonitoringStopFailedExecutions", "lmstack-stop-on-abort")])
+def test_alarm_on_failed_executions_notifies_the_topic(default, alarm, machine_name):
+    """The stop machine's too: it fails when a job of an ended execution could not be stopped."""
+    props = _alarm(default, alarm)["Properties"]
     assert (props["Namespace"], props["MetricName"]) == ("AWS/States", "ExecutionsFailed")
+    (dimension,) = props["Dimensions"]
+    machine = next(k for k, v in default.resources("AWS::StepFunctions::StateMachine").items()
+                   if v["Properties"]["StateMachineName"] == machine_name)
+    assert dimension["Name"] == "StateMachineArn" and _ref_id(dimension["Value"]) == machine
     assert _ref_id(props["AlarmActions"][0]).startswith("NotificationsTopic")
     default.assertions.resource_count_is("AWS::SNS::Subscription", 0)
 
