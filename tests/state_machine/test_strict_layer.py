@@ -5,6 +5,8 @@ as AWS documents, and each of its rules fails a definition that relies on moto's
   `required` is optional) are stripped unless the scenario reports them.
 - `States.ALL` does not catch or retry `States.Runtime` ("Handling errors in Step Functions
   workflows", Step Functions developer guide).
+- SageMaker errors of the AWS SDK integration carry their documented names ("AWS SDK service
+  integrations", Step Functions developer guide): a Retry on `SageMaker.ThrottlingException` matches.
 """
 import copy
 import json
@@ -146,3 +148,19 @@ def test_final_metrics_without_their_optional_members_are_read_with_defaults(dep
     assert run.output["final_metrics"] == [{"name": "validation:loss", "value": None},
                                            {"name": "unnamed", "value": 3.0}]
     assert "min_quality" in run.output["deploy"]["skipped"]
+
+
+@pytest.mark.parametrize("enabled, name", [(True, "SageMaker.ThrottlingException"),
+                                           (False, "sagemaker.sagemakerException")])
+def test_sdk_errors_carry_their_documented_names(deployment, strict, enabled, name):
+    """With the layer a throttled create is retried by its documented name; moto alone names it otherwise, so
+    the Retry never matches and the create fails."""
+    strict.enabled = enabled
+    deployment.jobs.create_errors.append(("ThrottlingException", "Rate exceeded"))
+    run = deployment.run({}, name="throttled-%s" % enabled)
+    creates = run.calls("createTrainingJob")
+    if enabled:
+        assert run.status == "SUCCEEDED" and len(creates) == 2, _failure(run)
+    else:
+        assert run.status == "FAILED" and len(creates) == 1
+        assert "CreateTrainingJob failed: %s: Rate exceeded" % name in run.description["cause"]
