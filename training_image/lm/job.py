@@ -195,6 +195,11 @@ PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("shard_index", int, -1, -1, 4095, help="this instance's share of the input files (-1 = from SM_HOSTS)"),
     _hp("num_shards", int, 0, 0, 4096, help="instances sharing the input files (0 = len(SM_HOSTS))"),
 ])
+# The prepare settings that decide the bytes of the dataset (the tokenizer and how the token stream is
+# cut and split); the others decide only how fast it is made. The state machine's dataset key holds them.
+PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", "tokenizer_sample_bytes",
+                                  "eod_token", "seq_len", "shard_size", "val_fraction")
+PREPARE_SPEED_HYPERPARAMETERS = ("workers", "threads", "shard_index", "num_shards")
 PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
 PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
 PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow
