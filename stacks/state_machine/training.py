@@ -196,7 +196,10 @@ def _resume_states(first, next_state):
     checkpoints = {"Name": "Tags.%s" % request.CHECKPOINTS_TAG, "Operator": "Equals", "Value.$": RESUME_FROM_PATH}
     prefix = "s3://${ArtifactBucket}/%s{}/" % contract.CHECKPOINT_PREFIX
     return collections.OrderedDict([
-        (first, asl.choice([asl.rule({"Variable": RESUME_FROM_PATH, "IsNull": True}, next_state)], first + ".Search")),
+        (first, asl.choice([asl.rule({"Variable": RESUME_FROM_PATH, "IsNull": True}, next_state),
+                            # Search refuses an empty filter value (Filter.Value: .+)
+                            asl.rule({"Variable": RESUME_FROM_PATH, "StringEquals": ""}, first + ".Unknown")],
+                           first + ".Search")),
         (first + ".Search", _search([checkpoints], first + ".Found")),
         (first + ".Found", _found(first + ".Busy", first + ".Unknown")),
         (first + ".Unknown", asl.fail(inputs.ERROR, asl.fmt(
