@@ -171,7 +171,8 @@ def test_a_fresh_account_prepares_from_s3_then_trains_on_the_dataset_read_only(m
     deployment = make_deployment(prepared=())
     assert deployment.file_system.directories == {"/"}
     raw = "s3://lmstack-artifacts/raw/pile/"
-    run = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": raw, "instance_count": 3}}, name="fresh-1")
+    run = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": raw, "instance_count": 3,
+                                      "hyperparameters": {"tokenizer": "/tokenizers/gpt2.json"}}}, name="fresh-1")
     assert run.status == "SUCCEEDED", _failure(run)
     (_, _, prepare), (_, _, train) = run.calls("createTrainingJob")
     raw_channel = _channels(prepare)["raw"]

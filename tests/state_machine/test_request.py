@@ -70,7 +70,7 @@ def test_the_definition_sends_what_the_builder_builds_for_each_strategy(deployme
 def test_the_definition_sends_what_the_builder_builds_for_the_prepare_job(make_deployment, raw):
     deployment = make_deployment(StandInSettings(az_count=3), prepared=())
     execution_input = {"prepare": dict(raw, enabled=True, force=True, instance_count=2,
-                                       hyperparameters={"seq_len": 512, "train_tokenizer": True})}
+                                       hyperparameters={"seq_len": 512, "tokenizer": "/tokenizers/gpt2.json"})}
     run = deployment.run(execution_input, name="request-prepare")
     prepare, train = _created(run)
     assert_equal_key_by_key(concrete_request(deployment, run, jobs.PREPARE, execution_input), prepare)

@@ -183,7 +183,8 @@ def validate_mp_parameters(values):
 # `--name value`); `lm.prepare` builds its command line from this table.
 PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("tokenizer", str, "", help="a tokenizers JSON file (a relative one is looked up in the raw channel)"),
-    _hp("train_tokenizer", bool, False, help="train a byte-level BPE on a sample of the input"),
+    _hp("train_tokenizer", bool, False,
+        help="train a byte-level BPE on a sample of the input (also done when no tokenizer and no init_from is given)"),
     _hp("vocab_size", int, 50257, 257, 2 ** 32, help="vocabulary size for train_tokenizer"),
     _hp("tokenizer_sample_bytes", int, 128 << 20, 1, 2 ** 40, help="text bytes train_tokenizer learns from"),
     _hp("eod_token", str, "<|endoftext|>", help="the end-of-document token written between documents"),
