@@ -58,6 +58,14 @@ def _run_toolkit_job(tmp_path, values, raw_files=()):
     return result, root / "datasets" / "pile", root
 
 
+def test_every_prepare_hyperparameter_is_in_the_dataset_key_or_changes_only_the_speed():
+    """A new lm.prepare setting must say whether it changes the shards: then it belongs in the state
+    machine's dataset key (stacks.state_machine.training), or a new setting would reuse an old dataset."""
+    speed = {"workers", "threads", "shard_index", "num_shards"}  # how the work is split, not its result
+    assert set(job.PREPARE_HYPERPARAMETERS) - set(job.PREPARE_OUTPUT_HYPERPARAMETERS) == speed
+    assert set(job.PREPARE_OUTPUT_HYPERPARAMETERS) <= set(job.PREPARE_HYPERPARAMETERS)
+
+
 @pytest.mark.slow
 def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channel(tokenizer_file, tmp_path):
     values = {"tokenizer": "tokenizer.json", "train_tokenizer": False, "seq_len": 32, "shard_size": 4096,

@@ -8,6 +8,7 @@ reference documents for that call:
   script of (TrainingJobStatus, SecondaryStatus, extra describe fields), one step per
   DescribeTrainingJob, by setting the attributes moto's job object renders;
 - StopTrainingJob and UpdateEndpoint are missing: added as response handlers;
+- Search applies only the first `Tags.*` filter of an expression: every filter is applied (AWS ands them);
 - an endpoint is `InService` at once: each created or updated endpoint follows
   `endpoint_script` instead, one step per DescribeEndpoint;
 - moto's engine loses its place when an execution is stopped between the steps of a Task

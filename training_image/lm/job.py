@@ -200,7 +200,6 @@ PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
 # cut and split); the others decide only how fast it is made. The state machine's dataset key holds them.
 PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", "tokenizer_sample_bytes",
                                   "eod_token", "seq_len", "shard_size", "val_fraction")
-PREPARE_SPEED_HYPERPARAMETERS = ("workers", "threads", "shard_index", "num_shards")
 PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
 PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
 PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow
