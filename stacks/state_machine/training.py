@@ -50,8 +50,7 @@ RESUME_FROM_PATH = "$.config.resume_from"
 RAW_SOURCE_PATH = "$.run.raw.source"  # prepare.raw_s3_uri, else prepare.raw_directory
 DATASET_KEY_FIELDS = ("$.config.data_directory", RAW_SOURCE_PATH) + tuple(
     "$.config.prepare.hyperparameters.%s" % name for name in job.PREPARE_OUTPUT_HYPERPARAMETERS)
-# With init_from the dataset is tokenized with the checkpoint's tokenizer, so its prefix is part of the
-# key (only then: the keys of datasets prepared without it stay what they were).
+# With init_from the dataset is tokenized with the checkpoint's tokenizer, so its prefix is part of the key.
 INIT_DATASET_KEY_FIELDS = DATASET_KEY_FIELDS + (jobs.INIT_FROM_PATH,)
 # What a tag value may hold (CreateTrainingJob API reference, Tag.Value: ^([\p{L}\p{Z}\p{N}_.:/=+\-@]*)$),
 # ASCII letters and digits for \p{L} and \p{N}: init_from becomes the tag lmstack:init-from of its jobs.
