@@ -248,11 +248,11 @@ def job_states(kind, settings, on_success):
     states[s + ".NextAttempt"] = asl.pass_state(s + ".Name", {
         "attempt.$": "States.MathAdd(%s.attempt, 1)" % slot,
         "retry_wait.$": "States.MathAdd(%s.retry_wait, %s.retry_wait)" % (slot, slot)}, result_path=slot)
-    cause = asl.fmt("%s {} (attempt {} of at most %d) failed: {}" % (label, MAX_ATTEMPTS),
-                    name_path, asl.to_json(slot + ".attempt"), slot + ".failure.reason")
+    template = "%s {} (attempt {} of at most %d) failed: {}" % (label, MAX_ATTEMPTS)
+    arguments = [name_path, asl.to_json(slot + ".attempt"), slot + ".failure.reason"]
     if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
-        cause = asl.fmt("%s {} (attempt {} of at most %d) failed: {}. %s" % (label, MAX_ATTEMPTS, RESUME_HINT),
-                        name_path, asl.to_json(slot + ".attempt"), slot + ".failure.reason", CHECKPOINTS_PATH)
+        template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
+    cause = asl.fmt(template, *arguments)
     states[s + ".Notify"] = asl.publish("${TopicArn}", cause, s + ".Fail")
     states[s + ".Fail"] = asl.fail("%sJobFailed" % s, cause)
 
