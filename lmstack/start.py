@@ -13,8 +13,12 @@ it with a one-line status until it ends. Exit status 0 only when the execution s
 
 With `--upload-corpus PATH` it first uploads a local corpus (a Pile-format file, or a directory of
 them) to `s3://<artifact bucket>/raw/<name>/` and prepares the dataset from there in the same run
-(`prepare.enabled`, `prepare.raw_s3_uri`). Files already there with the same size are skipped, so
-an interrupted upload resumes.
+(`prepare.enabled`, `prepare.raw_s3_uri`) into a directory of that corpus's own,
+`/corpora/<name>` (unless `--dataset` or the input names one): a directory holds one dataset. Files
+already there with the same size are skipped, so an interrupted upload resumes.
+
+With `--resume-from NAME` the run continues the checkpoints of an earlier execution (the name its
+failure output gives): the execution input's `resume_from`.
 """
 import argparse
 import collections
@@ -41,6 +45,8 @@ BUCKET_OUTPUT = "ArtifactBucketName"
 # In a dry run's input the bucket is not known yet: it comes from the stack's outputs.
 BUCKET_PLACEHOLDER = "<%s>" % BUCKET_OUTPUT
 CORPUS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# An uploaded corpus is prepared into UPLOADED_DATASETS/<its name> unless a data_directory is given.
+UPLOADED_DATASETS = "/corpora/"
 # The execution name's rule (lm.rules.name_rules): it becomes a tag value and part of S3 keys.
 EXECUTION_NAME_RULE = next(found for found in rules.name_rules("") if found.path == rules.EXECUTION_NAME)
 EXECUTION_NAME = re.compile(r"^[%s]{1,%d}$" % (re.escape(EXECUTION_NAME_RULE.alphabet), EXECUTION_NAME_RULE.max_length))
@@ -76,7 +82,8 @@ def build_input(args):
         raise StartError("--input must be a JSON object, got %s" % args.input)
     for key, value in (("preset", args.preset), ("strategy", args.strategy), ("instance_type", args.instance_type),
                        ("instance_count", args.instance_count), ("max_runtime_seconds", args.max_runtime),
-                       ("spot", args.spot), ("data_directory", args.dataset), ("min_quality", args.min_quality)):
+                       ("spot", args.spot), ("data_directory", args.dataset), ("min_quality", args.min_quality),
+                       ("resume_from", args.resume_from)):
         if value is not None:
             execution_input[key] = value
     if args.hp:
@@ -100,6 +107,7 @@ def build_input(args):
             raise StartError("--input: prepare must be a JSON object")
         prepare["enabled"] = True
         prepare["raw_s3_uri"] = corpus_uri(BUCKET_PLACEHOLDER, corpus_name(args))
+        execution_input.setdefault("data_directory", UPLOADED_DATASETS + corpus_name(args))
         corpus_files(args.upload_corpus)  # a bad path stops here, before anything is uploaded or started
     return execution_input
 
@@ -349,10 +357,13 @@ def parse_args(argv):
     parser.add_argument("--upload-corpus", metavar="PATH",
                         help="upload this local corpus (a .jsonl/.jsonl.zst file or a directory) to the artifact "
                              "bucket's raw/ prefix first and prepare the dataset from it in this run")
-    parser.add_argument("--corpus-name", help="its name below raw/ (default: the file or directory name)")
+    parser.add_argument("--corpus-name", help="its name below raw/ and %s (default: the file or directory name)"
+                        % UPLOADED_DATASETS)
     parser.add_argument("--deploy", action="store_true", default=None, help="deploy an endpoint after training")
     parser.add_argument("--endpoint-name", help="endpoint name after '<name_prefix>-' (an existing one is updated)")
     parser.add_argument("--min-quality", type=float, help="deploy only if the final validation loss is at most this")
+    parser.add_argument("--resume-from", metavar="NAME",
+                        help="continue the checkpoints of an earlier execution (the name its failure output gives)")
     parser.add_argument("--name", help="execution name (default: generated)")
     parser.add_argument("--watch", action="store_true", help="follow the execution until it ends")
     parser.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between status polls")

@@ -217,9 +217,9 @@ def _sagemaker_model():
 
 
 def _constraint_violations(shape, value, where, problems):
-    """The SageMaker API reference's Length Constraints, Pattern and Array/Map Members limits, read from
-    botocore's copy of the service model (botocore's own ParamValidator checks types, required and minimums
-    only, not maximums or patterns; AWS rejects those with a ValidationException)."""
+    """The SageMaker API reference's Length Constraints, Pattern, Array/Map Members and integer Valid Range
+    limits, read from botocore's copy of the service model (botocore's own ParamValidator checks types,
+    required and minimums only, not maximums or patterns; AWS rejects those with a ValidationException)."""
     import re
     meta = shape.metadata
     if shape.type_name == "structure" and isinstance(value, dict):
@@ -237,6 +237,10 @@ def _constraint_violations(shape, value, where, problems):
         for key, item in value.items():
             _constraint_violations(shape.key, key, "%s key %r" % (where, key), problems)
             _constraint_violations(shape.value, item, "%s[%r]" % (where, key), problems)
+    elif shape.type_name in ("integer", "long") and isinstance(value, int) and not isinstance(value, bool):
+        # botocore checks an integer's minimum only (e.g. RetryStrategy.MaximumRetryAttempts: 1-30).
+        if "max" in meta and value > meta["max"]:
+            problems.append("%s: %d, at most %d allowed" % (where, value, meta["max"]))
     elif shape.type_name == "string" and isinstance(value, str):
         if "max" in meta and len(value) > meta["max"]:
             problems.append("%s: %d characters, at most %d allowed: %r" % (where, len(value), meta["max"], value))

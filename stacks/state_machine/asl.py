@@ -162,6 +162,8 @@ def condition(when):
         return all_of(*[condition(part) for part in when.conditions])
     path = "$.config.%s" % when.path
     if isinstance(when, rules.Is):
+        if when.value is None:
+            return {"Variable": path, "IsNull": True}
         test = "BooleanEquals" if isinstance(when.value, bool) else "StringEquals"
         return {"Variable": path, test: when.value}
     if isinstance(when, rules.OneOf):

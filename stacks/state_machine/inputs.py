@@ -81,6 +81,9 @@ def schema(settings):
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
                    % contract.INIT_PREFIX),
+        Field("resume_from", str, None, nullable=True,
+              help="continue the checkpoints of an earlier execution of this stack: the name its failure "
+                   "output gives (s3://<artifact bucket>/%s<name>/)" % contract.CHECKPOINT_PREFIX),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
         # The machine cannot run lm.plan (no multiplication in intrinsics, no Lambda): a client

@@ -55,6 +55,9 @@ DESCRIBE_DEFAULTS = {
     "failed_endpoint": {"FailureReason": "no FailureReason given"},
 }
 METRIC_DEFAULTS = {"MetricName": "unnamed", "Value": None}
+# The end of a failed training run's cause ({}: the checkpoint prefix's name).
+RESUME_HINT = ("Its checkpoints are kept: to continue from the newest, start a new execution with the same "
+               "input plus \"resume_from\": \"{}\"")
 
 
 class JobKind(collections.namedtuple("JobKind", "state token slot kind config spot_path")):
@@ -64,6 +67,9 @@ class JobKind(collections.namedtuple("JobKind", "state token slot kind config sp
 
 RAW_S3_URI_PATH = "$.config.prepare.raw_s3_uri"  # null: the raw files are on EFS (raw_directory)
 INIT_FROM_PATH = "$.config.init_from"  # null: training starts from random weights, prepare needs a tokenizer
+DATASET_KEY_PATH = "$.run.dataset.key"  # what the prepare job is tagged with (stacks.state_machine.training)
+# The checkpoint prefix's name below checkpoints/: resume_from, or the execution's own name.
+CHECKPOINTS_PATH = "$.run.checkpoints.name"
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
@@ -98,8 +104,8 @@ def job_values(kind, settings, value_at, strategy="single"):
         mp_parameters=value_at("$.config.mp_parameters"),
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
-        dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None,
-        init_from=value_at(INIT_FROM_PATH))
+        dataset_key=value_at(DATASET_KEY_PATH) if kind is PREPARE else None,
+        init_from=value_at(INIT_FROM_PATH), checkpoints=value_at(CHECKPOINTS_PATH) if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -108,7 +114,8 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
     state = {
         "config": config,
         "hosts": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus)},
-        "run": {"dataset_key": dataset_key},
+        "run": {"dataset": {"key": dataset_key},
+                "checkpoints": {"name": config["resume_from"] or execution_name}},
         kind.slot[len("$."):]: {"name": job_name},
     }
     value_at = request.values_at(state, {"Execution": {"Name": execution_name}})
@@ -268,8 +275,11 @@ def job_states(kind, settings, on_success):
     states[s + ".NextAttempt"] = asl.pass_state(s + ".Name", {
         "attempt.$": "States.MathAdd(%s.attempt, 1)" % slot,
         "retry_wait.$": "States.MathAdd(%s.retry_wait, %s.retry_wait)" % (slot, slot)}, result_path=slot)
-    cause = asl.fmt("%s {} (attempt {} of at most %d) failed: {}" % (label, MAX_ATTEMPTS),
-                    name_path, asl.to_json(slot + ".attempt"), slot + ".failure.reason")
+    template = "%s {} (attempt {} of at most %d) failed: {}" % (label, MAX_ATTEMPTS)
+    arguments = [name_path, asl.to_json(slot + ".attempt"), slot + ".failure.reason"]
+    if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
+        template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
+    cause = asl.fmt(template, *arguments)
     states[s + ".Notify"] = asl.publish("${TopicArn}", cause, s + ".Fail")
     states[s + ".Fail"] = asl.fail("%sJobFailed" % s, cause)
 

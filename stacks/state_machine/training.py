@@ -3,21 +3,32 @@
 Extension points: a stage is a dict of states entered at one name and leaving to the next;
 `build_training_definition` chains them, so a new stage is one more entry in that chain.
 
-The prepare stage runs when `prepare.enabled`. It is skipped when a prepare job of an
-earlier execution completed for the same dataset key: the MD5 of data_directory, tokenizer,
-train_tokenizer, vocab_size and seq_len (and init_from, whose tokenizer the prepare job then
-uses), kept as the job's tag `lmstack:dataset-key` and found with SageMaker Search. (The
-machine cannot look into EFS itself; `prepare.force` runs it regardless, e.g. after the
-directory was emptied.)
+The prepare stage runs when `prepare.enabled`. It looks for the completed prepare job of this
+stack's file system (tag `lmstack:file-system`) that made data_directory (tag
+`lmstack:dataset-directory`) with SageMaker Search. None: the job runs. One with the same dataset
+key (tag `lmstack:dataset-key`: the MD5 of data_directory, the raw source, every prepare setting
+that decides the shards, `lm.job.PREPARE_OUTPUT_HYPERPARAMETERS`, and init_from, whose tokenizer
+the prepare job then uses): the job is skipped, or run again with `prepare.force` (the machine
+cannot look into EFS itself, e.g. after the directory was emptied). One with another key: the
+directory holds another dataset, which lm.prepare would mix with this one, so the run is refused
+before any job, naming both sources (tag `lmstack:raw-source`).
+
+`resume_from` (the name of an earlier execution's checkpoint prefix) makes the training job's
+CheckpointConfig point at that prefix: SageMaker copies it to /opt/ml/checkpoints when the job
+starts, lm.train resumes from the newest checkpoint there (refusing one of another model or
+dataset) and the new checkpoints go on under the same prefix, which a failed run's cause names.
 """
 import collections
+import hashlib
+import json
 
-from lm import contract, request, rules
+from lm import contract, job, request, rules
 from stacks.state_machine import asl, deploy, inputs, jobs
 
 VALIDATE = "Validate"
 RUN = "Run"
 INIT_FROM = "InitFrom"
+RESUME = "Resume"
 PREPARE = "Prepare"
 DEPLOY = "Deploy"
 OUTPUTS = "Outputs"
@@ -34,11 +45,12 @@ EXAMPLE_INPUT = {
 }
 
 DATASET_NOT_PREPARED = "DatasetNotPrepared"
-DATASET_KEY_FIELDS = ("$.config.data_directory", "$.config.prepare.hyperparameters.tokenizer",
-                      "$.config.prepare.hyperparameters.train_tokenizer",
-                      "$.config.prepare.hyperparameters.vocab_size", "$.config.prepare.hyperparameters.seq_len")
-# With init_from the dataset is tokenized with the checkpoint's tokenizer, so its prefix is part of the
-# key (only then: the keys of datasets prepared without it stay what they were).
+OTHER_DATASET = "DirectoryHoldsAnotherDataset"
+RESUME_FROM_PATH = "$.config.resume_from"
+RAW_SOURCE_PATH = "$.run.raw.source"  # prepare.raw_s3_uri, else prepare.raw_directory
+DATASET_KEY_FIELDS = ("$.config.data_directory", RAW_SOURCE_PATH) + tuple(
+    "$.config.prepare.hyperparameters.%s" % name for name in job.PREPARE_OUTPUT_HYPERPARAMETERS)
+# With init_from the dataset is tokenized with the checkpoint's tokenizer, so its prefix is part of the key.
 INIT_DATASET_KEY_FIELDS = DATASET_KEY_FIELDS + (jobs.INIT_FROM_PATH,)
 # What a tag value may hold (CreateTrainingJob API reference, Tag.Value: ^([\p{L}\p{Z}\p{N}_.:/=+\-@]*)$),
 # ASCII letters and digits for \p{L} and \p{N}: init_from becomes the tag lmstack:init-from of its jobs.
@@ -50,33 +62,74 @@ def dataset_key(fields):
     return "States.Hash(%s, 'MD5')" % asl.fmt("|".join(["{}"] * len(fields)), *fields)
 
 
-def _run_state(next_state, key_fields=DATASET_KEY_FIELDS):
-    """$.run: the execution's id (in job names), the dataset key, the defaults of optional fields."""
-    return asl.pass_state(next_state, {
+def concrete_dataset_key(config):
+    """The dataset key an execution with `config` (the input with its defaults) computes: what its
+    prepare job is tagged with. States.Format writes a string as it is, other values as JSON."""
+    prepare = config["prepare"]
+    state = {"config": config, "run": {"raw": {
+        "source": prepare["raw_directory"] if prepare["raw_s3_uri"] is None else prepare["raw_s3_uri"]}}}
+    fields = DATASET_KEY_FIELDS if config["init_from"] is None else INIT_DATASET_KEY_FIELDS
+    text = "|".join(value if isinstance(value, str) else json.dumps(value)
+                    for value in map(request.values_at(state), fields))
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+def _dataset_key_state(next_state, key_fields):
+    return asl.pass_state(next_state, {"key.$": dataset_key(key_fields)}, result_path="$.run.dataset")
+
+
+def _run_states(first, next_state):
+    """$.run: the execution's id (in job names), the defaults of optional fields, the raw source
+    (`raw.source`), the checkpoint prefix's name (`checkpoints.name`) and the dataset key (`dataset.key`)."""
+    states = collections.OrderedDict()
+    states[first] = asl.pass_state(first + ".RawSource", {
         "id.$": "States.Hash($$.Execution.Id, 'MD5')",
-        "dataset_key.$": dataset_key(key_fields),
         "defaults": jobs.DESCRIBE_DEFAULTS,
     }, result_path="$.run")
+    states[first + ".RawSource"] = asl.choice([asl.rule({"Variable": jobs.RAW_S3_URI_PATH, "IsNull": False},
+                                                        first + ".RawSource.S3")], first + ".RawSource.EFS")
+    for name, path in (("S3", jobs.RAW_S3_URI_PATH), ("EFS", "$.config.prepare.raw_directory")):
+        states[first + ".RawSource." + name] = asl.pass_state(first + ".Checkpoints", {"source.$": path},
+                                                              result_path="$.run.raw")
+    states[first + ".Checkpoints"] = asl.choice([asl.rule({"Variable": RESUME_FROM_PATH, "IsNull": False},
+                                                          first + ".Checkpoints.Resume")], first + ".Checkpoints.Own")
+    for name, path in (("Resume", RESUME_FROM_PATH), ("Own", "$$.Execution.Name")):
+        states[first + ".Checkpoints." + name] = asl.pass_state(first + ".DatasetKey", {"name.$": path},
+                                                                result_path="$.run.checkpoints")
+    states[first + ".DatasetKey"] = _dataset_key_state(next_state, DATASET_KEY_FIELDS)
+    return states
+
+
+def _search(filters, next_state):
+    """SageMaker Search for one training job of this stack's file system matching `filters` into $.scratch."""
+    return asl.task(asl.sdk("sagemaker", "search"), {
+        "Resource": "TrainingJob",
+        "SearchExpression": {"Filters": filters + [
+            {"Name": "Tags.%s" % request.FILE_SYSTEM_TAG, "Operator": "Equals", "Value": "${FileSystemId}"}]},
+        "MaxResults": 1,
+    }, next_state, result_path="$.scratch", retry=jobs.RETRY)
+
+
+def _found(found, not_found):
+    """Search's Results is optional in its response: no match may come back without it."""
+    return asl.choice([asl.rule({"Variable": "$.scratch.Results[0]", "IsPresent": True}, found)], not_found)
+
+
+COMPLETED = {"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "Completed"}
+
+
+def _prepared_here():
+    return {"Name": "Tags.%s" % request.DATASET_DIRECTORY_TAG, "Operator": "Equals", "Value.$": "$.config.data_directory"}
 
 
 def _dataset_check_states(first, next_state):
     """Without a prepare stage, the dataset must have been made by a completed prepare job (tag
     lmstack:dataset-directory = data_directory): SageMaker fails a job whose EFS directory does not
     exist only after its instances were provisioned, so this is checked before any job starts. Only
-    prepare jobs carry the tag. (One Tags.* filter: moto's Search ignores the filters after the first.)"""
+    prepare jobs carry the tag; only this stack's file system counts."""
     states = collections.OrderedDict()
-    states[first] = asl.task(asl.sdk("sagemaker", "search"), {
-        "Resource": "TrainingJob",
-        "SearchExpression": {"Filters": [
-            {"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "Completed"},
-            {"Name": "Tags.%s" % request.DATASET_DIRECTORY_TAG, "Operator": "Equals",
-             "Value.$": "$.config.data_directory"},
-        ]},
-        "MaxResults": 1,
-    }, first + ".Found", result_path="$.scratch", retry=jobs.RETRY)
-    # Search's Results is optional in its response: no match may come back without it.
-    states[first + ".Found"] = asl.choice([asl.rule(
-        {"Variable": "$.scratch.Results[0]", "IsPresent": True}, first + ".Skip")], first + ".NotPrepared")
+    states[first] = _search([COMPLETED, _prepared_here()], first + ".Found")
+    states[first + ".Found"] = _found(first + ".Skip", first + ".NotPrepared")
     states[first + ".Skip"] = asl.pass_state(next_state, result={"skipped": "prepare.enabled is false"},
                                              result_path="$.prepare_result")
     states[first + ".NotPrepared"] = asl.fail(DATASET_NOT_PREPARED, asl.fmt(
@@ -131,7 +184,33 @@ def _init_from_states(first, next_state):
         (first + ".Tokenizer", asl.fail(inputs.ERROR, asl.fmt(
             "init_from brings its tokenizer, which the prepare job tokenizes with: leave "
             "prepare.hyperparameters.tokenizer empty, got {}", prepare_hyperparameters + "tokenizer"))),
-        (first + ".DatasetKey", _run_state(next_state, INIT_DATASET_KEY_FIELDS)),
+        (first + ".DatasetKey", _dataset_key_state(next_state, INIT_DATASET_KEY_FIELDS)),
+    ])
+
+
+def _resume_states(first, next_state):
+    """resume_from must name a checkpoint prefix a training job of this stack wrote (tag lmstack:checkpoints
+    on this file system's jobs), and no job may be writing to it now. Whether its checkpoints fit this
+    run's model and dataset only lm.train can tell: it refuses them, naming both."""
+    checkpoints = {"Name": "Tags.%s" % request.CHECKPOINTS_TAG, "Operator": "Equals", "Value.$": RESUME_FROM_PATH}
+    prefix = "s3://${ArtifactBucket}/%s{}/" % contract.CHECKPOINT_PREFIX
+    return collections.OrderedDict([
+        (first, asl.choice([asl.rule({"Variable": RESUME_FROM_PATH, "IsNull": True}, next_state),
+                            # Search refuses an empty filter value (Filter.Value: .+)
+                            asl.rule({"Variable": RESUME_FROM_PATH, "StringEquals": ""}, first + ".Unknown")],
+                           first + ".Search")),
+        (first + ".Search", _search([checkpoints], first + ".Found")),
+        (first + ".Found", _found(first + ".Busy", first + ".Unknown")),
+        (first + ".Unknown", asl.fail(inputs.ERROR, asl.fmt(
+            "resume_from must name the checkpoint prefix of an earlier execution of this stack (the cause of a failed "
+            "run names it); no training job of this stack wrote to %s, got {}" % prefix,
+            RESUME_FROM_PATH, RESUME_FROM_PATH))),
+        (first + ".Busy", _search([{"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "InProgress"},
+                                   checkpoints], first + ".Idle")),
+        (first + ".Idle", _found(first + ".InUse", next_state)),
+        (first + ".InUse", asl.fail(inputs.ERROR, asl.fmt(
+            "resume_from {}: a training job is writing to %s now; wait until it ends or stop its execution"
+            % prefix, RESUME_FROM_PATH, RESUME_FROM_PATH))),
     ])
 
 
@@ -154,35 +233,56 @@ def _raw_source_states(settings, first, next_state):
     ])
 
 
+def _tag_values(key):
+    """The values of tag `key` of the job Search found (a list: one value, or none on a job made before it)."""
+    return "$.scratch.Results[0].TrainingJob.Tags[?(@.Key == '%s')].Value" % key
+
+
+def _existing_dataset_states(first, same, fresh):
+    """The completed prepare job of this file system that made data_directory: none -> `fresh`; with this
+    run's dataset key -> `same`; with another key
+    the directory holds another dataset: refused, naming both sources."""
+    states = collections.OrderedDict()
+    states[first] = _search([COMPLETED, _prepared_here()], first + ".Found")
+    states[first + ".Found"] = _found(first + ".Tags", fresh)
+    states[first + ".Tags"] = asl.pass_state(first + ".Same", {
+        "job.$": "$.scratch.Results[0].TrainingJob.TrainingJobName",
+        "key.$": _tag_values(request.DATASET_KEY_TAG), "source.$": _tag_values(request.RAW_SOURCE_TAG)},
+        result_path="$.scratch")
+    states[first + ".Same"] = asl.choice([
+        asl.rule(asl.all_of({"Variable": "$.scratch.key[0]", "IsPresent": True},
+                            {"Variable": "$.scratch.key[0]", "StringEqualsPath": jobs.DATASET_KEY_PATH}), same),
+        asl.rule({"Variable": "$.scratch.source[0]", "IsPresent": True}, first + ".OtherSource")],
+        first + ".OtherDataset")
+    other = ("data_directory {} on the file system of this stack holds the dataset prepare job {} made from %s; this run "
+             "would prepare {} into it (dataset key {}, another source or other prepare settings), mixing the two. "
+             "Choose another data_directory (python -m lmstack.start --upload-corpus gives each corpus its own)")
+    arguments = ["$.config.data_directory", "$.scratch.job", RAW_SOURCE_PATH, jobs.DATASET_KEY_PATH]
+    states[first + ".OtherSource"] = asl.fail(OTHER_DATASET, asl.fmt(
+        other % "{}", *(arguments[:2] + ["$.scratch.source[0]"] + arguments[2:])))
+    states[first + ".OtherDataset"] = asl.fail(OTHER_DATASET, asl.fmt(
+        other % "a source it does not record", *arguments))
+    return states
+
+
 def _prepare_states(settings, first, next_state):
     states = collections.OrderedDict()
     states[first] = asl.choice([
         asl.rule({"Variable": "$.config.prepare.enabled", "BooleanEquals": False}, first + ".NotEnabled"),
     ], first + ".RawSource")
     states.update(_dataset_check_states(first + ".NotEnabled", next_state))
-    states.update(_raw_source_states(settings, first + ".RawSource", first + ".Force"))
+    states.update(_raw_source_states(settings, first + ".RawSource", first + ".Search"))
+    states.update(_existing_dataset_states(first + ".Search", first + ".Force", jobs.PREPARE.state + ".Start"))
     states[first + ".Force"] = asl.choice([
         asl.rule({"Variable": "$.config.prepare.force", "BooleanEquals": True}, jobs.PREPARE.state + ".Start"),
-    ], first + ".Search")
-    states[first + ".Search"] = asl.task(asl.sdk("sagemaker", "search"), {
-        "Resource": "TrainingJob",
-        "SearchExpression": {"Filters": [
-            {"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "Completed"},
-            {"Name": "Tags.%s" % request.DATASET_KEY_TAG, "Operator": "Equals", "Value.$": "$.run.dataset_key"},
-        ]},
-        "MaxResults": 1,
-    }, first + ".Prepared", result_path="$.scratch", retry=jobs.RETRY)
-    # Search's Results is optional in its response: no match may come back without it.
-    states[first + ".Prepared"] = asl.choice([asl.rule(
-        {"Variable": "$.scratch.Results[0]", "IsPresent": True}, first + ".AlreadyDone")],
-        jobs.PREPARE.state + ".Start")
+    ], first + ".AlreadyDone")
     states[first + ".AlreadyDone"] = asl.pass_state(next_state, {"skipped.$": asl.fmt(
         "a prepare job already completed for dataset key {} (set prepare.force to run it again)",
-        "$.run.dataset_key")}, result_path="$.prepare_result")
+        jobs.DATASET_KEY_PATH)}, result_path="$.prepare_result")
     states.update(jobs.job_states(jobs.PREPARE, settings, first + ".Done"))
     states[first + ".Done"] = asl.pass_state(next_state, {
         "job_name.$": jobs.PREPARE.slot + ".name", "billable_seconds.$": jobs.PREPARE.slot + ".result.billable_seconds",
-        "console_url.$": jobs.PREPARE.slot + ".result.console_url", "dataset_key.$": "$.run.dataset_key"},
+        "console_url.$": jobs.PREPARE.slot + ".result.console_url", "dataset_key.$": jobs.DATASET_KEY_PATH},
         result_path="$.prepare_result")
     return states
 
@@ -206,12 +306,16 @@ def _outputs_state():
 def build_training_definition(settings):
     states = collections.OrderedDict()
     states.update(inputs.states(settings, VALIDATE, RUN))
-    states[RUN] = _run_state(INIT_FROM)
-    states.update(_init_from_states(INIT_FROM, PREPARE))
+    states.update(_run_states(RUN, INIT_FROM))
+    states.update(_init_from_states(INIT_FROM, RESUME))
+    states.update(_resume_states(RESUME, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
     states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states[OUTPUTS] = _outputs_state()
-    return asl.state_machine(
-        "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
-        % settings.name_prefix, VALIDATE, states)
+    return {
+        "Comment": "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
+                   % settings.name_prefix,
+        "StartAt": VALIDATE,
+        "States": states,
+    }

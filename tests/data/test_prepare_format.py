@@ -170,7 +170,6 @@ def test_rerun_with_other_settings_is_refused_before_any_work(corpus, tokenizer_
 
 @pytest.mark.parametrize("argv, message", [
     (["--tokenizer", "TOKENIZER", "--train-tokenizer"], "exclude each other"),
-    ([], "--train-tokenizer"),
     (["--tokenizer", "missing.json"], "missing.json: tokenizer file not found"),
     (["--tokenizer", "TOKENIZER", "--eod-token", "<eos>"], "no end-of-document token '<eos>'"),
 ])

@@ -23,8 +23,10 @@ def test_prepare_hyperparameters_validate_like_the_train_table():
         job.validate_hyperparameters({"preset": "gpt-125m"}, job.PREPARE_HYPERPARAMETERS)
 
 
-@pytest.mark.slow
-def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channel(tokenizer_file, tmp_path):
+def _run_toolkit_job(tmp_path, values, raw_files=()):
+    """Run the prepare job through the toolkit as SageMaker would, with lm.prepare's own `values` (the
+    builder adds the dataset directory /datasets/pile for an EFS raw channel) and `raw_files` copied into
+    the raw channel next to the sample corpus. Returns (toolkit result, dataset directory, file system root)."""
     base = tmp_path / "ml"
     code = base / "code"  # where the image bakes the code in
     shutil.copytree(os.path.join(IMAGE, "lm"), str(code / "lm"), ignore=shutil.ignore_patterns("__pycache__"))
@@ -33,14 +35,11 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     config.mkdir(parents=True)
     raw = base / "input" / "data" / job.PREPARE_INPUT_CHANNEL
     root = base / "input" / "data" / job.PREPARE_OUTPUT_CHANNEL  # the file system's root, mounted rw
-    dataset = root / "datasets" / "pile"  # made by the job
     sample_corpus.write_sample_corpus(str(raw), max_bytes=60000, files=2)
-    shutil.copy(tokenizer_file, str(raw / "tokenizer.json"))
+    for path in raw_files:
+        shutil.copy(path, str(raw / os.path.basename(path)))
     root.mkdir()
-    values = {"tokenizer": "tokenizer.json", "train_tokenizer": False, "seq_len": 32, "shard_size": 4096,
-              "val_fraction": 0.1, "workers": 1, "threads": 1}
-    # The arguments the builder adds for an EFS raw channel (raw_s3_uri None)
-    values.update(request.prepare_arguments(_prepare_job("/datasets/pile", raw_s3_uri=None)))
+    values = dict(values, **request.prepare_arguments(_prepare_job("/datasets/pile", raw_s3_uri=None)))
     hyperparameters = request.sdk_hyperparameters(
         values,
         strategy="single", instance_type=job.PREPARE_INSTANCE_TYPE, processes_per_host=1, job_name="prepare-1",
@@ -56,6 +55,22 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
                SAGEMAKER_SUBMIT_DIRECTORY=str(code), SM_STUDIO_LOCAL_MODE="true")
     result = subprocess.run([sys.executable, "-m", "sagemaker_training.cli.train"], env=env, cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return result, root / "datasets" / "pile", root
+
+
+def test_every_prepare_hyperparameter_is_in_the_dataset_key_or_changes_only_the_speed():
+    """A new lm.prepare setting must say whether it changes the shards: then it belongs in the state
+    machine's dataset key (stacks.state_machine.training), or a new setting would reuse an old dataset."""
+    speed = {"workers", "threads", "shard_index", "num_shards"}  # how the work is split, not its result
+    assert set(job.PREPARE_HYPERPARAMETERS) - set(job.PREPARE_OUTPUT_HYPERPARAMETERS) == speed
+    assert set(job.PREPARE_OUTPUT_HYPERPARAMETERS) <= set(job.PREPARE_HYPERPARAMETERS)
+
+
+@pytest.mark.slow
+def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channel(tokenizer_file, tmp_path):
+    values = {"tokenizer": "tokenizer.json", "train_tokenizer": False, "seq_len": 32, "shard_size": 4096,
+              "val_fraction": 0.1, "workers": 1, "threads": 1}
+    result, dataset, root = _run_toolkit_job(tmp_path, values, [tokenizer_file])
     assert result.returncode == 0 and "Reporting training SUCCESS" in result.stdout, result.stdout[-4000:]
     assert "--train_tokenizer False" in result.stdout  # the toolkit's spelling of a boolean
     manifest = shards.load_manifest(str(dataset))
@@ -63,6 +78,21 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
     assert manifest.prepare["complete"] and sorted(manifest.inputs) == ["00", "01"]
     assert manifest.seq_len == 32 and manifest.tokenizer_sha256 == shards.sha256_file(tokenizer_file)
     assert sorted(os.listdir(str(root))) == ["datasets"]
+
+
+@pytest.mark.slow
+def test_the_prepare_job_with_its_default_hyperparameters_trains_a_tokenizer(tmp_path):
+    """Issue 24.5: what `python -m lmstack.start --upload-corpus DIR` sends (every prepare hyperparameter
+    at its default: no tokenizer, train_tokenizer false, no init channel) was refused by lm.prepare, after
+    the instance was provisioned. It now trains a byte-level BPE on the corpus."""
+    defaults = job.validate_hyperparameters({}, job.PREPARE_HYPERPARAMETERS)
+    result, dataset, _ = _run_toolkit_job(tmp_path, defaults)
+    assert result.returncode == 0 and "Reporting training SUCCESS" in result.stdout, result.stdout[-4000:]
+    assert "training a byte-level BPE tokenizer (vocab 50257)" in result.stdout
+    manifest = shards.load_manifest(str(dataset))
+    assert shards.verify(str(dataset), manifest) == [] and manifest.prepare["complete"]
+    assert manifest.prepare["trained_vocab_size"] == 50257 and manifest.seq_len == 2048
+    assert manifest.tokenizer_sha256 == shards.sha256_file(str(dataset / manifest.tokenizer_file))
 
 
 def _prepare_job(data_directory, raw_s3_uri):

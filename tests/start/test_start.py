@@ -298,6 +298,11 @@ def test_show_request_prints_what_the_run_would_send_and_calls_nothing():
     assert hyperparameters["max_steps"] == "5" and hyperparameters["strategy"] == '"horovod"'
     assert hyperparameters["sagemaker_mpi_num_of_processes_per_host"] == "8"  # one per V100 of a p3.16xlarge
     assert sent["CheckpointConfig"]["S3Uri"] == "s3://${ArtifactBucket}/checkpoints/run-7/"
+    assert sent["RetryStrategy"] == {"MaximumRetryAttempts": 2}
+    out = io.StringIO()
+    assert start.main(["--preset", "tiny", "--name", "run-8", "--resume-from", "run-7", "--show-request"],
+                      session=NoAws(), out=out) == 0
+    assert json.loads(out.getvalue())["CheckpointConfig"]["S3Uri"] == "s3://${ArtifactBucket}/checkpoints/run-7/"
     assert sent["AlgorithmSpecification"]["TrainingImage"] == "${Image_tf211}"
     assert sent["ProfilerConfig"] == {"DisableProfiler": True}
 
@@ -338,6 +343,8 @@ def test_upload_corpus_puts_the_files_under_raw_and_prepares_from_there(aws, tmp
     sent = json.loads(aws.client("stepfunctions").describe_execution(
         executionArn=execution["executionArn"])["input"])
     assert sent["prepare"] == {"enabled": True, "raw_s3_uri": "s3://lmstack-artifacts/raw/pile-sample/"}
+    # Issue 24.4: each corpus its own dataset directory, so a new corpus is not taken for the old dataset.
+    assert sent["data_directory"] == "/corpora/pile-sample"
 
     again_code, again = run(aws, ["--upload-corpus", str(corpus), "--preset", "gpt-125m", "--name", "second"])
     assert again_code == 0 and again.count("already uploaded") == len(keys) and "uploading" not in again
@@ -348,6 +355,9 @@ def test_upload_corpus_dry_run_uploads_nothing_and_a_bad_path_starts_nothing(aws
     code, out = run(aws, ["--upload-corpus", str(_corpus(tmp_path)), "--corpus-name", "pile", "--dry-run"])
     assert code == 0
     assert json.loads(out)["prepare"]["raw_s3_uri"] == "s3://<ArtifactBucketName>/raw/pile/"
+    assert json.loads(out)["data_directory"] == "/corpora/pile"
+    code, out = run(aws, ["--upload-corpus", str(tmp_path / "pile-sample"), "--dataset", "/datasets/mine", "--dry-run"])
+    assert code == 0 and json.loads(out)["data_directory"] == "/datasets/mine"
     assert "Contents" not in aws.client("s3").list_objects_v2(Bucket="lmstack-artifacts")
     empty = tmp_path / "empty"
     empty.mkdir()

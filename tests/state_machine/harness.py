@@ -8,6 +8,7 @@ reference documents for that call:
   script of (TrainingJobStatus, SecondaryStatus, extra describe fields), one step per
   DescribeTrainingJob, by setting the attributes moto's job object renders;
 - StopTrainingJob and UpdateEndpoint are missing: added as response handlers;
+- Search applies only the first `Tags.*` filter of an expression: every filter is applied (AWS ands them);
 - an endpoint is `InService` at once: each created or updated endpoint follows
   `endpoint_script` instead, one step per DescribeEndpoint;
 - moto's engine loses its place when an execution is stopped between the steps of a Task
@@ -22,7 +23,9 @@ every test that uses the `engine` fixture) makes the engine behave as AWS docume
   botocore service model's output shape does not list in `required`). Each aws-sdk SageMaker
   result the engine hands the state machine keeps the required members and only those optional
   ones the test's scenario reports (the extras of a `JobFake` script step or `endpoint_script`
-  step, a Search that matched something); everything else is stripped, nested structures too;
+  step, a Search that matched something; in a Search record of a training job, the name and the tags
+  its CreateTrainingJob request gave it: the TrainingJob shape's Tags, "An array of key-value pairs",
+  Search API reference); everything else is stripped, nested structures too;
 - input constraints: moto does not check a request's members against the limits of the API; the
   service refuses a string member longer than its maximum, shorter than its minimum or outside its
   pattern with a ValidationException ("1 validation error detected: Value '...' at 'endpointName'
@@ -185,9 +188,18 @@ class StrictLayer:
         reported = set(self.reported[(operation, parameters.get(self.NAMED_BY.get(operation)))])
         if operation == "Search" and response.get("Results"):
             reported.add("Results")  # what matched; each record still loses its optional members
-            response = dict(response, Results=required_only(
-                shape.members["Results"], response["Results"]))
+            response = dict(response, Results=[self.search_record(shape.members["Results"].member, record)
+                                               for record in response["Results"]])
         return required_only(shape, response, reported)
+
+    def search_record(self, shape, record):
+        """A record keeps what the scenario reports for its training job (`JobFake.on_create`: the name and
+        tags its request gave it), nothing else."""
+        training_job = record.get("TrainingJob")
+        kept = self.reported[("Search", training_job.get("TrainingJobName"))] if training_job else ()
+        if not kept:
+            return required_only(shape, record)
+        return {"TrainingJob": required_only(shape.members["TrainingJob"], training_job, kept)}
 
     def matches_all(self, error_name, state_name):
         """False where AWS's States.ALL does not match `error_name` (recorded in `uncaught`)."""
@@ -285,6 +297,7 @@ class JobFake:
 
     def on_create(self, training_job):
         self.created.append(training_job.training_job_name)
+        self.strict.report("Search", training_job.training_job_name, ("TrainingJobName", "Tags"))
         script = self.scripts.pop(0) if self.scripts else self.default
         self._steps[training_job.training_job_name] = collections.deque(script)
         self._apply(training_job, script[0])
@@ -377,6 +390,21 @@ def jobs(monkeypatch, strict):
     monkeypatch.setattr(backend, "create_endpoint", create_endpoint_scripted)
     monkeypatch.setattr(backend, "describe_endpoint", describe_endpoint_scripted)
 
+    search = backend.search
+
+    def search_every_filter(self, resource=None, search_expression=None):
+        """moto's Search applies only the first Tags.* filter of an expression (it returns at its end);
+        SageMaker applies them all (Search API reference: "all of the filters must be satisfied"): one
+        search per filter, and what all of them found."""
+        filters = (search_expression or {}).get("Filters")
+        if not filters:
+            return search(self, resource, search_expression)
+        found = [search(self, resource, dict(search_expression, Filters=[one]))["Results"] for one in filters]
+        result = search(self, resource, dict(search_expression, Filters=filters[:1]))
+        result["Results"] = [record for record in found[0] if all(record in other for other in found[1:])]
+        return result
+
+    monkeypatch.setattr(backend, "search", search_every_filter)
     monkeypatch.setattr(backend, "create_training_job", create_training_job)
     monkeypatch.setattr(backend, "describe_training_job", describe_training_job)
     monkeypatch.setattr(sagemaker_responses.SageMakerResponse, "stop_training_job", stop_training_job, raising=False)
@@ -412,13 +440,16 @@ class Deployment:
         for index, directory in enumerate((settings.dataset_directory,) if prepared is None else prepared):
             self.record_prepared(directory, "lmstack-prep-earlier-%d" % index)
 
-    def record_prepared(self, directory, name):
+    def record_prepared(self, directory, name, file_system_id=None):
         """What a completed prepare job of an earlier execution leaves: its record in SageMaker, which the
-        Prepare stage's dataset check finds, and the directory on the file system."""
+        Prepare stage's dataset check finds, and the directory on the file system (`file_system_id`: of
+        another stack's file system, which this one's does not get)."""
         self.jobs.scripts.insert(0, [("Completed", "Completed", {})])
-        local_sfn.record_prepared_dataset(self.sagemaker, self.settings, self.values, directory, name)
+        values = self.values if file_system_id is None else dict(self.values, FileSystemId=file_system_id)
+        local_sfn.record_prepared_dataset(self.sagemaker, self.settings, values, directory, name)
         self.jobs.created.remove(name)
-        self.file_system.make(directory)
+        if file_system_id is None:
+            self.file_system.make(directory)
 
     def _create(self, name, definition):
         return self.sfn.create_state_machine(name=name, definition=render(definition, self.values),

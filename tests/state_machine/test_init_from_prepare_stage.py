@@ -21,20 +21,12 @@ def _failure(run):
     return run.description.get("error"), run.description.get("cause"), run.states_entered()[-6:]
 
 
-def _dataset_key(config, fields):
-    """What the definition's States.Hash(States.Format(...)) gives for the values at `fields`."""
-    value_at = request.values_at({"config": config})
-    text = "|".join(value if isinstance(value, str) else json.dumps(value) for value in map(value_at, fields))
-    return hashlib.md5(text.encode()).hexdigest()
-
-
 def _built(deployment, run, kind, execution_input):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
     config = rules.with_defaults(inputs.schema(settings), execution_input)
-    fields = training.DATASET_KEY_FIELDS if config["init_from"] is None else training.INIT_DATASET_KEY_FIELDS
     values = jobs.concrete_values(
-        kind, settings, config, execution_name=run.arn.split(":")[-1], dataset_key=_dataset_key(config, fields),
+        kind, settings, config, execution_name=run.arn.split(":")[-1], dataset_key=training.concrete_dataset_key(config),
         job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, hashlib.md5(run.arn.encode()).hexdigest()))
     return json.loads(render(request.create_training_job_request(values), deployment.values))
 
@@ -72,30 +64,33 @@ def test_the_prepare_job_gets_the_init_channel_as_the_builder_builds_it(make_dep
     assert json.loads(prepare["HyperParameters"]["tokenizer"]) == ""
     assert json.loads(prepare["HyperParameters"]["train_tokenizer"]) is False
     config = rules.with_defaults(inputs.schema(deployment.settings), execution_input)
-    assert _tags(prepare)[request.DATASET_KEY_TAG] == _dataset_key(config, training.INIT_DATASET_KEY_FIELDS)
+    assert _tags(prepare)[request.DATASET_KEY_TAG] == training.concrete_dataset_key(config)
     assert invalid_sagemaker_requests(run) == []
 
 
 @pytest.mark.slow
 def test_the_dataset_key_includes_init_from(make_deployment):
-    """A dataset prepared for one checkpoint's tokenizer is no reason to skip preparing for another's;
-    without init_from the key is what it was (datasets prepared before keep theirs)."""
+    """A dataset prepared for one checkpoint's tokenizer is no reason to skip preparing for another's:
+    into the same directory that is refused (it holds the other dataset), into another it runs."""
     deployment = make_deployment(prepared=())
     prepare = {"enabled": True, "raw_s3_uri": RAW}
     first = deployment.run({"init_from": INIT_FROM, "prepare": prepare}, name="key-1")
     again = deployment.run({"init_from": INIT_FROM, "prepare": prepare}, name="key-2")
-    other = deployment.run({"init_from": OTHER_INIT_FROM, "prepare": prepare}, name="key-3")
+    refused = deployment.run({"init_from": OTHER_INIT_FROM, "prepare": prepare}, name="key-3")
+    other = deployment.run({"init_from": OTHER_INIT_FROM, "prepare": prepare, "data_directory": "/datasets/other"},
+                           name="key-4")
     for run in (first, again, other):
         assert run.status == "SUCCEEDED", _failure(run)
     assert [sent["TrainingJobName"].split("-")[1] for _, _, sent in first.calls("createTrainingJob")] == [
         "prep", "train"]
     assert "already completed" in again.output["prepare"]["skipped"]
+    assert refused.description["error"] == training.OTHER_DATASET and refused.calls("createTrainingJob") == []
     assert [sent["TrainingJobName"].split("-")[1] for _, _, sent in other.calls("createTrainingJob")] == [
         "prep", "train"]
     keys = [_tags(run.calls("createTrainingJob")[0][2])[request.DATASET_KEY_TAG] for run in (first, other)]
     assert keys[0] != keys[1]
     config = rules.with_defaults(inputs.schema(deployment.settings), {"prepare": prepare})
-    assert first.output["prepare"]["dataset_key"] != _dataset_key(config, training.DATASET_KEY_FIELDS)
+    assert first.output["prepare"]["dataset_key"] != training.concrete_dataset_key(config)
 
 
 @pytest.mark.slow

@@ -19,7 +19,8 @@ def _actions(run):
 
 
 @pytest.mark.slow
-def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(deployment):
+def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(make_deployment):
+    deployment = make_deployment(prepared=())
     prepare = {"enabled": True, "raw_directory": "/raw/pile", "hyperparameters": {"seq_len": 1024, "workers": 8}}
     deployment.file_system.make("/raw/pile")  # raw files someone copied onto the file system
     first = deployment.run({"prepare": prepare}, name="prep-1")
@@ -46,11 +47,49 @@ def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(deploymen
     assert "already completed" in again.output["prepare"]["skipped"]
     assert invalid_sagemaker_requests(again) == []
 
-    other = deployment.run({"prepare": dict(prepare, hyperparameters={"seq_len": 2048})}, name="prep-3")
+    faster = deployment.run({"prepare": dict(prepare, hyperparameters={"seq_len": 1024, "workers": 2})},
+                            name="prep-3")  # workers change how fast, not what: the same dataset
+    assert "already completed" in faster.output["prepare"]["skipped"]
     forced = deployment.run({"prepare": dict(prepare, force=True)}, name="prep-4")
-    for run in (other, forced):
-        assert run.status == "SUCCEEDED", _failure(run)
-        assert run.calls("createTrainingJob")[0][2]["TrainingJobName"].startswith("lmstack-prep-")
+    assert forced.status == "SUCCEEDED", _failure(forced)
+    assert forced.calls("createTrainingJob")[0][2]["TrainingJobName"].startswith("lmstack-prep-")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", [
+    {"raw_s3_uri": "s3://lmstack-artifacts/raw/new-corpus/"}, {"raw_directory": "/raw/other"},
+    {"hyperparameters": {"seq_len": 1024}}, {"hyperparameters": {"val_fraction": 0.01}},
+    {"hyperparameters": {"eod_token": "<eod>"}}, {"hyperparameters": {"shard_size": 1 << 20}},
+    {"hyperparameters": {"vocab_size": 32000}}, {"force": True, "raw_s3_uri": "s3://lmstack-artifacts/raw/new-corpus/"},
+], ids=["s3-corpus", "efs-corpus", "seq_len", "val_fraction", "eod_token", "shard_size", "vocab_size", "forced"])
+def test_another_dataset_into_a_prepared_directory_is_refused_naming_both_sources(make_deployment, change):
+    """Issue 24.4: a new corpus (or settings that change the shards) into a directory that holds a
+    dataset was skipped (the key had no raw source) or, forced, mixed into the old manifest."""
+    deployment = make_deployment(prepared=())
+    deployment.file_system.make("/raw/pile")
+    prepare = {"enabled": True, "raw_directory": "/raw/pile"}
+    assert deployment.run({"prepare": prepare}, name="first").status == "SUCCEEDED"
+    hyperparameters = dict(prepare.get("hyperparameters", {}), **change.pop("hyperparameters", {}))
+    refused = deployment.run({"prepare": dict(prepare, hyperparameters=hyperparameters, **change)}, name="second")
+    assert refused.status == "FAILED" and refused.description["error"] == "DirectoryHoldsAnotherDataset"
+    cause = refused.description["cause"]
+    new_source = change.get("raw_s3_uri", change.get("raw_directory", "/raw/pile"))
+    assert "/datasets/sample" in cause and "made from /raw/pile;" in cause and "prepare %s into it" % new_source in cause
+    assert refused.calls("createTrainingJob") == []
+
+
+@pytest.mark.slow
+def test_the_dataset_checks_count_only_this_stacks_file_system(make_deployment):
+    """A prepare job of another stack (another file system) neither prepares this one's directory nor
+    holds it: the training run is refused, the prepare stage runs."""
+    deployment = make_deployment(prepared=())
+    deployment.record_prepared("/datasets/sample", "lmstack-prep-other-stack", file_system_id="fs-0another0000000")
+    unprepared = deployment.run({}, name="other-stack-only")
+    assert unprepared.status == "FAILED" and unprepared.description["error"] == "DatasetNotPrepared"
+    prepared = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": "s3://lmstack-artifacts/raw/x/"}},
+                              name="prepares-here")
+    assert prepared.status == "SUCCEEDED", _failure(prepared)
+    assert prepared.calls("createTrainingJob")[0][2]["TrainingJobName"].startswith("lmstack-prep-")
 
 
 @pytest.mark.slow
@@ -132,7 +171,8 @@ def test_a_fresh_account_prepares_from_s3_then_trains_on_the_dataset_read_only(m
     deployment = make_deployment(prepared=())
     assert deployment.file_system.directories == {"/"}
     raw = "s3://lmstack-artifacts/raw/pile/"
-    run = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": raw, "instance_count": 3}}, name="fresh-1")
+    run = deployment.run({"prepare": {"enabled": True, "raw_s3_uri": raw, "instance_count": 3,
+                                      "hyperparameters": {"tokenizer": "/tokenizers/gpt2.json"}}}, name="fresh-1")
     assert run.status == "SUCCEEDED", _failure(run)
     (_, _, prepare), (_, _, train) = run.calls("createTrainingJob")
     raw_channel = _channels(prepare)["raw"]

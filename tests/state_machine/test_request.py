@@ -14,7 +14,7 @@ import pytest
 from state_machine.harness import StandInSettings
 
 from lm import job, request, rules
-from stacks.state_machine import inputs, jobs, render
+from stacks.state_machine import inputs, jobs, render, training
 
 INSTANCE_TYPE = "ml.p4d.24xlarge"
 
@@ -24,13 +24,9 @@ def concrete_request(deployment, run, kind, execution_input):
     settings = deployment.settings
     config = rules.with_defaults(inputs.schema(settings), execution_input)
     run_id = hashlib.md5(run.arn.encode()).hexdigest()
-    dataset_key = "|".join(json.dumps(value) if not isinstance(value, str) else value for value in (
-        config["data_directory"], config["prepare"]["hyperparameters"]["tokenizer"],
-        config["prepare"]["hyperparameters"]["train_tokenizer"], config["prepare"]["hyperparameters"]["vocab_size"],
-        config["prepare"]["hyperparameters"]["seq_len"]))
     values = jobs.concrete_values(
         kind, settings, config, job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, run_id),
-        execution_name=run.arn.split(":")[-1], dataset_key=hashlib.md5(dataset_key.encode()).hexdigest())
+        execution_name=run.arn.split(":")[-1], dataset_key=training.concrete_dataset_key(config))
     return json.loads(render(request.create_training_job_request(values), deployment.values))
 
 
@@ -72,9 +68,9 @@ def test_the_definition_sends_what_the_builder_builds_for_each_strategy(deployme
 
 @pytest.mark.parametrize("raw", [{}, {"raw_s3_uri": "s3://lmstack-artifacts/raw/pile/"}], ids=["efs", "s3"])
 def test_the_definition_sends_what_the_builder_builds_for_the_prepare_job(make_deployment, raw):
-    deployment = make_deployment(StandInSettings(az_count=3))
+    deployment = make_deployment(StandInSettings(az_count=3), prepared=())
     execution_input = {"prepare": dict(raw, enabled=True, force=True, instance_count=2,
-                                       hyperparameters={"seq_len": 512, "train_tokenizer": True})}
+                                       hyperparameters={"seq_len": 512, "tokenizer": "/tokenizers/gpt2.json"})}
     run = deployment.run(execution_input, name="request-prepare")
     prepare, train = _created(run)
     assert_equal_key_by_key(concrete_request(deployment, run, jobs.PREPARE, execution_input), prepare)

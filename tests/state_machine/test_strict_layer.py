@@ -50,6 +50,27 @@ def test_required_only_keeps_the_required_members_at_every_depth():
     assert StrictLayer().response("Search", {}, {"Results": []}) == {}
     assert StrictLayer().response("Search", {}, {"Results": [{"TrainingJob": {"TrainingJobName": "j"}}]}) == {
         "Results": [{}]}
+    created = StrictLayer()
+    created.report("Search", "j", ("TrainingJobName", "Tags"))
+    tags = [{"Key": "k", "Value": "v"}]
+    assert created.response("Search", {}, {"Results": [{"TrainingJob": {
+        "TrainingJobName": "j", "Tags": tags, "FailureReason": "x"}}, {"TrainingJob": {"TrainingJobName": "other"}}]}) \
+        == {"Results": [{"TrainingJob": {"TrainingJobName": "j", "Tags": tags}}, {}]}
+
+
+def test_search_applies_every_filter(deployment):
+    """moto's own Search stops at the first Tags.* filter; SageMaker ands them (harness.jobs)."""
+    deployment.record_prepared("/datasets/a", "lmstack-prep-a")
+    deployment.record_prepared("/datasets/a", "lmstack-prep-elsewhere", file_system_id="fs-0another0000000")
+
+    def names(*filters):
+        found = deployment.sagemaker.search(Resource="TrainingJob", SearchExpression={"Filters": list(filters)})
+        return sorted(record["TrainingJob"]["TrainingJobName"] for record in found["Results"])
+
+    directory = {"Name": "Tags.lmstack:dataset-directory", "Operator": "Equals", "Value": "/datasets/a"}
+    here = {"Name": "Tags.lmstack:file-system", "Operator": "Equals", "Value": deployment.values["FileSystemId"]}
+    assert names(directory) == ["lmstack-prep-a", "lmstack-prep-elsewhere"]
+    assert names(directory, here) == ["lmstack-prep-a"]
 
 
 def _run_definition(deployment, definition, name):
@@ -93,7 +114,7 @@ def _reads_failure_reason(states):
 
 @pytest.mark.parametrize("break_it, execution_input, script, member", [
     (_reads_endpoint_config_name, {"deploy": DEPLOY}, None, "EndpointConfigName"),
-    (_reads_search_results, {"prepare": {"enabled": True}}, None, "Results"),
+    (_reads_search_results, {"prepare": {"enabled": True}, "data_directory": "/datasets/fresh"}, None, "Results"),
     (_reads_failure_reason, {}, SUCCESS[:2] + [("Failed", "Failed", {})], "FailureReason"),
 ])
 def test_a_state_that_reads_an_optional_member_without_a_default_fails(deployment, break_it, execution_input,
@@ -113,7 +134,8 @@ def test_every_path_behaves_without_any_optional_member(deployment):
     """Jobs and endpoints whose describe results carry only the required members."""
     bare = [(status, secondary, {}) for status, secondary, _ in SUCCESS]
     deployment.jobs.scripts.extend([bare, bare])  # the prepare job, then the training job
-    done = deployment.run({"deploy": DEPLOY, "prepare": {"enabled": True}}, name="bare-success")
+    done = deployment.run({"deploy": DEPLOY, "prepare": {"enabled": True}, "data_directory": "/datasets/fresh"},
+                          name="bare-success")
     assert done.status == "SUCCEEDED", _failure(done)
     assert done.output["billable_seconds"] is None and done.output["final_metrics"] == []
     assert done.output["deploy"]["status"] == "InService"

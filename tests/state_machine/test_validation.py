@@ -40,6 +40,11 @@ CASES = [
      "Member must have length less than or equal to 63"),
     ({"strategy": "smp", "instance_type": "ml.p3.16xlarge", "mp_parameters": {"partitions": 3}},
      "mp_parameters.partitions 3 must divide the 8 GPUs per host of instance_type ml.p3.16xlarge", ""),
+    # lm.prepare would refuse it after the instances started (it trains the tokenizer on one instance)
+    ({"prepare": {"enabled": True, "instance_count": 3}},
+     "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
+     "got prepare.instance_count=3", ""),
+    ({"resume_from": 7}, "resume_from must be a string or null", "7"),
 ]
 
 

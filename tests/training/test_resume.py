@@ -71,6 +71,23 @@ def test_resuming_on_other_data_is_refused_unless_allowed(text_dataset, tmp_path
 
 
 @pytest.mark.slow
+def test_checkpoints_of_another_model_are_refused_naming_both_and_resume_from(text_dataset, tmp_path, capsys):
+    """What a SageMaker run whose resume_from names another model's checkpoints meets (issue 24.6):
+    they are synced into its checkpoint directory, and lm.train refuses them before step 1."""
+    tmp = str(tmp_path)
+    status, output = helpers.run_in_process(capsys, text_dataset, tmp, max_steps=2, xla=False)
+    assert status == 0, output
+    status, output = helpers.run_in_process(capsys, text_dataset, tmp, max_steps=4, xla=False, preset="rnn-tiny",
+                                            model="rnn")
+    assert status == 2
+    assert "ckpt-00000002.npz: was written with hyperparameters.preset='tiny', this run has 'rnn-tiny'" in output
+    assert "leave resume_from out of the execution input" in output
+    status, output = helpers.run_in_process(capsys, other_dataset(text_dataset, str(tmp_path / "other")), tmp,
+                                            max_steps=4, xla=False)
+    assert status == 2 and "was trained on dataset" in output and "leave resume_from out" in output
+
+
+@pytest.mark.slow
 def test_time_based_checkpoints_and_tensorboard_scalars(text_dataset, tmp_path, capsys):
     # checkpoint_minutes tiny: every log window (2 steps) is past it, so every window saves.
     tmp = str(tmp_path)

@@ -62,6 +62,12 @@ class CheckpointError(ValueError):
     """A checkpoint that does not fit the model being trained; names the file."""
 
 
+# Where a checkpoint of another run comes from, and how to start afresh instead: on SageMaker an execution
+# trains under its own prefix unless its input's resume_from names another's.
+OTHER_CHECKPOINTS = ("the checkpoints are another run's: on SageMaker leave resume_from out of the execution "
+                     "input (or name the checkpoints of this model and dataset), locally use another --checkpoint-dir")
+
+
 def checkpoint_name(step, tag=""):
     return "ckpt-%08d%s.npz" % (step, tag)
 
@@ -314,8 +320,8 @@ def check_dataset(meta, fingerprint, allow_new_data, path):
     raise CheckpointError(
         "%s: was trained on %s, this run's dataset is %s. Resuming on other data does not continue the "
         "same run (its batches differ from the ones an uninterrupted run would see); to do it anyway, set "
-        "hyperparameters.allow_new_data=true (--allow-new-data), or use another --checkpoint-dir"
-        % (path, was, fingerprint))
+        "hyperparameters.allow_new_data=true (--allow-new-data); otherwise %s"
+        % (path, was, fingerprint, OTHER_CHECKPOINTS))
 
 
 class DropoutKey:

@@ -183,7 +183,8 @@ def validate_mp_parameters(values):
 # `--name value`); `lm.prepare` builds its command line from this table.
 PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("tokenizer", str, "", help="a tokenizers JSON file (a relative one is looked up in the raw channel)"),
-    _hp("train_tokenizer", bool, False, help="train a byte-level BPE on a sample of the input"),
+    _hp("train_tokenizer", bool, False,
+        help="train a byte-level BPE on a sample of the input (also done when no tokenizer and no init_from is given)"),
     _hp("vocab_size", int, 50257, 257, 2 ** 32, help="vocabulary size for train_tokenizer"),
     _hp("tokenizer_sample_bytes", int, 128 << 20, 1, 2 ** 40, help="text bytes train_tokenizer learns from"),
     _hp("eod_token", str, "<|endoftext|>", help="the end-of-document token written between documents"),
@@ -195,6 +196,10 @@ PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("shard_index", int, -1, -1, 4095, help="this instance's share of the input files (-1 = from SM_HOSTS)"),
     _hp("num_shards", int, 0, 0, 4096, help="instances sharing the input files (0 = len(SM_HOSTS))"),
 ])
+# The prepare settings that decide the bytes of the dataset (the tokenizer and how the token stream is
+# cut and split); the others decide only how fast it is made. The state machine's dataset key holds them.
+PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", "tokenizer_sample_bytes",
+                                  "eod_token", "seq_len", "shard_size", "val_fraction")
 PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
 PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
 PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow

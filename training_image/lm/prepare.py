@@ -1,6 +1,6 @@
 """The Pile into compact token shards (the format of `lm.shards`), fast, restartable, honest.
 
-    python -m lm.prepare INPUT... --output DIR (--tokenizer FILE | --train-tokenizer | --init-from HF_DIR) [options]
+    python -m lm.prepare INPUT... --output DIR [--tokenizer FILE | --init-from HF_DIR] [options]
     python -m lm.prepare merge DIR          # one manifest from the parts of a multi-instance run
     python -m lm.prepare train-tokenizer INPUT... --output FILE [--vocab-size N]
     python -m lm.prepare verify DIR [--workers N]   # hash every shard against the manifest
@@ -24,7 +24,10 @@ channel with ShardedByS3Key) SageMaker already gave each instance its own share 
 an instance then takes every file it sees, and the merge counts the parts' inputs together.
 With an `init` channel (execution input init_from: a Hugging Face GPT-2 directory) the job
 tokenizes with that checkpoint's tokenizer.json, as `--init-from` does, so that lm.train can
-start from the checkpoint on this dataset.
+start from the checkpoint on this dataset. Given neither a tokenizer nor a checkpoint it trains a
+byte-level BPE of `--vocab-size` on the first `--tokenizer-sample-bytes` of the input (as
+`--train-tokenizer` asks explicitly): the image ships no tokenizer file and a job cannot count on
+reaching the Hugging Face Hub, and a tokenizer learned from the corpus fits it.
 
 Sizing the full Pile (825 GiB = 886 GB of text in 30 files) at r MB/s of text per vCPU: an
 hour needs 886e3 / 3600 / r vCPUs, and 886e3 / 30 / 3600 = 8.2 MB/s per file, so about
@@ -328,8 +331,6 @@ def _load_tokenizer(args, inputs, output, existing):
                                % (output, existing.tokenizer_sha256, source, digest))
         copy = not os.path.exists(target) or shards.sha256_file(target) != digest
         return tokenizer, eod, digest, (lambda: _copy_atomically(source, target)) if copy else None
-    if not args.train_tokenizer:
-        raise PrepareError("pass --tokenizer FILE (a tokenizers JSON file), --train-tokenizer or --init-from HF_DIR")
     if existing is not None and os.path.exists(target):
         tokenizer, eod = tokenizers_lib.load(target, args.eod_token)
         if existing.prepare.get("trained_vocab_size") != args.vocab_size:
@@ -337,9 +338,9 @@ def _load_tokenizer(args, inputs, output, existing):
                                % (output, existing.prepare.get("trained_vocab_size"), args.vocab_size))
         return tokenizer, eod, shards.sha256_file(target), None
     if args.num_shards > 1:
-        raise PrepareError("--train-tokenizer with %d instances would train %d tokenizers: run "
-                           "`python -m lm.prepare train-tokenizer` once and pass --tokenizer" % (args.num_shards,
-                                                                                                args.num_shards))
+        raise PrepareError("training the tokenizer (no --tokenizer, no --init-from) with %d instances would train %d "
+                           "tokenizers: run `python -m lm.prepare train-tokenizer` once and pass --tokenizer"
+                           % (args.num_shards, args.num_shards))
     print("training a byte-level BPE tokenizer (vocab %d) on %d MB of the input"
           % (args.vocab_size, args.tokenizer_sample_bytes // 10 ** 6), flush=True)
     train_tokenizer(inputs, target, args.vocab_size, args.tokenizer_sample_bytes, args.eod_token)
@@ -428,7 +429,7 @@ def prepare(args):
 
     manifest = existing or shards.Manifest(tokenizer_file=TOKENIZER_FILE, **settings)
     manifest.prepare = dict(prepare_settings, complete=False)
-    if args.train_tokenizer:
+    if not args.tokenizer:  # trained here
         manifest.prepare["trained_vocab_size"] = args.vocab_size
     if count > 1:
         manifest.prepare["part"] = {"index": index, "count": count, "inputs": len(all_inputs),

@@ -38,6 +38,19 @@ DATASET_DIRECTORY_TAG = TAG_PREFIX + "dataset-directory"
 # On jobs that read init_from (the init channel): its S3 prefix. A prepare job with it tokenized its
 # dataset with that checkpoint's tokenizer.
 INIT_FROM_TAG = TAG_PREFIX + "init-from"
+# On every training job: the stack's EFS file system. The dataset checks search only the jobs of this
+# stack's file system, not every job in the account.
+FILE_SYSTEM_TAG = TAG_PREFIX + "file-system"
+# On prepare jobs: the raw corpus they read (an S3 prefix, or a directory on the file system), named
+# when another source is to be prepared into the same directory.
+RAW_SOURCE_TAG = TAG_PREFIX + "raw-source"
+# On training jobs: the name of the checkpoint prefix below CHECKPOINT_PREFIX they write (their
+# execution's name, or the resume_from it continues), which a later execution may resume from.
+CHECKPOINTS_TAG = TAG_PREFIX + "checkpoints"
+# CreateTrainingJob RetryStrategy (API reference: "The number of times to retry the job when the job
+# fails due to an InternalServerError", 1-30): SageMaker restarts the same job, whose checkpoints it
+# syncs down again, so an internal error costs the steps since the last checkpoint, not the run.
+INTERNAL_ERROR_RETRIES = 2
 # The raw corpus from S3 is read by lm.prepare once, each file start to end: FastFile streams the
 # objects on demand, so the job starts without a copy and the ML volume (VOLUME_SIZE_GB) need not
 # hold the corpus, as File mode would need (an instance's share of the Pile is 100 GB and more).
@@ -151,7 +164,7 @@ class TrainingJob:
     security_group_ids: Sequence[Any]
     subnets: Sequence[Any]
     data_directory: Any             # the dataset directory on EFS
-    execution_name: Any             # the checkpoint prefix and the execution tag
+    execution_name: Any             # the execution tag (and the checkpoint prefix, without `checkpoints`)
     strategy: str = "single"
     processes_per_host: Any = 1     # MPI processes per host (horovod, smp)
     mp_parameters: Any = None       # SMP v1 parameters (smp)
@@ -161,6 +174,9 @@ class TrainingJob:
     # An S3 prefix holding a Hugging Face GPT-2 directory (or None): training starts from its weights,
     # the prepare job tokenizes with its tokenizer.
     init_from: Any = None
+    # The checkpoint prefix's name below CHECKPOINT_PREFIX (training; None: execution_name): an earlier
+    # execution's name continues its checkpoints (execution input resume_from).
+    checkpoints: Any = None
 
 
 def artifact_uri(bucket, prefix):
@@ -305,11 +321,25 @@ def vpc_config(security_group_ids, subnets):
     return {"SecurityGroupIds": list(security_group_ids), "Subnets": list(subnets)}
 
 
+def checkpoint_prefix_name(training_job):
+    """The name below CHECKPOINT_PREFIX the job's checkpoints live under."""
+    return training_job.execution_name if training_job.checkpoints is None else training_job.checkpoints
+
+
+def raw_source(training_job):
+    """What a prepare job reads: its S3 prefix, else its directory on the file system."""
+    return training_job.raw_directory if training_job.raw_s3_uri is None else training_job.raw_s3_uri
+
+
 def tags(training_job):
     found = resource_tags(training_job.kind, training_job.execution_name)
+    found.append({"Key": FILE_SYSTEM_TAG, "Value": training_job.file_system_id})
     if training_job.kind == "prepare":
         found.append({"Key": DATASET_KEY_TAG, "Value": training_job.dataset_key})
         found.append({"Key": DATASET_DIRECTORY_TAG, "Value": training_job.data_directory})
+        found.append({"Key": RAW_SOURCE_TAG, "Value": raw_source(training_job)})
+    else:
+        found.append({"Key": CHECKPOINTS_TAG, "Value": checkpoint_prefix_name(training_job)})
     if training_job.init_from is not None:
         found.append({"Key": INIT_FROM_TAG, "Value": training_job.init_from})
     return found
@@ -341,11 +371,12 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     if j.kind == "train":
         request["EnableManagedSpotTraining"] = j.spot
         request["CheckpointConfig"] = collections.OrderedDict([
-            ("S3Uri", text("s3://{}/%s{}/" % contract.CHECKPOINT_PREFIX, j.bucket, j.execution_name)),
+            ("S3Uri", text("s3://{}/%s{}/" % contract.CHECKPOINT_PREFIX, j.bucket, checkpoint_prefix_name(j))),
             ("LocalPath", contract.CHECKPOINT_LOCAL_PATH)])
         request["TensorBoardOutputConfig"] = collections.OrderedDict([
             ("LocalPath", contract.TENSORBOARD_LOCAL_PATH),
             ("S3OutputPath", text("s3://{}/%s{}" % contract.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
+    request["RetryStrategy"] = {"MaximumRetryAttempts": INTERNAL_ERROR_RETRIES}
     request["EnableInterContainerTrafficEncryption"] = True
     # Debugger and Profiler are closed to new accounts (SageMaker developer guide: "Amazon
     # SageMaker Debugger availability change", "Profiler availability change"): off, as the

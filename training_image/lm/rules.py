@@ -153,7 +153,7 @@ def with_defaults(fields, given):
 # ---- rules between fields ----
 
 class Is(collections.namedtuple("Is", "path value")):
-    """The value at `path` equals `value` (a str or a bool)."""
+    """The value at `path` equals `value` (a str, a bool or None)."""
 
 
 class OneOf(collections.namedtuple("OneOf", "path values")):
@@ -339,6 +339,13 @@ def cross_field_rules(runtimes=None):
                       "strategy single runs on one instance, got instance_count={value}: set instance_count to 1 "
                       "or choose one of %s" % ", ".join(strategy for strategy in job.STRATEGIES if strategy != "single"),
                       subject=INSTANCE_COUNT_FIELD))
+    # lm.prepare trains its tokenizer when it is given none (nor init_from's): once, on one instance.
+    found.append(rule("prepare.tokenizer.instance_count", All((
+        Is("prepare.enabled", True), Above("prepare.instance_count", 1), Is("prepare.hyperparameters.tokenizer", ""),
+        Is("init_from", None))),
+        "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
+        "got prepare.instance_count={value}: set it to 1, or give a tokenizer file on the file system (python -m "
+        "lm.prepare train-tokenizer makes one)", subject="prepare.instance_count"))
     for stage, runtime in (("deploy", job.SERVING_RUNTIME), ("prepare", job.PREPARE_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),

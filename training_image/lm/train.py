@@ -246,8 +246,8 @@ def check_resume(meta, hp, path):
     for name in ("global_batch_size", "seed", "preset", "model"):
         if meta["hyperparameters"].get(name) != getattr(hp, name):
             raise checkpoint.CheckpointError(
-                "%s: was written with hyperparameters.%s=%r, this run has %r (use another --checkpoint-dir)"
-                % (path, name, meta["hyperparameters"].get(name), getattr(hp, name)))
+                "%s: was written with hyperparameters.%s=%r, this run has %r (%s)"
+                % (path, name, meta["hyperparameters"].get(name), getattr(hp, name), checkpoint.OTHER_CHECKPOINTS))
 
 
 class Training:
