@@ -173,9 +173,9 @@ def _sagemaker_model():
 
 
 def _constraint_violations(shape, value, where, problems):
-    """The SageMaker API reference's Length Constraints, Pattern and Array/Map Members limits, read from
-    botocore's copy of the service model (botocore's own ParamValidator checks types, required and minimums
-    only, not maximums or patterns; AWS rejects those with a ValidationException)."""
+    """The SageMaker API reference's Length Constraints, Pattern, Valid Values and Array/Map Members limits,
+    read from botocore's copy of the service model (botocore's own ParamValidator checks types, required and
+    minimums only, not maximums, patterns or enums; AWS rejects those with a ValidationException)."""
     import re
     meta = shape.metadata
     if shape.type_name == "structure" and isinstance(value, dict):
@@ -194,6 +194,10 @@ def _constraint_violations(shape, value, where, problems):
             _constraint_violations(shape.key, key, "%s key %r" % (where, key), problems)
             _constraint_violations(shape.value, item, "%s[%r]" % (where, key), problems)
     elif shape.type_name == "string" and isinstance(value, str):
+        if shape.enum and value not in shape.enum:
+            # e.g. ProductionVariantInstanceType (CreateEndpointConfig): ml.p3dn.24xlarge trains but cannot host.
+            problems.append("%s: %r is not one of the API's %d values for %s" % (where, value, len(shape.enum),
+                                                                                shape.name))
         if "max" in meta and len(value) > meta["max"]:
             problems.append("%s: %d characters, at most %d allowed: %r" % (where, len(value), meta["max"], value))
         pattern = meta.get("pattern")

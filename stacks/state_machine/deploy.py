@@ -19,7 +19,7 @@ import collections
 
 from lm import containers, job, rules
 from lm.config import ALL_PRESETS
-from lm.instances import INSTANCES
+from lm.instances import HOSTING_INSTANCE_TYPES
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
 from stacks.state_machine.names import image_placeholder
@@ -168,7 +168,7 @@ def _tgi_environment_states(first, next_state):
     refused by the Validate stage (`lm.rules.serving_rules`)."""
     groups = collections.OrderedDict()  # environment items -> {preset: [instance types]}
     for preset, config in ALL_PRESETS.items():
-        for instance_type in INSTANCES:
+        for instance_type in HOSTING_INSTANCE_TYPES:
             shards, _ = containers.tgi_shards(config, instance_type)
             if shards is not None:
                 environment = tuple(containers.tgi_environment(config, shards).items())
