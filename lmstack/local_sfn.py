@@ -35,7 +35,7 @@ def stand_in_values(settings, topic_arn):
         "SecurityGroupId": "sg-0123456789abcdef0",
         "TopicArn": topic_arn,
     }
-    for index in range(settings.az_count):
+    for index in range(settings.subnet_count):
         values["Subnet%d" % index] = "subnet-0%015d" % index
     for runtime in settings.runtimes:
         values["Image_%s" % runtime] = "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (ACCOUNT, REGION, prefix, runtime)

@@ -1,4 +1,5 @@
 """The one stack: wires network, storage, images, IAM, orchestration and monitoring, and does the grants."""
+import dataclasses
 import json
 from typing import Dict
 
@@ -12,7 +13,7 @@ from stacks.encryption import EncryptionKey
 from stacks.iam import Permissions
 from stacks.images import TrainingImages
 from stacks.monitoring import Monitoring, Notifications
-from stacks.network import Network
+from stacks.network import Network, zones
 from stacks.orchestration import Orchestration
 from stacks.storage import Storage
 
@@ -20,9 +21,13 @@ from stacks.storage import Storage
 class LmStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        zone_names = zones(self, settings) if settings.creates_vpc else None
+        if zone_names is not None:
+            # The subnet count everything else reads (state machine subnets, mount targets), now known.
+            settings = dataclasses.replace(settings, az_count=len(zone_names))
         self.settings = settings
         self.encryption = EncryptionKey(self, "Encryption")
-        self.network = Network(self, "Network", settings=settings, log_key=self.encryption.key)
+        self.network = Network(self, "Network", settings=settings, zone_names=zone_names, log_key=self.encryption.key)
         self.storage = Storage(self, "Storage", settings=settings, vpc=self.network.vpc,
                                subnets=self.network.subnets,
                                training_security_group=self.network.training_security_group)

@@ -1,11 +1,11 @@
 """Network: the VPC the training jobs run in, its endpoints, flow logs and the training security group."""
-from aws_cdk import Fn
+from aws_cdk import ContextProvider, Fn, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks.common import log_group
-from stacks.config import Settings
+from stacks.config import ACCOUNTLESS_ZONES, MAX_AZ_COUNT, Settings, SettingsError
 
 # What a VPC training job reaches without internet: image layers (ECR API + Docker, the
 # layers themselves come from S3), logs, the SageMaker APIs the container SDKs call, and
@@ -25,27 +25,58 @@ SUBNET_GROUP = "training"
 ENDPOINT_ZONES = 2
 
 
-def zones(settings):
-    """The zones of the training subnets: the pinned names, or the first az_count of the region
-    (explicit Fn::GetAZs picks: no availability-zone lookup at synth). By default that is every
-    zone, so SageMaker can place a GPU job wherever the instance type is offered."""
+# The CDK's context provider for `Stack.availability_zones` (cdk.context.json keys
+# `availability-zones:account=<id>:region=<region>`).
+AVAILABILITY_ZONE_PROVIDER = "availability-zones"
+
+
+def zones(stack: Stack, settings: Settings):
+    """The zones of the training subnets, one subnet each; the template never selects an index of
+    `Fn::GetAZs` an account may not have (it lists only zones with a default subnet, CloudFormation
+    `Fn::GetAZs` page):
+    - pinned `availability_zones`: those names (the CDK's Vpc checks them against the lookup below);
+    - the deploying account known at synth (`CDK_DEFAULT_ACCOUNT`, set by the CDK CLI from the
+      credentials): the zones the account has in the region, a context lookup the CLI makes and caches
+      in cdk.context.json; all of them (so SageMaker can place a GPU job wherever the type is
+      offered, at most MAX_AZ_COUNT) or the first az_count;
+    - no account: the first ACCOUNTLESS_ZONES of `Fn::GetAZs`, as the CDK does.
+    A SettingsError names az_count when more zones are asked than these give."""
     if settings.availability_zones:
         return list(settings.availability_zones)
-    return [Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)]
+    if Token.is_unresolved(stack.account):
+        if settings.subnet_count > ACCOUNTLESS_ZONES:
+            raise SettingsError(
+                "lmstack.az_count: %d zones need the deploying account at synth (cdk run with credentials "
+                "sets CDK_DEFAULT_ACCOUNT) or pinned availability_zones; without them the template can only "
+                "take the first %d of Fn::GetAZs" % (settings.subnet_count, ACCOUNTLESS_ZONES))
+        return [Fn.select(index, Fn.get_azs()) for index in range(settings.subnet_count)]
+    found = list(stack.availability_zones)
+    count = settings.az_count or min(len(found), MAX_AZ_COUNT)
+    looked_up = stack.node.try_get_context(
+        ContextProvider.get_key(stack, provider=AVAILABILITY_ZONE_PROVIDER).key) is not None
+    if looked_up and count > len(found):
+        raise SettingsError("lmstack.az_count: %d, but account %s has %d zones in %s: %s" % (
+            count, stack.account, len(found), stack.region, ", ".join(found)))
+    # Before the lookup the CDK answers with placeholder zones and records the lookup as missing;
+    # the CLI then makes it and synthesizes again, so this first template is never deployed.
+    return found[:count]
 
 
 class Network(Construct):
     """A new VPC (isolated subnets plus endpoints, or NAT by setting) or an imported one, and the job SG."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, log_key: kms.IKey) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, zone_names, log_key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
         if settings.creates_vpc:
-            self.vpc = self._create_vpc(settings, log_key)
+            self.vpc = self._create_vpc(settings, zone_names, log_key)
             self.subnets = self.vpc.select_subnets(subnet_group_name=SUBNET_GROUP).subnets
         else:
             self.vpc = ec2.Vpc.from_vpc_attributes(
                 self, "ImportedVpc", vpc_id=settings.existing_vpc_id, vpc_cidr_block=settings.vpc_cidr,
-                availability_zones=zones(settings), private_subnet_ids=list(settings.existing_subnet_ids))
+                # Labels only: nothing in the template names an imported subnet's zone
+                # (tests/aws_rules.py get_azs_picks_within_the_first_two holds every template to that).
+                availability_zones=[Fn.select(index, Fn.get_azs()) for index in range(settings.az_count)],
+                private_subnet_ids=list(settings.existing_subnet_ids))
             self.subnets = self.vpc.private_subnets
         self.training_security_group = ec2.SecurityGroup(
             self, "TrainingSecurityGroup", vpc=self.vpc, allow_all_outbound=True,
@@ -60,7 +91,7 @@ class Network(Construct):
     def subnet_ids(self):
         return [subnet.subnet_id for subnet in self.subnets]
 
-    def _create_vpc(self, settings, log_key):
+    def _create_vpc(self, settings, zone_names, log_key):
         with_nat = settings.nat_gateways > 0
         # The training subnets share what the public ones leave: room for many job ENIs.
         subnets = [ec2.SubnetConfiguration(
@@ -71,7 +102,7 @@ class Network(Construct):
         vpc = ec2.Vpc(
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
-            availability_zones=zones(settings),
+            availability_zones=zone_names,
             nat_gateways=settings.nat_gateways,
             subnet_configuration=subnets,
             restrict_default_security_group=False,

@@ -149,8 +149,35 @@ def metrics_insights_alarms_are_evaluable(template):
     return problems
 
 
+# An account whose default VPC has default subnets in only some zones still has at least two of them
+# listed: the CDK's own assumption for an environment-agnostic stack (Stack.availabilityZones).
+GET_AZS_SAFE_PICKS = 2
+
+
+def _get_azs_picks(node):
+    """Every index an Fn::Select takes of an Fn::GetAZs list, anywhere in `node`."""
+    if isinstance(node, dict):
+        select = node.get("Fn::Select")
+        picks = [select[0]] if isinstance(select, list) and len(select) == 2 and isinstance(select[1], dict) \
+            and "Fn::GetAZs" in select[1] else []
+        return picks + [pick for value in node.values() for pick in _get_azs_picks(value)]
+    if isinstance(node, list):
+        return [pick for value in node for pick in _get_azs_picks(value)]
+    return []
+
+
+def get_azs_picks_within_the_first_two(template):
+    """AWS CloudFormation User Guide, "Fn::GetAZs": the list holds only the zones in which the account's
+    default VPC has a default subnet (every zone only when none has one), and its order may change when a
+    zone is added; Fn::Select past its end fails the stack. So a template may pick only the first two."""
+    return ["%s: selects index %r of Fn::GetAZs; an account may list fewer zones" % (key, pick)
+            for key, value in template["Resources"].items() for pick in _get_azs_picks(value)
+            if not (isinstance(pick, int) and pick < GET_AZS_SAFE_PICKS)]
+
+
 TEMPLATE_RULES = (state_machine_log_groups_are_vended, customer_managed_key_with_rotation,
-                  key_policy_service_principals, alarm_actions_can_publish, metrics_insights_alarms_are_evaluable)
+                  key_policy_service_principals, alarm_actions_can_publish, metrics_insights_alarms_are_evaluable,
+                  get_azs_picks_within_the_first_two)
 
 
 def check_template(template):

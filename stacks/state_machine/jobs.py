@@ -101,7 +101,7 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
 
 def vpc_config(settings):
     return request.vpc_config(["${SecurityGroupId}"],
-                              ["${%s}" % subnet_placeholder(index) for index in range(settings.az_count)])
+                              ["${%s}" % subnet_placeholder(index) for index in range(settings.subnet_count)])
 
 
 def tags(kind):

@@ -26,7 +26,7 @@ def image_placeholder(runtime):
 def training_substitutions(settings):
     """Every placeholder of `build_training_definition(settings)`, in a stable order."""
     return (TRAINING_SUBSTITUTIONS
-            + tuple(subnet_placeholder(index) for index in range(settings.az_count))
+            + tuple(subnet_placeholder(index) for index in range(settings.subnet_count))
             + tuple(image_placeholder(runtime) for runtime in settings.runtimes))
 
 

@@ -59,6 +59,11 @@ def _window_too_long(template):
     _low_gpu_query(template)["EvaluationPeriods"] = 181
 
 
+def _third_zone(template):
+    subnet = next(value for value in template["Resources"].values() if value["Type"] == "AWS::EC2::Subnet")
+    subnet["Properties"]["AvailabilityZone"] = {"Fn::Select": [2, {"Fn::GetAZs": ""}]}
+
+
 def test_our_template_passes_every_rule(default):
     assert aws_rules.check_template(default.template) == []
 
@@ -73,6 +78,7 @@ def test_our_template_passes_every_rule(default):
     (aws_rules.alarm_actions_can_publish, _no_topic_policy),
     (aws_rules.metrics_insights_alarms_are_evaluable, _group_by),
     (aws_rules.metrics_insights_alarms_are_evaluable, _window_too_long),
+    (aws_rules.get_azs_picks_within_the_first_two, _third_zone),
 ])
 def test_rule_fails_on_a_wrong_template(default, rule, change):
     assert rule(default.template) == []

@@ -9,11 +9,14 @@ from aws_cdk import aws_iam as iam
 from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
 from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
 from stacks import state_machine
-from stacks.config import Settings
+from stacks.config import Settings, SettingsError
 from stacks.nag import Grant, add_grants
 from stacks.network import INTERFACE_ENDPOINTS
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+# A deploying account whose zone lookup (stubbed as cdk.context.json would hold it) finds five zones.
+ACCOUNT = "123456789012"
+ACCOUNT_ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f")
 
 
 def _ref_id(value):
@@ -56,7 +59,7 @@ def test_vpc_has_only_isolated_subnets_and_no_internet_path(default):
         default.assertions.resource_count_is(type_name, 0)
 
 
-def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default):
+def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default, synth_app):
     endpoints = default.resources("AWS::EC2::VPCEndpoint").values()
     gateway = [e for e in endpoints if e["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
     interface = [e for e in endpoints if e["Properties"].get("VpcEndpointType") == "Interface"]
@@ -66,10 +69,13 @@ def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default):
         assert any('.%s"' % service in name for name in names), (service, names)
     assert len(interface) == len(INTERFACE_ENDPOINTS)
     assert all(e["Properties"]["PrivateDnsEnabled"] is True for e in interface)
-    # In the first two zones only, of the six the training subnets cover.
-    subnets = default.resources("AWS::EC2::Subnet")
-    first_two = {key for key, subnet in subnets.items() if subnet["Properties"]["AvailabilityZone"]["Fn::Select"][0] < 2}
-    assert len(subnets) == 6 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
+    # In the first two zones only, of the five the training subnets cover in this account.
+    synth = synth_app(Settings(), account=ACCOUNT, zones=ACCOUNT_ZONES)
+    subnets = synth.resources("AWS::EC2::Subnet")
+    first_two = {key for key, subnet in subnets.items() if subnet["Properties"]["AvailabilityZone"] in ACCOUNT_ZONES[:2]}
+    interface = [e for e in synth.resources("AWS::EC2::VPCEndpoint").values()
+                 if e["Properties"].get("VpcEndpointType") == "Interface"]
+    assert len(subnets) == 5 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
 
 
 def test_flow_logs_capture_all_traffic(default):
@@ -125,12 +131,38 @@ def test_no_access_point_since_training_jobs_cannot_mount_through_one(default):
     default.assertions.resource_count_is("AWS::EFS::AccessPoint", 0)
 
 
-def test_training_subnets_cover_every_zone_of_the_region_by_default(default):
+def test_without_an_account_the_subnets_take_only_the_first_two_of_get_azs(default, synth_app):
+    """Fn::GetAZs lists only the zones with a default subnet (CloudFormation's Fn::GetAZs page): no index past 1."""
     subnets = default.resources("AWS::EC2::Subnet").values()
     picks = sorted(subnet["Properties"]["AvailabilityZone"]["Fn::Select"][0] for subnet in subnets)
-    assert default.settings.az_count == 6 and picks == list(range(6))  # us-east-1a..f
-    mounts = default.resources("AWS::EFS::MountTarget")
-    assert len(mounts) == 6
+    assert default.settings.az_count == 2 and picks == [0, 1]
+    assert len(default.resources("AWS::EFS::MountTarget")) == 2
+    assert default.missing_context == []
+    with pytest.raises(SettingsError, match="lmstack.az_count: 3 zones need the deploying account"):
+        synth_app(Settings(az_count=3))
+
+
+def test_with_the_account_the_subnets_cover_every_zone_it_has(synth_app):
+    synth = synth_app(Settings(), account=ACCOUNT, zones=ACCOUNT_ZONES)
+    assert synth.missing_context == []
+    zones = [subnet["Properties"]["AvailabilityZone"] for subnet in synth.resources("AWS::EC2::Subnet").values()]
+    assert sorted(zones) == sorted(ACCOUNT_ZONES) and synth.settings.az_count == 5
+    assert "Fn::GetAZs" not in json.dumps(synth.template)
+    assert len(synth.resources("AWS::EFS::MountTarget")) == 5
+    values = _machine(synth, "lmstack-training")["Properties"]["DefinitionSubstitutions"]
+    assert sorted(name for name in values if name.startswith("Subnet")) == ["Subnet%d" % i for i in range(5)]
+    two = synth_app(Settings(az_count=2), account=ACCOUNT, zones=ACCOUNT_ZONES)
+    assert sorted(s["Properties"]["AvailabilityZone"] for s in two.resources("AWS::EC2::Subnet").values()) == [
+        "us-east-1a", "us-east-1b"]
+    with pytest.raises(SettingsError, match="lmstack.az_count: 6, but account 123456789012 has 5 zones in us-east-1"):
+        synth_app(Settings(az_count=6), account=ACCOUNT, zones=ACCOUNT_ZONES)
+
+
+def test_a_zone_lookup_not_made_yet_is_left_to_the_cdk_cli(synth_app):
+    """The first synth with an account records the lookup as missing (the CLI makes it, caches it in
+    cdk.context.json and synthesizes again) instead of failing."""
+    synth = synth_app(Settings(), account=ACCOUNT)
+    assert synth.missing_context == ["availability-zones:account=%s:region=us-east-1" % ACCOUNT]
 
 
 def test_pinned_zones_are_the_subnets_zones(synth_app):

@@ -90,6 +90,10 @@ class StandInSettings:
     dataset_directory: str = "/datasets/sample"
     raw_data_prefixes: Tuple[str, ...] = ()
 
+    @property
+    def subnet_count(self):
+        return self.az_count
+
 
 COMPLETED_EXTRA = {"BillableTimeInSeconds": 1234, "TrainingTimeInSeconds": 1300,
                    "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 3.1},
