@@ -34,6 +34,8 @@ REGION_ZONE_COUNTS = {"us-east-1": 6, "us-east-2": 3, "us-west-2": 4, "eu-west-1
 # `Fn::GetAZs` page): like the CDK for an environment-agnostic stack, take at most its first two.
 ACCOUNTLESS_ZONES = 2
 
+# Interface endpoints a new VPC may get (the setting interface_endpoints; their callers: stacks/network.py).
+INTERFACE_ENDPOINT_SERVICES = ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.runtime", "sts")
 EFS_THROUGHPUT_MODES = ("elastic", "bursting")
 # The values CloudWatch Logs accepts for a log group's retention.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -70,6 +72,7 @@ class Settings:
     availability_zones: Tuple[str, ...] = ()  # pin the subnets to these zones (names such as us-east-1a)
     nat_gateways: int = 0
     vpc_cidr: str = "10.0.0.0/16"
+    interface_endpoints: Tuple[str, ...] = ()  # of INTERFACE_ENDPOINT_SERVICES; none has a caller by default
     existing_vpc_id: Optional[str] = None
     existing_subnet_ids: Tuple[str, ...] = ()
     existing_file_system_id: Optional[str] = None
@@ -90,7 +93,7 @@ class Settings:
     raw_data_prefixes: Tuple[str, ...] = ()  # S3 prefixes of raw corpora the jobs may read, besides raw/
 
     def __post_init__(self):
-        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes"):
+        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes", "interface_endpoints"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -254,6 +257,7 @@ def _check(settings):
     if isinstance(s.az_count, int):  # else checked again once the stack has resolved the zones
         yield _check_range("nat_gateways", s.nat_gateways, 0, max(1, s.az_count))
     yield from _check_network(s)
+    yield from _check_interface_endpoints(s)
     yield from _check_file_system(s)
     yield _check_choice("efs_throughput_mode", s.efs_throughput_mode, EFS_THROUGHPUT_MODES)
     yield _check_range("artifact_retention_days", s.artifact_retention_days, 1, 3650)
@@ -316,6 +320,17 @@ def _check_network(s):
     if s.nat_gateways:
         yield "%s: must be 0 with existing_vpc_id (the imported VPC keeps its own routing), got %r" % (
             _key("nat_gateways"), s.nat_gateways)
+
+
+def _check_interface_endpoints(s):
+    if not isinstance(s.interface_endpoints, tuple):
+        return
+    for service in s.interface_endpoints:
+        yield _check_choice("interface_endpoints", service, INTERFACE_ENDPOINT_SERVICES)
+    if len(set(s.interface_endpoints)) != len(s.interface_endpoints):
+        yield "%s: listed twice: %r" % (_key("interface_endpoints"), s.interface_endpoints)
+    if s.interface_endpoints and s.existing_vpc_id is not None:
+        yield "%s: only for a new VPC; an imported VPC keeps its own endpoints" % _key("interface_endpoints")
 
 
 def _check_file_system(s):

@@ -5,18 +5,29 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks.common import log_group
-from stacks.config import ACCOUNTLESS_ZONES, MAX_AZ_COUNT, Settings, SettingsError
+from stacks.config import ACCOUNTLESS_ZONES, INTERFACE_ENDPOINT_SERVICES, MAX_AZ_COUNT, Settings, SettingsError
 
-# What a VPC training job reaches without internet: image layers (ECR API + Docker, the
-# layers themselves come from S3), logs, the SageMaker APIs the container SDKs call, and
-# STS for the role's credentials. Nothing inside the VPC calls Step Functions, so it has no endpoint.
+# What calls AWS from inside the VPC. SageMaker pulls a job's image and ships its logs and
+# metrics on its own side, not through the job's network interfaces ("Give SageMaker AI Training
+# Jobs Access to Resources in Your Amazon VPC", SageMaker Developer Guide); what the containers
+# themselves reach is S3 (input channels, checkpoints, TensorBoard events, model artifacts:
+# SageMaker's transfers through the job's ENIs), through the free S3 gateway endpoint. Neither
+# lm.train / lm.prepare nor lm.serve call an AWS API (no boto3 in training_image/lm), so no
+# interface endpoint ($0.01 an hour per zone each, about $88 a month for all six in two zones) is
+# made by default; each is a setting (interface_endpoints) for code that calls it:
 INTERFACE_ENDPOINTS = {
-    "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
-    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
-    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
-    "SageMakerApi": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API,
-    "SageMakerRuntime": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_RUNTIME,
-    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
+    # A container that pulls images itself (a docker-in-docker step); SageMaker's own pull needs neither.
+    "ecr.api": ("EcrApi", ec2.InterfaceVpcEndpointAwsService.ECR),
+    "ecr.dkr": ("EcrDocker", ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER),
+    # A client that writes its own log streams (watchtower, the CloudWatch agent).
+    "logs": ("Logs", ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS),
+    # The SageMaker SDK or boto3's sagemaker client in a job (an MLflow client on a SageMaker tracking
+    # server calls the SageMaker API too; see its own endpoint service, aws.sagemaker.<region>.experiments).
+    "sagemaker.api": ("SageMakerApi", ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API),
+    # A job that invokes an endpoint (an evaluation step against a deployed model).
+    "sagemaker.runtime": ("SageMakerRuntime", ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_RUNTIME),
+    # Code that assumes another role (sts:AssumeRole); the job's own credentials come without STS.
+    "sts": ("Sts", ec2.InterfaceVpcEndpointAwsService.STS),
 }
 SUBNET_GROUP = "training"
 # Interface endpoints sit in the first zones only: a job in any zone of the VPC reaches them (their
@@ -84,8 +95,8 @@ class Network(Construct):
         self.training_security_group.add_ingress_rule(
             self.training_security_group, ec2.Port.all_traffic(),
             "hosts of one distributed training job talk to each other on any port")
-        if settings.creates_vpc:
-            self._add_endpoints()
+        if settings.interface_endpoints:
+            self._add_endpoints(settings.interface_endpoints)
 
     @property
     def subnet_ids(self):
@@ -113,13 +124,13 @@ class Network(Construct):
                          traffic_type=ec2.FlowLogTrafficType.ALL)
         return vpc
 
-    def _add_endpoints(self):
+    def _add_endpoints(self, services):
         self.endpoint_security_group = ec2.SecurityGroup(
             self, "EndpointSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
             description="lmstack interface endpoints: HTTPS from the training jobs only")
         self.endpoint_security_group.add_ingress_rule(
             self.training_security_group, ec2.Port.tcp(443), "AWS APIs from the training jobs")
-        for name, service in INTERFACE_ENDPOINTS.items():
+        for name, service in (INTERFACE_ENDPOINTS[service] for service in services):
             self.vpc.add_interface_endpoint(
                 name, service=service, private_dns_enabled=True, open=False,
                 security_groups=[self.endpoint_security_group],

@@ -77,6 +77,8 @@ def test_context_errors_name_the_key(context, expected):
     ({"default_instance_count": True}, ["lmstack.default_instance_count"]),
     ({"vpc_cidr": "10.0.0.0/33"}, ["lmstack.vpc_cidr: must be an IPv4 CIDR block", "'10.0.0.0/33'"]),
     ({"vpc_cidr": "banana"}, ["lmstack.vpc_cidr"]),
+    ({"interface_endpoints": ("s3",)}, ["lmstack.interface_endpoints: 's3' is not allowed; allowed: ecr.api, ecr.dkr"]),
+    ({"interface_endpoints": ("sts", "sts")}, ["lmstack.interface_endpoints: listed twice"]),
     ({"vpc_cidr": "10.0.0.1/16"}, ["lmstack.vpc_cidr"]),
     ({"vpc_cidr": "10.0.0.0/8"}, ["lmstack.vpc_cidr: must be an IPv4 block from /16 to /24"]),
     ({"default_strategy": "zero3"}, ["lmstack.default_strategy", "'zero3'"] + list(STRATEGIES)),

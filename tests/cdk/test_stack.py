@@ -9,7 +9,7 @@ from aws_cdk import aws_iam as iam
 from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
 from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
 from stacks import state_machine
-from stacks.config import Settings, SettingsError
+from stacks.config import INTERFACE_ENDPOINT_SERVICES, Settings, SettingsError
 from stacks.nag import Grant, add_grants
 from stacks.network import INTERFACE_ENDPOINTS
 
@@ -59,23 +59,34 @@ def test_vpc_has_only_isolated_subnets_and_no_internet_path(default):
         default.assertions.resource_count_is(type_name, 0)
 
 
-def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default, synth_app):
+def _interface_endpoints(synth):
+    return [e for e in synth.resources("AWS::EC2::VPCEndpoint").values()
+            if e["Properties"].get("VpcEndpointType") == "Interface"]
+
+
+def test_only_the_free_s3_gateway_endpoint_by_default(default):
+    """Nothing in the jobs or the serving container calls an AWS API but S3 (stacks/network.py): no
+    interface endpoint, whose six cost about $88 a month in two zones, and no security group for them."""
     endpoints = default.resources("AWS::EC2::VPCEndpoint").values()
-    gateway = [e for e in endpoints if e["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
-    interface = [e for e in endpoints if e["Properties"].get("VpcEndpointType") == "Interface"]
-    assert len(gateway) == 1 and "s3" in json.dumps(gateway[0]["Properties"]["ServiceName"])
+    (gateway,) = [e for e in endpoints if e["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
+    assert "s3" in json.dumps(gateway["Properties"]["ServiceName"])
+    assert _interface_endpoints(default) == []
+    assert not [key for key in default.resources("AWS::EC2::SecurityGroup") if key.startswith("NetworkEndpoint")]
+    assert tuple(INTERFACE_ENDPOINTS) == INTERFACE_ENDPOINT_SERVICES
+
+
+def test_interface_endpoints_by_setting_in_the_first_two_zones(synth_app):
+    settings = Settings(interface_endpoints=("sts", "sagemaker.api"))
+    interface = _interface_endpoints(synth_app(settings))
     names = sorted(json.dumps(e["Properties"]["ServiceName"]) for e in interface)
-    for service in ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.runtime", "sts"):
-        assert any('.%s"' % service in name for name in names), (service, names)
-    assert len(interface) == len(INTERFACE_ENDPOINTS)
+    assert len(names) == 2 and '.sagemaker.api"' in names[0] and '.sts"' in names[1], names
     assert all(e["Properties"]["PrivateDnsEnabled"] is True for e in interface)
     # In the first two zones only, of the five the training subnets cover in this account.
-    synth = synth_app(Settings(), account=ACCOUNT, zones=ACCOUNT_ZONES)
+    synth = synth_app(settings, account=ACCOUNT, zones=ACCOUNT_ZONES)
     subnets = synth.resources("AWS::EC2::Subnet")
     first_two = {key for key, subnet in subnets.items() if subnet["Properties"]["AvailabilityZone"] in ACCOUNT_ZONES[:2]}
-    interface = [e for e in synth.resources("AWS::EC2::VPCEndpoint").values()
-                 if e["Properties"].get("VpcEndpointType") == "Interface"]
-    assert len(subnets) == 5 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
+    interface = _interface_endpoints(synth)
+    assert len(interface) == 2 and len(subnets) == 5 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
 
 
 def test_flow_logs_capture_all_traffic(default):
@@ -99,8 +110,9 @@ def test_training_security_group_admits_only_itself(default):
         assert not group["Properties"].get("SecurityGroupIngress")
 
 
-def test_endpoints_and_efs_accept_only_the_training_jobs(default):
-    rules = [rule["Properties"] for rule in default.resources("AWS::EC2::SecurityGroupIngress").values()]
+def test_endpoints_and_efs_accept_only_the_training_jobs(synth_app):
+    synth = synth_app(Settings(interface_endpoints=("sts", "sagemaker.api")))
+    rules = [rule["Properties"] for rule in synth.resources("AWS::EC2::SecurityGroupIngress").values()]
     by_group = {}
     for rule in rules:
         by_group.setdefault(_ref_id(rule["GroupId"]), []).append(rule)
