@@ -33,6 +33,8 @@ def stand_in_values(settings, topic_arn):
         "ArtifactBucket": "%s-artifacts" % prefix,
         "FileSystemId": "fs-0123456789abcdef0",
         "SecurityGroupId": "sg-0123456789abcdef0",
+        "EndpointRoleArn": "arn:aws:iam::%s:role/%s-endpoint" % (ACCOUNT, prefix),
+        "HostingSecurityGroupId": "sg-0123456789abcdef1",
         "TopicArn": topic_arn,
     }
     for index in range(settings.subnet_count):

@@ -38,6 +38,7 @@ class LmStack(Stack):
             self, "Permissions", name_prefix=settings.name_prefix, bucket=self.storage.bucket,
             file_system=self.storage.file_system, images=self.images.assets, subnets=self.network.subnets,
             training_security_group=self.network.training_security_group,
+            hosting_security_group=self.network.hosting_security_group,
             raw_data_prefixes=settings.raw_data_prefixes)
         self.orchestration = Orchestration(
             self, "Orchestration", settings=settings, values=self._substitution_values(),
@@ -59,9 +60,11 @@ class LmStack(Stack):
         """Every value a definition placeholder can take; each machine gets the ones it names."""
         values = {
             "ExecutionRoleArn": self.permissions.execution_role.role_arn,
+            "EndpointRoleArn": self.permissions.endpoint_role.role_arn,
             "ArtifactBucket": self.storage.bucket.bucket_name,
             "FileSystemId": self.storage.file_system.file_system_id,
             "SecurityGroupId": self.network.training_security_group.security_group_id,
+            "HostingSecurityGroupId": self.network.hosting_security_group.security_group_id,
             "TopicArn": self.notifications.topic.topic_arn,
         }
         values.update(("Subnet%d" % index, subnet_id) for index, subnet_id in enumerate(self.network.subnet_ids))

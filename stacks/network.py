@@ -95,6 +95,14 @@ class Network(Construct):
         self.training_security_group.add_ingress_rule(
             self.training_security_group, ec2.Port.all_traffic(),
             "hosts of one distributed training job talk to each other on any port")
+        # Endpoints: no ingress (SageMaker's front end reaches the container on its own side), and out only
+        # HTTPS (the model artifact from S3, through the gateway endpoint): no NFS path to the file system,
+        # whose security group admits only the training one.
+        self.hosting_security_group = ec2.SecurityGroup(
+            self, "HostingSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
+            description="lmstack endpoints: HTTPS out only (the model artifact from S3)")
+        self.hosting_security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443),
+                                                    "S3 (gateway endpoint) and AWS APIs over HTTPS")
         if settings.interface_endpoints:
             self._add_endpoints(settings.interface_endpoints)
 

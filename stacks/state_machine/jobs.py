@@ -99,8 +99,9 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
     return job_values(kind, settings, value_at, config["strategy"] if kind is TRAIN else "single")
 
 
-def vpc_config(settings):
-    return request.vpc_config(["${SecurityGroupId}"],
+def vpc_config(settings, security_group="SecurityGroupId"):
+    """The VpcConfig of a job (the training security group) or, with "HostingSecurityGroupId", of a model."""
+    return request.vpc_config(["${%s}" % security_group],
                               ["${%s}" % subnet_placeholder(index) for index in range(settings.subnet_count)])
 
 

@@ -245,19 +245,43 @@ def test_no_statement_allows_every_action(default):
                 assert action != "*" and not action.endswith(":*"), (statement, policy)
 
 
-def test_pass_role_only_the_execution_role_only_to_sagemaker(default):
-    execution = _role_id(default, "PermissionsExecutionRole")
+def test_pass_role_only_the_execution_and_endpoint_roles_only_to_sagemaker(default):
     passes = []
     for policy in default.resources("AWS::IAM::Policy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
             if "iam:PassRole" in _as_list(statement["Action"]):
                 passes.append((policy["Properties"]["Roles"], statement))
-    assert len(passes) == 1
-    roles, statement = passes[0]
-    assert roles == [{"Ref": _role_id(default, "PermissionsTrainingMachineRole")}]
-    assert _as_list(statement["Action"]) == ["iam:PassRole"]
-    assert statement["Resource"] == {"Fn::GetAtt": [execution, "Arn"]}
-    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    assert sorted(_ref_id(role) for _, statement in passes for role in _as_list(statement["Resource"])) == sorted(
+        _role_id(default, prefix) for prefix in ("PermissionsEndpointRole", "PermissionsExecutionRole"))
+    for roles, statement in passes:
+        assert roles == [{"Ref": _role_id(default, "PermissionsTrainingMachineRole")}]
+        assert _as_list(statement["Action"]) == ["iam:PassRole"]
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+
+def test_endpoints_read_only_the_model_artifacts_and_cannot_reach_the_file_system(default):
+    role_id = _role_id(default, "PermissionsEndpointRole")
+    trust = default.template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert [s["Principal"] for s in trust] == [{"Service": "sagemaker.amazonaws.com"}]
+    statements = _statements(default, role_id)
+    actions = {action for s in statements for action in _as_list(s["Action"])}
+    assert not [a for a in actions if a.startswith(("elasticfilesystem:", "kms:")) or a in (
+        "s3:PutObject", "s3:DeleteObject", "s3:ListBucket")], actions
+    (read,) = [s for s in statements if any(a.startswith("s3:") for a in _as_list(s["Action"]))]
+    assert _as_list(read["Action"]) == ["s3:GetObject"]
+    assert read["Resource"]["Fn::Join"][1][-1] == "/output/*/output/model.tar.gz"
+    assert {"ecr:BatchGetImage", "logs:PutLogEvents", "ec2:CreateNetworkInterface"} <= actions
+    # Its security group: no ingress, HTTPS out only; the file system admits only the training group.
+    group_id = next(key for key in default.resources("AWS::EC2::SecurityGroup") if key.startswith("NetworkHosting"))
+    group = default.template["Resources"][group_id]["Properties"]
+    assert not group.get("SecurityGroupIngress")
+    assert [(rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) for rule in group["SecurityGroupEgress"]] == [
+        ("tcp", 443, 443)]
+    ingress = default.resources("AWS::EC2::SecurityGroupIngress").values()
+    assert not [rule for rule in ingress if _ref_id(rule["Properties"]["SourceSecurityGroupId"]) == group_id]
+    values = _machine(default, "lmstack-training")["Properties"]["DefinitionSubstitutions"]
+    assert _ref_id(values["EndpointRoleArn"]) == role_id
+    assert _ref_id(values["HostingSecurityGroupId"]) == group_id
 
 
 @pytest.mark.parametrize("machine, role_prefix", [("training", "PermissionsTrainingMachineRole"),
