@@ -88,6 +88,9 @@ class Settings:
     default_preset: str = "gpt-125m"
     default_max_runtime_seconds: int = 24 * 3600
     spot: bool = False
+    # EnableInterContainerTrafficEncryption of every job: IPsec between the hosts of a job, slower
+    # all-reduce (lm.plan counts ENCRYPTED_ALLREDUCE_SLOWDOWN), no effect on one host.
+    inter_container_traffic_encryption: bool = True
     notification_email: Optional[str] = None
     dataset_directory: str = "/datasets"
     raw_data_prefixes: Tuple[str, ...] = ()  # S3 prefixes of raw corpora the jobs may read, besides raw/

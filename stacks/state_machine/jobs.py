@@ -75,6 +75,7 @@ def job_values(kind, settings, value_at, strategy="single"):
         instance_count=value_at(kind.config + ".instance_count"),
         max_runtime_seconds=value_at(kind.config + ".max_runtime_seconds"),
         spot=value_at(kind.spot_path) if kind.spot_path else False,
+        traffic_encryption=settings.inter_container_traffic_encryption,
         file_system_id="${FileSystemId}", security_group_ids=vpc_config(settings)["SecurityGroupIds"],
         subnets=vpc_config(settings)["Subnets"],
         data_directory=value_at("$.config.data_directory"), execution_name=value_at("$$.Execution.Name"),

@@ -1,5 +1,6 @@
 """The main machine executed on moto: success, job failure, capacity retry, bounded history."""
 import json
+import re
 
 import pytest
 
@@ -134,3 +135,13 @@ def test_history_stays_far_below_the_limit_for_a_30_day_job(deployment):
     per_iteration = waits[-1] - waits[-2]
     iterations = 30 * 86400 // jobs.POLL_MAX_SECONDS + 10
     assert per_iteration * iterations + len(run.events) < 25000 * 0.3
+
+
+def test_traffic_encryption_is_the_deployment_s_setting():
+    from stacks.config import Settings
+    from stacks.state_machine import build_training_definition
+
+    for on in (True, False):
+        text = json.dumps(build_training_definition(Settings(inter_container_traffic_encryption=on)))
+        found = set(re.findall(r'"EnableInterContainerTrafficEncryption": (true|false)', text))
+        assert found == {json.dumps(on)}, found

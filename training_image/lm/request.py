@@ -161,6 +161,7 @@ class TrainingJob:
     # An S3 prefix holding a Hugging Face GPT-2 directory (or None): training starts from its weights,
     # the prepare job tokenizes with its tokenizer.
     init_from: Any = None
+    traffic_encryption: Any = True  # EnableInterContainerTrafficEncryption (the stack's setting)
 
 
 def artifact_uri(bucket, prefix):
@@ -346,7 +347,7 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
         request["TensorBoardOutputConfig"] = collections.OrderedDict([
             ("LocalPath", contract.TENSORBOARD_LOCAL_PATH),
             ("S3OutputPath", text("s3://{}/%s{}" % contract.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
-    request["EnableInterContainerTrafficEncryption"] = True
+    request["EnableInterContainerTrafficEncryption"] = j.traffic_encryption
     # Debugger and Profiler are closed to new accounts (SageMaker developer guide: "Amazon
     # SageMaker Debugger availability change", "Profiler availability change"): off, as the
     # SDK's disable_profiler=True sends it; TensorBoard and CloudWatch replace them.
