@@ -5,7 +5,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks.common import log_group
-from stacks.config import ACCOUNTLESS_ZONES, INTERFACE_ENDPOINT_SERVICES, MAX_AZ_COUNT, Settings, SettingsError
+from stacks.config import ACCOUNTLESS_ZONES, MAX_AZ_COUNT, Settings, SettingsError
 
 # What calls AWS from inside the VPC. SageMaker pulls a job's image and ships its logs and
 # metrics on its own side, not through the job's network interfaces ("Give SageMaker AI Training

@@ -406,7 +406,9 @@ def test_alarm_on_failed_executions_notifies_the_topic(default):
 def test_low_gpu_utilization_alarm_watches_every_training_host_and_notifies_the_topic(default):
     props = _alarm(default, "MonitoringLowGpuUtilization")["Properties"]
     (query,) = props["Metrics"]
-    assert query["Expression"] == 'SELECT MIN(GPUUtilization) FROM SCHEMA("/aws/sagemaker/TrainingJobs", Host)'
+    # Per GPU: lm.gpu_usage's metric, not SageMaker's GPUUtilization (the sum over a host's GPUs).
+    assert query["Expression"] == 'SELECT MIN("gpu:utilization_per_gpu") FROM SCHEMA("/aws/sagemaker/TrainingJobs", Host)'
+    assert "gpu:utilization_per_gpu" in [definition["Name"] for definition in METRIC_DEFINITIONS]
     assert (props["ComparisonOperator"], props["Threshold"]) == ("LessThanThreshold", 20)
     assert props["TreatMissingData"] == "notBreaching"
     assert _ref_id(props["AlarmActions"][0]).startswith("NotificationsTopic")
