@@ -96,7 +96,8 @@ class Settings:
     raw_data_prefixes: Tuple[str, ...] = ()  # S3 prefixes of raw corpora the jobs may read, besides raw/
 
     def __post_init__(self):
-        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes", "interface_endpoints"):
+        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes",
+                     "interface_endpoints"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))

@@ -1,4 +1,4 @@
-"""Network: the VPC the training jobs run in, its endpoints, flow logs and the training security group."""
+"""Network: the VPC of the jobs and endpoints, its endpoints, flow logs, the training and hosting security groups."""
 from aws_cdk import ContextProvider, Fn, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
@@ -74,9 +74,11 @@ def zones(stack: Stack, settings: Settings):
 
 
 class Network(Construct):
-    """A new VPC (isolated subnets plus endpoints, or NAT by setting) or an imported one, and the job SG."""
+    """A new VPC (isolated subnets plus endpoints, or NAT by setting) in `zone_names` (`zones`), or an imported one
+    (`zone_names` None), and the job and endpoint security groups."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, zone_names, log_key: kms.IKey) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, zone_names,
+                 log_key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
         if settings.creates_vpc:
             self.vpc = self._create_vpc(settings, zone_names, log_key)
