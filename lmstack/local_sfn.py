@@ -33,9 +33,11 @@ def stand_in_values(settings, topic_arn):
         "ArtifactBucket": "%s-artifacts" % prefix,
         "FileSystemId": "fs-0123456789abcdef0",
         "SecurityGroupId": "sg-0123456789abcdef0",
+        "EndpointRoleArn": "arn:aws:iam::%s:role/%s-endpoint" % (ACCOUNT, prefix),
+        "HostingSecurityGroupId": "sg-0123456789abcdef1",
         "TopicArn": topic_arn,
     }
-    for index in range(settings.az_count):
+    for index in range(settings.subnet_count):
         values["Subnet%d" % index] = "subnet-0%015d" % index
     for runtime in settings.runtimes:
         values["Image_%s" % runtime] = "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (ACCOUNT, REGION, prefix, runtime)

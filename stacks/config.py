@@ -24,11 +24,18 @@ OVERRIDE_PREFIX = CONTEXT_KEY + ":"
 # Regions the stack is built and tested for (the DLC base images are pulled from there).
 REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "ap-northeast-1")
 # The Availability Zones of each region a new account gets (ap-northeast-1b is closed to new
-# accounts). GPU instance types are offered only in some zones, and which ones cannot be asked
-# offline (the zone IDs behind the names also differ per account): by default the training subnets
-# cover every zone, `Fn::GetAZs` picks 0..n-1, so SageMaker may place a job in any of them.
+# accounts): an upper bound for az_count. GPU instance types are offered only in some zones, and which
+# ones cannot be asked offline (the zone IDs behind the names also differ per account): with the
+# deploying account known at synth, the training subnets cover every zone it has (a context lookup,
+# `stacks.network.zones`), so SageMaker may place a job in any of them.
 REGION_ZONE_COUNTS = {"us-east-1": 6, "us-east-2": 3, "us-west-2": 4, "eu-west-1": 3, "ap-northeast-1": 3}
+# Without an account at synth the template can only name zones by `Fn::GetAZs` index, and that list
+# holds only the zones where the account's default VPC has a default subnet (CloudFormation
+# `Fn::GetAZs` page): like the CDK for an environment-agnostic stack, take at most its first two.
+ACCOUNTLESS_ZONES = 2
 
+# Interface endpoints a new VPC may get (the setting interface_endpoints; their callers: stacks/network.py).
+INTERFACE_ENDPOINT_SERVICES = ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.runtime", "sts")
 EFS_THROUGHPUT_MODES = ("elastic", "bursting")
 # The values CloudWatch Logs accepts for a log group's retention.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -59,10 +66,13 @@ class SettingsError(ValueError):
 class Settings:
     name_prefix: str = "lmstack"
     region: str = "us-east-1"
-    az_count: Optional[int] = None  # None: every zone of the region (or of availability_zones)
+    # None: every zone the deploying account has in the region (looked up at synth), or the first
+    # ACCOUNTLESS_ZONES of Fn::GetAZs without an account; one per pinned zone or imported subnet.
+    az_count: Optional[int] = None
     availability_zones: Tuple[str, ...] = ()  # pin the subnets to these zones (names such as us-east-1a)
     nat_gateways: int = 0
     vpc_cidr: str = "10.0.0.0/16"
+    interface_endpoints: Tuple[str, ...] = ()  # of INTERFACE_ENDPOINT_SERVICES; none has a caller by default
     existing_vpc_id: Optional[str] = None
     existing_subnet_ids: Tuple[str, ...] = ()
     existing_file_system_id: Optional[str] = None
@@ -78,12 +88,16 @@ class Settings:
     default_preset: str = "gpt-125m"
     default_max_runtime_seconds: int = 24 * 3600
     spot: bool = False
+    # EnableInterContainerTrafficEncryption of every job: IPsec between the hosts of a job, slower
+    # all-reduce (lm.plan counts ENCRYPTED_ALLREDUCE_SLOWDOWN), no effect on one host.
+    inter_container_traffic_encryption: bool = True
     notification_email: Optional[str] = None
     dataset_directory: str = "/datasets"
     raw_data_prefixes: Tuple[str, ...] = ()  # S3 prefixes of raw corpora the jobs may read, besides raw/
 
     def __post_init__(self):
-        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes"):
+        for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes",
+                     "interface_endpoints"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -129,6 +143,12 @@ class Settings:
         return cls(**values)
 
     @property
+    def subnet_count(self) -> int:
+        """The number of training subnets: az_count, or ACCOUNTLESS_ZONES while the zones are not
+        looked up (the stack resolves az_count from the lookup: `stacks.network.zones`)."""
+        return self.az_count if self.az_count is not None else ACCOUNTLESS_ZONES
+
+    @property
     def creates_vpc(self) -> bool:
         return self.existing_vpc_id is None
 
@@ -138,12 +158,12 @@ class Settings:
 
 
 def _default_zone_count(s):
-    """One subnet per zone: the pinned zones, the imported subnets, or every zone of the region."""
+    """One subnet per zone: the pinned zones, the imported subnets, or None (decided at synth)."""
     if isinstance(s.availability_zones, tuple) and s.availability_zones:
         return len(s.availability_zones)
     if s.existing_vpc_id is not None and isinstance(s.existing_subnet_ids, tuple) and s.existing_subnet_ids:
         return len(s.existing_subnet_ids)
-    return REGION_ZONE_COUNTS.get(s.region, 2)
+    return None
 
 
 def _key(name):
@@ -235,11 +255,13 @@ def _check(settings):
         yield "%s: at most %d characters (it starts every job name, which SageMaker caps at 63), got %r" % (
             _key("name_prefix"), _NAME_PREFIX_MAX, s.name_prefix)
     yield _check_choice("region", s.region, REGIONS)
-    yield _check_range("az_count", s.az_count, 1, MAX_AZ_COUNT)
+    if s.az_count is not None:
+        yield _check_range("az_count", s.az_count, 1, MAX_AZ_COUNT)
     yield from _check_zones(s)
-    if isinstance(s.az_count, int):
+    if isinstance(s.az_count, int):  # else checked again once the stack has resolved the zones
         yield _check_range("nat_gateways", s.nat_gateways, 0, max(1, s.az_count))
     yield from _check_network(s)
+    yield from _check_interface_endpoints(s)
     yield from _check_file_system(s)
     yield _check_choice("efs_throughput_mode", s.efs_throughput_mode, EFS_THROUGHPUT_MODES)
     yield _check_range("artifact_retention_days", s.artifact_retention_days, 1, 3650)
@@ -302,6 +324,17 @@ def _check_network(s):
     if s.nat_gateways:
         yield "%s: must be 0 with existing_vpc_id (the imported VPC keeps its own routing), got %r" % (
             _key("nat_gateways"), s.nat_gateways)
+
+
+def _check_interface_endpoints(s):
+    if not isinstance(s.interface_endpoints, tuple):
+        return
+    for service in s.interface_endpoints:
+        yield _check_choice("interface_endpoints", service, INTERFACE_ENDPOINT_SERVICES)
+    if len(set(s.interface_endpoints)) != len(s.interface_endpoints):
+        yield "%s: listed twice: %r" % (_key("interface_endpoints"), s.interface_endpoints)
+    if s.interface_endpoints and s.existing_vpc_id is not None:
+        yield "%s: only for a new VPC; an imported VPC keeps its own endpoints" % _key("interface_endpoints")
 
 
 def _check_file_system(s):

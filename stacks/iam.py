@@ -1,4 +1,5 @@
-"""IAM: the SageMaker execution role and the roles of the two state machines, least privilege.
+"""IAM: the SageMaker execution role (jobs), the endpoint role, and the roles of the two state machines,
+least privilege.
 
 The state machine roles are generated from `stacks.state_machine.REQUIRED_ACTIONS` (the calls
 each definition makes and the kind of resource each targets), so the policies and the
@@ -15,8 +16,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lm import containers
-from lm.contract import ARTIFACT_PREFIXES, READ_ONLY_PREFIXES
+from lm import containers, job
+from lm.contract import ARTIFACT_PREFIXES, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -27,21 +28,23 @@ NO_RESOURCE_LEVEL = "the action has no resource-level permissions, so IAM only a
 
 
 class Permissions(Construct):
-    """The execution role jobs run as, and one role per state machine."""
+    """The execution role jobs run as, the role endpoints run as, and one role per state machine."""
 
     def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, bucket: s3.IBucket,
                  file_system: efs.IFileSystem, images: Mapping[str, ecr_assets.DockerImageAsset],
                  subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup,
-                 raw_data_prefixes: Sequence[str] = ()) -> None:
+                 hosting_security_group: ec2.ISecurityGroup, raw_data_prefixes: Sequence[str] = ()) -> None:
         super().__init__(scope, construct_id)
         self._name_prefix = name_prefix
-        self.execution_role = iam.Role(
-            self, "ExecutionRole", description="lmstack SageMaker training jobs and endpoints run as this role",
-            assumed_by=iam.ServicePrincipal(SAGEMAKER_SERVICE, conditions={
-                "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+        self.execution_role = self._sagemaker_role("ExecutionRole", "lmstack SageMaker training jobs run as this role")
         policy = iam.Policy(self, "ExecutionPolicy", roles=[self.execution_role])
         add_grants(policy, self._execution_grants(bucket, file_system, images, subnets, training_security_group,
                                                   raw_data_prefixes))
+        # An endpoint reads its model and nothing else: no write to checkpoints or outputs, no file system.
+        self.endpoint_role = self._sagemaker_role(
+            "EndpointRole", "lmstack SageMaker endpoints run as this role: read the model artifact, pull the image")
+        policy = iam.Policy(self, "EndpointPolicy", roles=[self.endpoint_role])
+        add_grants(policy, self._endpoint_grants(bucket, images, subnets, hosting_security_group))
         self.training_machine_role = self._machine_role("TrainingMachineRole", "lmstack training state machine")
         self.stop_machine_role = self._machine_role("StopMachineRole", "lmstack stop-on-abort state machine")
 
@@ -57,7 +60,7 @@ class Permissions(Construct):
                 by_kind.setdefault(kind, []).append(action)
         grants = []
         for kind, actions in by_kind.items():
-            if kind == "execution-role":
+            if kind in ("execution-role", "endpoint-role"):
                 grants.append(Grant(actions, resources[kind], conditions={
                     "StringEquals": {"iam:PassedToService": SAGEMAKER_SERVICE}}))
             else:
@@ -79,32 +82,48 @@ class Permissions(Construct):
             "endpoint-config": sagemaker("endpoint-config"),
             "endpoint": sagemaker("endpoint"),
             "execution-role": [self.execution_role.role_arn],
+            "endpoint-role": [self.endpoint_role.role_arn],
+            "endpoint-alarm": [stack.format_arn(service="cloudwatch", resource="alarm", resource_name=prefix,
+                                                arn_format=ArnFormat.COLON_RESOURCE_NAME)],
             "topic": [topic_arn],
             "*": ["*"],
         }
+
+    def _sagemaker_role(self, construct_id, description):
+        return iam.Role(self, construct_id, description=description, assumed_by=iam.ServicePrincipal(
+            SAGEMAKER_SERVICE, conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
 
     def _machine_role(self, construct_id, description):
         return iam.Role(self, construct_id, description=description, assumed_by=iam.ServicePrincipal(
             "states.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
 
+    def _endpoint_grants(self, bucket, images, subnets, security_group):
+        stack = Stack.of(self)
+        # deploy.container lmstack: our serving image; tgi: the Hugging Face LLM DLC, from AWS's account in this region
+        repositories = [images[job.SERVING_RUNTIME].repository.repository_arn] + [
+            stack.format_arn(service="ecr", account=account, resource="repository",
+                             resource_name=containers.TGI_REPOSITORY)
+            for account in sorted(set(containers.TGI_REGISTRIES.values()))]
+        log_groups = stack.format_arn(
+            service="logs", resource="log-group", resource_name=ENDPOINT_LOG_GROUP_PREFIX + self._name_prefix + "-*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME)
+        return [
+            Grant(["s3:GetObject"], [bucket.arn_for_objects(MODEL_ARTIFACT_KEYS)],
+                  reason="An endpoint downloads the model.tar.gz of the training job it serves, named at run time; "
+                         "only those files."),
+            *_pull_grants(repositories),
+            *_log_grants(log_groups, log_groups + ":log-stream:*",
+                         "SageMaker creates one log group per endpoint, named after it (only our prefix), and one "
+                         "stream per variant and instance."),
+            *_vpc_grants(stack, subnets, security_group),
+        ]
+
     def _execution_grants(self, bucket, file_system, images, subnets, security_group, raw_data_prefixes):
         stack = Stack.of(self)
         prefix = self._name_prefix
         repositories = list(dict.fromkeys(asset.repository.repository_arn for asset in images.values()))
-        # deploy.container tgi: the Hugging Face LLM DLC, pulled from AWS's account in this region
-        repositories += [stack.format_arn(service="ecr", account=account, resource="repository",
-                                          resource_name=containers.TGI_REPOSITORY)
-                         for account in sorted(set(containers.TGI_REGISTRIES.values()))]
         log_group = stack.format_arn(service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)
-        endpoint_log_groups = stack.format_arn(
-            service="logs", resource="log-group", resource_name=ENDPOINT_LOG_GROUP_PREFIX + prefix + "-*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME)
-
-        def ec2_arn(resource, name):
-            return stack.format_arn(service="ec2", resource=resource, resource_name=name)
-
-        network_interfaces = ec2_arn("network-interface", "*")
         return [
             Grant(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
                   [bucket.arn_for_objects(p + "*") for p in ARTIFACT_PREFIXES],
@@ -121,33 +140,55 @@ class Permissions(Construct):
             # point: the prepare job mounts the root read-write, training jobs the dataset read-only.
             Grant(["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], [file_system.file_system_arn],
                   conditions={"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}),
-            Grant(["ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage"],
-                  repositories),
-            Grant(["ecr:GetAuthorizationToken"], ["*"],
-                  reason="ecr:GetAuthorizationToken: " + NO_RESOURCE_LEVEL + "; pulls are limited to the image "
-                         "repository by the statement above."),
-            Grant(["logs:CreateLogGroup", "logs:DescribeLogStreams"], [log_group, endpoint_log_groups],
-                  reason="SageMaker creates one log group per endpoint, named after it: only our prefix."),
-            Grant(["logs:CreateLogStream", "logs:PutLogEvents"],
-                  [log_group + ":log-stream:" + prefix + "-*", endpoint_log_groups + ":log-stream:*"],
-                  reason="One log stream per job host (`<job>/algo-<n>-<id>`) or endpoint variant, created at "
-                         "run time; only streams of our jobs and endpoints."),
-            Grant(["cloudwatch:PutMetricData"], ["*"],
-                  reason="cloudwatch:PutMetricData: " + NO_RESOURCE_LEVEL + "; the condition keeps it to "
-                         "SageMaker's namespaces.",
-                  conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}}),
-            Grant(["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
-                   "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DeleteNetworkInterfacePermission"],
-                  ["*"], reason="EC2 Describe* and DeleteNetworkInterfacePermission: " + NO_RESOURCE_LEVEL
-                                + "; SageMaker calls them to attach a VPC job to its subnets."),
-            Grant(["ec2:CreateNetworkInterface"],
-                  [ec2_arn("subnet", subnet.subnet_id) for subnet in subnets]
-                  + [ec2_arn("security-group", security_group.security_group_id), network_interfaces],
-                  reason="The ENIs SageMaker creates for a VPC job get ids only when created; creation is limited "
-                         "to our subnets and the training security group."),
-            Grant(["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"], [network_interfaces],
-                  reason="The job's ENIs get ids only when SageMaker creates them."),
+            *_pull_grants(repositories),
+            *_log_grants(log_group, log_group + ":log-stream:" + prefix + "-*",
+                         "One log stream per job host (`<job>/algo-<n>-<id>`), created at run time; only streams of "
+                         "our jobs."),
+            *_vpc_grants(stack, subnets, security_group),
         ]
+
+
+def _pull_grants(repositories):
+    return [
+        Grant(["ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage"], repositories),
+        Grant(["ecr:GetAuthorizationToken"], ["*"],
+              reason="ecr:GetAuthorizationToken: " + NO_RESOURCE_LEVEL + "; pulls are limited to the image "
+                     "repositories by the statement above."),
+    ]
+
+
+def _log_grants(log_groups, log_streams, reason):
+    """SageMaker's own log groups and the streams it writes for a job or an endpoint, and its metrics."""
+    return [
+        Grant(["logs:CreateLogGroup", "logs:DescribeLogStreams"], [log_groups], reason=reason),
+        Grant(["logs:CreateLogStream", "logs:PutLogEvents"], [log_streams], reason=reason),
+        Grant(["cloudwatch:PutMetricData"], ["*"],
+              reason="cloudwatch:PutMetricData: " + NO_RESOURCE_LEVEL + "; the condition keeps it to "
+                     "SageMaker's namespaces.",
+              conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "aws/sagemaker/*"]}}),
+    ]
+
+
+def _vpc_grants(stack, subnets, security_group):
+    """What SageMaker needs to attach a job or an endpoint to our subnets with `security_group`."""
+
+    def ec2_arn(resource, name):
+        return stack.format_arn(service="ec2", resource=resource, resource_name=name)
+
+    network_interfaces = ec2_arn("network-interface", "*")
+    return [
+        Grant(["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
+               "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DeleteNetworkInterfacePermission"],
+              ["*"], reason="EC2 Describe* and DeleteNetworkInterfacePermission: " + NO_RESOURCE_LEVEL
+                            + "; SageMaker calls them to attach a VPC job or endpoint to its subnets."),
+        Grant(["ec2:CreateNetworkInterface"],
+              [ec2_arn("subnet", subnet.subnet_id) for subnet in subnets]
+              + [ec2_arn("security-group", security_group.security_group_id), network_interfaces],
+              reason="The ENIs SageMaker creates for a VPC job or endpoint get ids only when created; creation is "
+                     "limited to our subnets and the role's security group."),
+        Grant(["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"], [network_interfaces],
+              reason="The ENIs get ids only when SageMaker creates them."),
+    ]
 
 
 def _raw_data_grants(prefixes):
@@ -173,5 +214,6 @@ MACHINE_RESOURCE_REASONS = {
     "model": "Models are named after their training job at run time; only names with our prefix.",
     "endpoint-config": "Endpoint configs are named after their training job at run time; only our prefix.",
     "endpoint": "Endpoints are named at run time from the execution input; only names with our prefix.",
+    "endpoint-alarm": "The no-invocations alarm of an endpoint is named after it at run time; only our prefix.",
     "*": "sagemaker:ListTrainingJobs and sagemaker:Search: " + NO_RESOURCE_LEVEL + ".",
 }

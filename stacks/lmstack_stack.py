@@ -1,4 +1,5 @@
 """The one stack: wires network, storage, images, IAM, orchestration and monitoring, and does the grants."""
+import dataclasses
 import json
 from typing import Dict
 
@@ -12,7 +13,7 @@ from stacks.encryption import EncryptionKey
 from stacks.iam import Permissions
 from stacks.images import TrainingImages
 from stacks.monitoring import Monitoring, Notifications
-from stacks.network import Network
+from stacks.network import Network, zones
 from stacks.orchestration import Orchestration
 from stacks.storage import Storage
 
@@ -20,9 +21,13 @@ from stacks.storage import Storage
 class LmStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        zone_names = zones(self, settings) if settings.creates_vpc else None
+        if zone_names is not None:
+            # The subnet count everything else reads (state machine subnets, mount targets), now known.
+            settings = dataclasses.replace(settings, az_count=len(zone_names))
         self.settings = settings
         self.encryption = EncryptionKey(self, "Encryption")
-        self.network = Network(self, "Network", settings=settings, log_key=self.encryption.key)
+        self.network = Network(self, "Network", settings=settings, zone_names=zone_names, log_key=self.encryption.key)
         self.storage = Storage(self, "Storage", settings=settings, vpc=self.network.vpc,
                                subnets=self.network.subnets,
                                training_security_group=self.network.training_security_group)
@@ -33,6 +38,7 @@ class LmStack(Stack):
             self, "Permissions", name_prefix=settings.name_prefix, bucket=self.storage.bucket,
             file_system=self.storage.file_system, images=self.images.assets, subnets=self.network.subnets,
             training_security_group=self.network.training_security_group,
+            hosting_security_group=self.network.hosting_security_group,
             raw_data_prefixes=settings.raw_data_prefixes)
         self.orchestration = Orchestration(
             self, "Orchestration", settings=settings, values=self._substitution_values(),
@@ -54,9 +60,11 @@ class LmStack(Stack):
         """Every value a definition placeholder can take; each machine gets the ones it names."""
         values = {
             "ExecutionRoleArn": self.permissions.execution_role.role_arn,
+            "EndpointRoleArn": self.permissions.endpoint_role.role_arn,
             "ArtifactBucket": self.storage.bucket.bucket_name,
             "FileSystemId": self.storage.file_system.file_system_id,
             "SecurityGroupId": self.network.training_security_group.security_group_id,
+            "HostingSecurityGroupId": self.network.hosting_security_group.security_group_id,
             "TopicArn": self.notifications.topic.topic_arn,
         }
         values.update(("Subnet%d" % index, subnet_id) for index, subnet_id in enumerate(self.network.subnet_ids))

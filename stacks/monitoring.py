@@ -19,11 +19,14 @@ PERIOD = Duration.minutes(1)
 # the state machine: it needs no extra state, no PutMetricAlarm/DeleteMetricAlarm permissions and no clean-up
 # when an execution dies, and it covers every host of every running job ("Create a CloudWatch alarm based on a
 # Metrics Insights query", CloudWatch User Guide: the query must return one time series, so no GROUP BY).
-# MIN over the hosts: one idle host in a distributed job is enough to warn. Metrics Insights cannot filter
-# on a name prefix, so the alarm covers every training job of the account and region, ours or not.
+# MIN over the hosts: one idle host in a distributed job is enough to warn. Per GPU: SageMaker's
+# GPUUtilization is summed over a host's GPUs (0-800 % on 8), so the alarm reads the mean per GPU that
+# lm.gpu_usage logs on every host (metric definition gpu:utilization_per_gpu), 0-100 on every type. Metrics
+# Insights cannot filter on a name prefix; only our jobs log that metric.
 LOW_GPU_UTILIZATION_PERCENT = 20
 LOW_GPU_MINUTES = 15
-LOW_GPU_QUERY = 'SELECT MIN(GPUUtilization) FROM SCHEMA("%s", Host)' % TRAINING_NAMESPACE
+PER_GPU_METRIC = "gpu:utilization_per_gpu"
+LOW_GPU_QUERY = 'SELECT MIN("%s") FROM SCHEMA("%s", Host)' % (PER_GPU_METRIC, TRAINING_NAMESPACE)
 
 
 class Notifications(Construct):
@@ -63,13 +66,13 @@ class Monitoring(Construct):
         self.low_gpu_alarm = cloudwatch.Alarm(
             self, "LowGpuUtilization",
             metric=cloudwatch.MathExpression(expression=LOW_GPU_QUERY, using_metrics={}, period=PERIOD,
-                                             label="lowest GPU utilization of any training host (%)"),
+                                             label="lowest mean per-GPU utilization of any training host (%)"),
             threshold=LOW_GPU_UTILIZATION_PERCENT, evaluation_periods=LOW_GPU_MINUTES,
             comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             # No training job running: no data, not an alarm.
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            alarm_description="A training host's GPUs were under %d%% busy for %d minutes: input-bound, hung, or "
-                              "waiting on a peer; see the dashboard." % (LOW_GPU_UTILIZATION_PERCENT, LOW_GPU_MINUTES))
+            alarm_description="A training host's GPUs were under %d%% busy on average per GPU for %d minutes: "
+                              "input-bound, hung, or waiting on a peer; see the dashboard." % (LOW_GPU_UTILIZATION_PERCENT, LOW_GPU_MINUTES))
         self.low_gpu_alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name_prefix + "-training")
         self.dashboard.add_widgets(

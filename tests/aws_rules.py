@@ -190,11 +190,36 @@ def named_resources_not_retained_on_create(template):
     return ["%s (%s): named %r with DeletionPolicy Retain; use RetainExceptOnCreate or no fixed name" % (
         key, value["Type"], _physical_name(value)) for key, value in template["Resources"].items()
         if value.get("DeletionPolicy") == "Retain" and _physical_name(value) is not None]
+# An account whose default VPC has default subnets in only some zones still has at least two of them
+# listed: the CDK's own assumption for an environment-agnostic stack (Stack.availabilityZones).
+GET_AZS_SAFE_PICKS = 2
+
+
+def _get_azs_picks(node):
+    """Every index an Fn::Select takes of an Fn::GetAZs list, anywhere in `node`."""
+    if isinstance(node, dict):
+        select = node.get("Fn::Select")
+        picks = [select[0]] if isinstance(select, list) and len(select) == 2 and isinstance(select[1], dict) \
+            and "Fn::GetAZs" in select[1] else []
+        return picks + [pick for value in node.values() for pick in _get_azs_picks(value)]
+    if isinstance(node, list):
+        return [pick for value in node for pick in _get_azs_picks(value)]
+    return []
+
+
+def get_azs_picks_within_the_first_two(template):
+    """AWS CloudFormation User Guide, "Fn::GetAZs": the list holds only the zones in which the account's
+    default VPC has a default subnet (every zone only when none has one), and its order may change when a
+    zone is added; Fn::Select past its end fails the stack. So a template may pick only the first two."""
+    return ["%s: selects index %r of Fn::GetAZs; an account may list fewer zones" % (key, pick)
+            for key, value in template["Resources"].items() for pick in _get_azs_picks(value)
+            if not (isinstance(pick, int) and pick < GET_AZS_SAFE_PICKS)]
 
 
 TEMPLATE_RULES = (state_machine_log_groups_are_vended, customer_managed_key_with_rotation,
                   key_policy_service_principals, alarm_actions_can_publish, metrics_insights_alarms_are_evaluable,
-                  named_resources_not_retained_on_create, state_names_unique)
+                  named_resources_not_retained_on_create, state_names_unique,
+                  get_azs_picks_within_the_first_two)
 
 
 def check_template(template):
@@ -217,9 +242,10 @@ def _sagemaker_model():
 
 
 def _constraint_violations(shape, value, where, problems):
-    """The SageMaker API reference's Length Constraints, Pattern, Array/Map Members and integer Valid Range
-    limits, read from botocore's copy of the service model (botocore's own ParamValidator checks types,
-    required and minimums only, not maximums or patterns; AWS rejects those with a ValidationException)."""
+    """The SageMaker API reference's Length Constraints, Pattern, Valid Values, Array/Map Members and integer
+    Valid Range limits, read from botocore's copy of the service model (botocore's own ParamValidator checks
+    types, required and minimums only, not maximums, patterns or enums; AWS rejects those with a
+    ValidationException)."""
     import re
     meta = shape.metadata
     if shape.type_name == "structure" and isinstance(value, dict):
@@ -242,6 +268,10 @@ def _constraint_violations(shape, value, where, problems):
         if "max" in meta and value > meta["max"]:
             problems.append("%s: %d, at most %d allowed" % (where, value, meta["max"]))
     elif shape.type_name == "string" and isinstance(value, str):
+        if shape.enum and value not in shape.enum:
+            # e.g. ProductionVariantInstanceType (CreateEndpointConfig): ml.p3dn.24xlarge trains but cannot host.
+            problems.append("%s: %r is not one of the API's %d values for %s" % (where, value, len(shape.enum),
+                                                                                shape.name))
         if "max" in meta and len(value) > meta["max"]:
             problems.append("%s: %d characters, at most %d allowed: %r" % (where, len(value), meta["max"], value))
         pattern = meta.get("pattern")

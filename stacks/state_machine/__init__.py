@@ -9,7 +9,7 @@ Pure Python, no CDK: the CDK app passes the documents to `DefinitionBody.from_st
   ABORTED / TIMED_OUT status change; stops that execution's running jobs.
 - `training_substitutions(settings)` / `stop_substitutions(settings)`: every `${Name}`
   placeholder each definition uses (fixed names in TRAINING_SUBSTITUTIONS /
-  STOP_SUBSTITUTIONS, plus `Subnet<i>` for i < az_count and `Image_<runtime>` per enabled
+  STOP_SUBSTITUTIONS, plus `Subnet<i>` for i < subnet_count and `Image_<runtime>` per enabled
   runtime). `render(definition, values)` fills them (tests; the CDK does it at deploy).
 - `EXAMPLE_INPUT`: a small execution input.
 - `REQUIRED_ACTIONS`: the IAM actions each definition calls and the resource each targets.

@@ -11,20 +11,31 @@
   files; `tgi` runs Text Generation Inference (`lm.containers`: this region's image) on the
   Hugging Face files `lm.train` wrote next to them (hyperparameters.export_hf), with TGI's
   Environment for the preset and instance type. Both take the training job's model.tar.gz.
+- Role and network: the model runs as the endpoint role (reads the model artifact, pulls its
+  image, writes its logs; nothing else) in the hosting security group (no NFS to the file system).
 - Wait: DescribeEndpoint every POLL_SECONDS, at most MAX_POLLS times, until InService with
   our config (an update that rolled back is InService with the old config: a failure), or
   Failed; failures carry FailureReason, are notified and fail the execution.
+- Idle alarm: an endpoint bills by the hour until deleted, so once it is InService the machine
+  puts an alarm `<endpoint>-no-invocations` (PutMetricAlarm, the same name on every update) that
+  notifies the topic when the endpoint had no invocation for IDLE_HOURS. The endpoint's name is
+  known only at run time, so a stack-level alarm cannot name it, and one Metrics Insights alarm
+  over every endpoint would sum them (a busy endpoint would hide an idle one). Missing data counts
+  as idle: SageMaker reports Invocations only for traffic, and after the endpoint is deleted the
+  alarm says so until it is deleted too (README: "Deploy the endpoint").
 """
 import collections
 
 from lm import containers, job, rules
 from lm.config import ALL_PRESETS
-from lm.instances import INSTANCES
+from lm.instances import HOSTING_INSTANCE_TYPES
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
 from stacks.state_machine.names import image_placeholder
 
 POLL_SECONDS = 60
+# CloudWatch evaluates at most one day of data for a standard alarm (Period x EvaluationPeriods).
+IDLE_HOURS = 24
 MAX_POLLS = 120
 VARIANT_NAME = "AllTraffic"
 MODEL_SERVER_WORKERS = "2"
@@ -82,8 +93,8 @@ def states(settings, first, next_state):
             "ModelName.$": names + ".model",
             "PrimaryContainer": dict({"Image": image, "ModelDataUrl.$": TRAIN.slot + ".result.model_artifacts"},
                                      **environment),
-            "ExecutionRoleArn": "${ExecutionRoleArn}",
-            "VpcConfig": vpc_config(settings),
+            "ExecutionRoleArn": "${EndpointRoleArn}",
+            "VpcConfig": vpc_config(settings, "HostingSecurityGroupId"),
             "EnableNetworkIsolation": False,
             "Tags": tags("model")}, d + ".Config", catch=catch)
 
@@ -129,7 +140,8 @@ def states(settings, first, next_state):
         "status.$": "$.scratch.EndpointStatus", "config.$": names + ".config"}, result_path="$.deploy_status")
     result[d + ".Check"] = asl.choice([
         asl.rule(asl.all_of({"Variable": "$.deploy_status.status", "StringEquals": "InService"},
-                            {"Variable": "$.deploy_status.config", "StringEqualsPath": names + ".config"}), d + ".Done"),
+                            {"Variable": "$.deploy_status.config", "StringEqualsPath": names + ".config"}),
+                 d + ".IdleAlarm"),
         asl.rule(asl.any_of({"Variable": "$.deploy_status.status", "StringEquals": "Failed"},
                             {"Variable": "$.deploy_status.status", "StringEquals": "InService"}), d + ".Failed"),
         asl.rule({"Variable": names + ".polls", "NumericGreaterThanEquals": MAX_POLLS}, d + ".TimedOut"),
@@ -152,6 +164,8 @@ def states(settings, first, next_state):
         result_path="$.deploy_failure")
     result[failure] = asl.publish("${TopicArn}", "$.deploy_failure.reason", d + ".Fail")
     result[d + ".Fail"] = asl.fail("DeployFailed", "$.deploy_failure.reason")
+    result[d + ".IdleAlarm"] = asl.task(asl.sdk("cloudwatch", "putMetricAlarm"), idle_alarm(names + ".endpoint"),
+                                        d + ".Done", result_path=None, retry=RETRY, catch=catch)
     result[d + ".Done"] = asl.pass_state(d + ".Succeeded", {
         "endpoint_name.$": names + ".endpoint", "endpoint_config_name.$": names + ".config",
         "model_name.$": names + ".model", "status": "InService",
@@ -162,13 +176,28 @@ def states(settings, first, next_state):
     return result
 
 
+def idle_alarm(endpoint_path):
+    """PutMetricAlarm's parameters: the endpoint at `endpoint_path` had no invocation for IDLE_HOURS."""
+    return {
+        "AlarmName.$": asl.fmt("{}-no-invocations", endpoint_path),
+        "AlarmDescription.$": asl.fmt(
+            "endpoint {} had no invocation for %d hours and bills until deleted: aws sagemaker delete-endpoint "
+            "--endpoint-name {}, then delete this alarm" % IDLE_HOURS, endpoint_path, endpoint_path),
+        "Namespace": "AWS/SageMaker", "MetricName": "Invocations",
+        "Dimensions": [{"Name": "EndpointName", "Value.$": endpoint_path},
+                       {"Name": "VariantName", "Value": VARIANT_NAME}],
+        "Statistic": "Sum", "Period": 3600, "EvaluationPeriods": IDLE_HOURS,
+        "Threshold": 1, "ComparisonOperator": "LessThanThreshold", "TreatMissingData": "breaching",
+        "AlarmActions": ["${TopicArn}"]}
+
+
 def _tgi_environment_states(first, next_state):
     """`$.deploy_serving` = TGI's Environment for this preset and deploy.instance_type, one Pass
     state per distinct environment (`lm.containers.tgi_environment`). Pairs TGI cannot serve were
     refused by the Validate stage (`lm.rules.serving_rules`)."""
     groups = collections.OrderedDict()  # environment items -> {preset: [instance types]}
     for preset, config in ALL_PRESETS.items():
-        for instance_type in INSTANCES:
+        for instance_type in HOSTING_INSTANCE_TYPES:
             shards, _ = containers.tgi_shards(config, instance_type)
             if shards is not None:
                 environment = tuple(containers.tgi_environment(config, shards).items())

@@ -12,7 +12,7 @@ allowed fields and echoes the object that was given (no intrinsic can list an ob
 import collections
 
 from lm import containers, contract, job, rules
-from lm.instances import INSTANCES
+from lm.instances import HOSTING_INSTANCE_TYPES, INSTANCES
 from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
 
@@ -73,7 +73,7 @@ def schema(settings):
             Field("enabled", bool, False, help="deploy the trained model to a SageMaker endpoint"),
             Field("endpoint_name", str, "default",
                   help="endpoint name after '<name_prefix>-'; an existing endpoint is updated"),
-            Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=instance_types),
+            Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=HOSTING_INSTANCE_TYPES),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
                   help="lmstack (lm.serve) or tgi (Text Generation Inference on the Hugging Face export)"),

@@ -97,6 +97,7 @@ def job_values(kind, settings, value_at, strategy="single"):
         instance_count=value_at(kind.config + ".instance_count"),
         max_runtime_seconds=value_at(kind.config + ".max_runtime_seconds"),
         spot=value_at(kind.spot_path) if kind.spot_path else False,
+        traffic_encryption=settings.inter_container_traffic_encryption,
         file_system_id="${FileSystemId}", security_group_ids=vpc_config(settings)["SecurityGroupIds"],
         subnets=vpc_config(settings)["Subnets"],
         data_directory=value_at("$.config.data_directory"), execution_name=value_at("$$.Execution.Name"),
@@ -122,9 +123,10 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
     return job_values(kind, settings, value_at, config["strategy"] if kind is TRAIN else "single")
 
 
-def vpc_config(settings):
-    return request.vpc_config(["${SecurityGroupId}"],
-                              ["${%s}" % subnet_placeholder(index) for index in range(settings.az_count)])
+def vpc_config(settings, security_group="SecurityGroupId"):
+    """The VpcConfig of a job (the training security group) or, with "HostingSecurityGroupId", of a model."""
+    return request.vpc_config(["${%s}" % security_group],
+                              ["${%s}" % subnet_placeholder(index) for index in range(settings.subnet_count)])
 
 
 def tags(kind):

@@ -4,10 +4,12 @@ import re
 
 # Filled by the CDK app through `definition_substitutions`.
 TRAINING_SUBSTITUTIONS = (
-    "ExecutionRoleArn",   # the SageMaker execution role (iam:PassRole target)
+    "ExecutionRoleArn",   # the SageMaker execution role of the jobs (iam:PassRole target)
+    "EndpointRoleArn",    # the role endpoints run as (iam:PassRole target): reads the model artifact only
     "ArtifactBucket",     # bucket name: the prefixes of lm.contract.ARTIFACT_PREFIXES
     "FileSystemId",       # the EFS file system holding the dataset
     "SecurityGroupId",    # the training security group
+    "HostingSecurityGroupId",  # the endpoints' security group (no NFS, HTTPS out)
     "TopicArn",           # SNS topic for phase changes and failures
 )
 STOP_SUBSTITUTIONS = ("TopicArn",)
@@ -26,7 +28,7 @@ def image_placeholder(runtime):
 def training_substitutions(settings):
     """Every placeholder of `build_training_definition(settings)`, in a stable order."""
     return (TRAINING_SUBSTITUTIONS
-            + tuple(subnet_placeholder(index) for index in range(settings.az_count))
+            + tuple(subnet_placeholder(index) for index in range(settings.subnet_count))
             + tuple(image_placeholder(runtime) for runtime in settings.runtimes))
 
 
@@ -51,8 +53,9 @@ def render(definition, values):
 
 # The IAM actions each definition calls and what they act on. Resource kinds:
 # "training-job", "model", "endpoint-config", "endpoint": SageMaker resources whose names
-# start with `<name_prefix>-`; "execution-role": the SageMaker execution role (PassRole,
-# condition iam:PassedToService = sagemaker.amazonaws.com); "topic": the SNS topic;
+# start with `<name_prefix>-`; "execution-role", "endpoint-role": the SageMaker roles of jobs and
+# endpoints (PassRole, condition iam:PassedToService = sagemaker.amazonaws.com); "endpoint-alarm":
+# CloudWatch alarms named `<name_prefix>-*`; "topic": the SNS topic;
 # "*": actions without resource-level permissions (ListTrainingJobs, Search).
 # AddTags: the create calls carry Tags, which SageMaker authorizes as AddTags.
 REQUIRED_ACTIONS = {
@@ -66,7 +69,8 @@ REQUIRED_ACTIONS = {
         "sagemaker:DescribeEndpoint": ("endpoint",),
         "sagemaker:CreateEndpoint": ("endpoint", "endpoint-config"),
         "sagemaker:UpdateEndpoint": ("endpoint", "endpoint-config"),
-        "iam:PassRole": ("execution-role",),
+        "iam:PassRole": ("execution-role", "endpoint-role"),
+        "cloudwatch:PutMetricAlarm": ("endpoint-alarm",),
         "sns:Publish": ("topic",),
     },
     "stop": {

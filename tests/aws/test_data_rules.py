@@ -74,3 +74,13 @@ def test_an_s3_input_the_role_cannot_read_is_rejected():
     (problem,) = aws_rules.check_requests(_calls(elsewhere), readable_prefixes=readable)
     assert "s3_inputs_readable" in problem and "InputDataConfig[raw]" in problem
     assert aws_rules.check_requests(_calls(elsewhere), readable_prefixes=readable + ("s3://someone-else/",)) == []
+
+
+def test_a_value_outside_the_api_enum_is_refused():
+    variant = {"VariantName": "AllTraffic", "ModelName": "lmstack-m", "InitialInstanceCount": 1}
+    hostable = {"EndpointConfigName": "lmstack-c", "ProductionVariants": [dict(variant, InstanceType="ml.p3.2xlarge")]}
+    assert aws_rules.api_constraints("CreateEndpointConfig", hostable) == []
+    training_only = {"EndpointConfigName": "lmstack-c",
+                     "ProductionVariants": [dict(variant, InstanceType="ml.p3dn.24xlarge")]}
+    (problem,) = aws_rules.api_constraints("CreateEndpointConfig", training_only)
+    assert "ProductionVariants[0].InstanceType" in problem and "ml.p3dn.24xlarge" in problem

@@ -14,14 +14,26 @@ def cdk_json_context():
     return json.loads((ROOT / "cdk.json").read_text())["context"]
 
 
-class Synth:
-    """One synthesized app: the stack's template as a dict, the assertions Template, the assembly dir."""
+def zone_lookup_context(account, region, zones):
+    """The cdk.context.json entry the CDK CLI writes after looking up an account's zones: the stubbed lookup."""
+    return {"availability-zones:account=%s:region=%s" % (account, region): list(zones)}
 
-    def __init__(self, settings, outdir, *, nag=True, validation=False):
-        self.settings = settings
-        app = cdk.App(outdir=str(outdir), context=cdk_json_context(), builtin_cloud_formation_validation=validation)
-        build_app(settings, app=app, nag=nag)
+
+class Synth:
+    """One synthesized app: the stack's template as a dict, the assertions Template, the assembly dir.
+    `account` and `zones`: a deploying account whose zone lookup answers `zones` (None: no account)."""
+
+    def __init__(self, settings, outdir, *, nag=True, validation=False, account=None, zones=None):
+        context = cdk_json_context()
+        if zones is not None:
+            context.update(zone_lookup_context(account, settings.region, zones))
+        app = cdk.App(outdir=str(outdir), context=context, builtin_cloud_formation_validation=validation)
+        build_app(settings, app=app, nag=nag, account=account)
         self.assembly = app.synth()
+        # The settings the stack resolved (az_count from the zones).
+        self.settings = app.node.find_child(settings.name_prefix).settings
+        manifest = json.loads((pathlib.Path(self.assembly.directory) / "manifest.json").read_text())
+        self.missing_context = [missing["key"] for missing in manifest.get("missing", [])]
         artifact = self.assembly.get_stack_by_name(settings.name_prefix)
         self.template = artifact.template
         self.template_path = pathlib.Path(self.assembly.directory) / artifact.template_file

@@ -26,7 +26,8 @@ from stacks.config import Settings  # noqa: E402
 
 @pytest.fixture(scope="session")
 def synth_app(tmp_path_factory):
-    """synth_app(settings) -> Synth, cached per settings (cdk-nag on, the CDK's schema validation off)."""
+    """synth_app(settings, **Synth options such as account and zones) -> Synth, cached per arguments (cdk-nag
+    on, the CDK's schema validation off)."""
     cache = {}
 
     def make(settings=None, **kwargs):

@@ -75,6 +75,9 @@ def _map_item_named_like_the_first_state(template):
                                   if state["Type"] == "Map")
             item_processor["States"][definition["StartAt"]] = {"Type": "Pass", "End": True}
             value["Properties"]["DefinitionString"] = json.dumps(definition)
+def _third_zone(template):
+    subnet = next(value for value in template["Resources"].values() if value["Type"] == "AWS::EC2::Subnet")
+    subnet["Properties"]["AvailabilityZone"] = {"Fn::Select": [2, {"Fn::GetAZs": ""}]}
 
 
 def test_our_template_passes_every_rule(default):
@@ -93,6 +96,7 @@ def test_our_template_passes_every_rule(default):
     (aws_rules.metrics_insights_alarms_are_evaluable, _window_too_long),
     (aws_rules.named_resources_not_retained_on_create, _named_log_groups_retained),
     (aws_rules.state_names_unique, _map_item_named_like_the_first_state),
+    (aws_rules.get_azs_picks_within_the_first_two, _third_zone),
 ])
 def test_rule_fails_on_a_wrong_template(default, rule, change):
     assert rule(default.template) == []

@@ -77,6 +77,8 @@ def test_context_errors_name_the_key(context, expected):
     ({"default_instance_count": True}, ["lmstack.default_instance_count"]),
     ({"vpc_cidr": "10.0.0.0/33"}, ["lmstack.vpc_cidr: must be an IPv4 CIDR block", "'10.0.0.0/33'"]),
     ({"vpc_cidr": "banana"}, ["lmstack.vpc_cidr"]),
+    ({"interface_endpoints": ("s3",)}, ["lmstack.interface_endpoints: 's3' is not allowed; allowed: ecr.api, ecr.dkr"]),
+    ({"interface_endpoints": ("sts", "sts")}, ["lmstack.interface_endpoints: listed twice"]),
     ({"vpc_cidr": "10.0.0.1/16"}, ["lmstack.vpc_cidr"]),
     ({"vpc_cidr": "10.0.0.0/8"}, ["lmstack.vpc_cidr: must be an IPv4 block from /16 to /24"]),
     ({"default_strategy": "zero3"}, ["lmstack.default_strategy", "'zero3'"] + list(STRATEGIES)),
@@ -142,9 +144,9 @@ def test_imported_network_and_file_system():
     assert settings.existing_subnet_ids == ("subnet-0123456789abcdef0", "subnet-0123456789abcdef1")
 
 
-def test_the_training_subnets_cover_every_zone_unless_pinned():
-    assert Settings().az_count == 6 and Settings(region="us-west-2").az_count == 4
-    assert Settings(region="ap-northeast-1").az_count == 3
+def test_the_zone_count_is_left_to_the_stack_unless_pinned_or_imported():
+    # None: every zone the account's lookup finds, or two of Fn::GetAZs without an account (stacks.network.zones).
+    assert Settings().az_count is None and Settings().subnet_count == 2
     assert Settings(availability_zones=["us-east-1a", "us-east-1c"]).az_count == 2
     assert Settings(az_count=2).az_count == 2
     assert Settings(existing_vpc_id="vpc-0123456789abcdef0",

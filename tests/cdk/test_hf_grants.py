@@ -17,8 +17,10 @@ def test_jobs_may_read_but_not_write_the_init_prefix(default):
     assert INIT_PREFIX + "*" in listing["Condition"]["StringLike"]["s3:prefix"]
 
 
-def test_the_role_may_pull_the_tgi_image(default):
-    statements = _statements(default, _role_id(default, "PermissionsExecutionRole"))
+def test_the_endpoint_role_may_pull_the_tgi_image_and_the_jobs_may_not(default):
+    jobs = _statements(default, _role_id(default, "PermissionsExecutionRole"))
+    assert containers.TGI_REPOSITORY not in json.dumps(jobs)
+    statements = _statements(default, _role_id(default, "PermissionsEndpointRole"))
     (pull,) = [s for s in statements if "ecr:BatchGetImage" in _as_list(s["Action"])]
     pulled = json.dumps(pull["Resource"])
     for account in set(containers.TGI_REGISTRIES.values()):

@@ -9,11 +9,14 @@ from aws_cdk import aws_iam as iam
 from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
 from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
 from stacks import state_machine
-from stacks.config import Settings
+from stacks.config import INTERFACE_ENDPOINT_SERVICES, Settings, SettingsError
 from stacks.nag import Grant, add_grants
 from stacks.network import INTERFACE_ENDPOINTS
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+# A deploying account whose zone lookup (stubbed as cdk.context.json would hold it) finds five zones.
+ACCOUNT = "123456789012"
+ACCOUNT_ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f")
 
 
 def _ref_id(value):
@@ -56,20 +59,34 @@ def test_vpc_has_only_isolated_subnets_and_no_internet_path(default):
         default.assertions.resource_count_is(type_name, 0)
 
 
-def test_endpoints_for_s3_ecr_logs_sagemaker_and_sts(default):
+def _interface_endpoints(synth):
+    return [e for e in synth.resources("AWS::EC2::VPCEndpoint").values()
+            if e["Properties"].get("VpcEndpointType") == "Interface"]
+
+
+def test_only_the_free_s3_gateway_endpoint_by_default(default):
+    """Nothing in the jobs or the serving container calls an AWS API but S3 (stacks/network.py): no
+    interface endpoint, whose six cost about $88 a month in two zones, and no security group for them."""
     endpoints = default.resources("AWS::EC2::VPCEndpoint").values()
-    gateway = [e for e in endpoints if e["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
-    interface = [e for e in endpoints if e["Properties"].get("VpcEndpointType") == "Interface"]
-    assert len(gateway) == 1 and "s3" in json.dumps(gateway[0]["Properties"]["ServiceName"])
+    (gateway,) = [e for e in endpoints if e["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
+    assert "s3" in json.dumps(gateway["Properties"]["ServiceName"])
+    assert _interface_endpoints(default) == []
+    assert not [key for key in default.resources("AWS::EC2::SecurityGroup") if key.startswith("NetworkEndpoint")]
+    assert tuple(INTERFACE_ENDPOINTS) == INTERFACE_ENDPOINT_SERVICES
+
+
+def test_interface_endpoints_by_setting_in_the_first_two_zones(synth_app):
+    settings = Settings(interface_endpoints=("sts", "sagemaker.api"))
+    interface = _interface_endpoints(synth_app(settings))
     names = sorted(json.dumps(e["Properties"]["ServiceName"]) for e in interface)
-    for service in ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.runtime", "sts"):
-        assert any('.%s"' % service in name for name in names), (service, names)
-    assert len(interface) == len(INTERFACE_ENDPOINTS)
+    assert len(names) == 2 and '.sagemaker.api"' in names[0] and '.sts"' in names[1], names
     assert all(e["Properties"]["PrivateDnsEnabled"] is True for e in interface)
-    # In the first two zones only, of the six the training subnets cover.
-    subnets = default.resources("AWS::EC2::Subnet")
-    first_two = {key for key, subnet in subnets.items() if subnet["Properties"]["AvailabilityZone"]["Fn::Select"][0] < 2}
-    assert len(subnets) == 6 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
+    # In the first two zones only, of the five the training subnets cover in this account.
+    synth = synth_app(settings, account=ACCOUNT, zones=ACCOUNT_ZONES)
+    subnets = synth.resources("AWS::EC2::Subnet")
+    first_two = {key for key, subnet in subnets.items() if subnet["Properties"]["AvailabilityZone"] in ACCOUNT_ZONES[:2]}
+    interface = _interface_endpoints(synth)
+    assert len(interface) == 2 and len(subnets) == 5 and all({_ref_id(s) for s in e["Properties"]["SubnetIds"]} == first_two for e in interface)
 
 
 def test_flow_logs_capture_all_traffic(default):
@@ -93,8 +110,9 @@ def test_training_security_group_admits_only_itself(default):
         assert not group["Properties"].get("SecurityGroupIngress")
 
 
-def test_endpoints_and_efs_accept_only_the_training_jobs(default):
-    rules = [rule["Properties"] for rule in default.resources("AWS::EC2::SecurityGroupIngress").values()]
+def test_endpoints_and_efs_accept_only_the_training_jobs(synth_app):
+    synth = synth_app(Settings(interface_endpoints=("sts", "sagemaker.api")))
+    rules = [rule["Properties"] for rule in synth.resources("AWS::EC2::SecurityGroupIngress").values()]
     by_group = {}
     for rule in rules:
         by_group.setdefault(_ref_id(rule["GroupId"]), []).append(rule)
@@ -125,12 +143,38 @@ def test_no_access_point_since_training_jobs_cannot_mount_through_one(default):
     default.assertions.resource_count_is("AWS::EFS::AccessPoint", 0)
 
 
-def test_training_subnets_cover_every_zone_of_the_region_by_default(default):
+def test_without_an_account_the_subnets_take_only_the_first_two_of_get_azs(default, synth_app):
+    """Fn::GetAZs lists only the zones with a default subnet (CloudFormation's Fn::GetAZs page): no index past 1."""
     subnets = default.resources("AWS::EC2::Subnet").values()
     picks = sorted(subnet["Properties"]["AvailabilityZone"]["Fn::Select"][0] for subnet in subnets)
-    assert default.settings.az_count == 6 and picks == list(range(6))  # us-east-1a..f
-    mounts = default.resources("AWS::EFS::MountTarget")
-    assert len(mounts) == 6
+    assert default.settings.az_count == 2 and picks == [0, 1]
+    assert len(default.resources("AWS::EFS::MountTarget")) == 2
+    assert default.missing_context == []
+    with pytest.raises(SettingsError, match="lmstack.az_count: 3 zones need the deploying account"):
+        synth_app(Settings(az_count=3))
+
+
+def test_with_the_account_the_subnets_cover_every_zone_it_has(synth_app):
+    synth = synth_app(Settings(), account=ACCOUNT, zones=ACCOUNT_ZONES)
+    assert synth.missing_context == []
+    zones = [subnet["Properties"]["AvailabilityZone"] for subnet in synth.resources("AWS::EC2::Subnet").values()]
+    assert sorted(zones) == sorted(ACCOUNT_ZONES) and synth.settings.az_count == 5
+    assert "Fn::GetAZs" not in json.dumps(synth.template)
+    assert len(synth.resources("AWS::EFS::MountTarget")) == 5
+    values = _machine(synth, "lmstack-training")["Properties"]["DefinitionSubstitutions"]
+    assert sorted(name for name in values if name.startswith("Subnet")) == ["Subnet%d" % i for i in range(5)]
+    two = synth_app(Settings(az_count=2), account=ACCOUNT, zones=ACCOUNT_ZONES)
+    assert sorted(s["Properties"]["AvailabilityZone"] for s in two.resources("AWS::EC2::Subnet").values()) == [
+        "us-east-1a", "us-east-1b"]
+    with pytest.raises(SettingsError, match="lmstack.az_count: 6, but account 123456789012 has 5 zones in us-east-1"):
+        synth_app(Settings(az_count=6), account=ACCOUNT, zones=ACCOUNT_ZONES)
+
+
+def test_a_zone_lookup_not_made_yet_is_left_to_the_cdk_cli(synth_app):
+    """The first synth with an account records the lookup as missing (the CLI makes it, caches it in
+    cdk.context.json and synthesizes again) instead of failing."""
+    synth = synth_app(Settings(), account=ACCOUNT)
+    assert synth.missing_context == ["availability-zones:account=%s:region=us-east-1" % ACCOUNT]
 
 
 def test_pinned_zones_are_the_subnets_zones(synth_app):
@@ -201,19 +245,43 @@ def test_no_statement_allows_every_action(default):
                 assert action != "*" and not action.endswith(":*"), (statement, policy)
 
 
-def test_pass_role_only_the_execution_role_only_to_sagemaker(default):
-    execution = _role_id(default, "PermissionsExecutionRole")
+def test_pass_role_only_the_execution_and_endpoint_roles_only_to_sagemaker(default):
     passes = []
     for policy in default.resources("AWS::IAM::Policy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
             if "iam:PassRole" in _as_list(statement["Action"]):
                 passes.append((policy["Properties"]["Roles"], statement))
-    assert len(passes) == 1
-    roles, statement = passes[0]
-    assert roles == [{"Ref": _role_id(default, "PermissionsTrainingMachineRole")}]
-    assert _as_list(statement["Action"]) == ["iam:PassRole"]
-    assert statement["Resource"] == {"Fn::GetAtt": [execution, "Arn"]}
-    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    assert sorted(_ref_id(role) for _, statement in passes for role in _as_list(statement["Resource"])) == sorted(
+        _role_id(default, prefix) for prefix in ("PermissionsEndpointRole", "PermissionsExecutionRole"))
+    for roles, statement in passes:
+        assert roles == [{"Ref": _role_id(default, "PermissionsTrainingMachineRole")}]
+        assert _as_list(statement["Action"]) == ["iam:PassRole"]
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+
+def test_endpoints_read_only_the_model_artifacts_and_cannot_reach_the_file_system(default):
+    role_id = _role_id(default, "PermissionsEndpointRole")
+    trust = default.template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert [s["Principal"] for s in trust] == [{"Service": "sagemaker.amazonaws.com"}]
+    statements = _statements(default, role_id)
+    actions = {action for s in statements for action in _as_list(s["Action"])}
+    assert not [a for a in actions if a.startswith(("elasticfilesystem:", "kms:")) or a in (
+        "s3:PutObject", "s3:DeleteObject", "s3:ListBucket")], actions
+    (read,) = [s for s in statements if any(a.startswith("s3:") for a in _as_list(s["Action"]))]
+    assert _as_list(read["Action"]) == ["s3:GetObject"]
+    assert read["Resource"]["Fn::Join"][1][-1] == "/output/*/output/model.tar.gz"
+    assert {"ecr:BatchGetImage", "logs:PutLogEvents", "ec2:CreateNetworkInterface"} <= actions
+    # Its security group: no ingress, HTTPS out only; the file system admits only the training group.
+    group_id = next(key for key in default.resources("AWS::EC2::SecurityGroup") if key.startswith("NetworkHosting"))
+    group = default.template["Resources"][group_id]["Properties"]
+    assert not group.get("SecurityGroupIngress")
+    assert [(rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) for rule in group["SecurityGroupEgress"]] == [
+        ("tcp", 443, 443)]
+    ingress = default.resources("AWS::EC2::SecurityGroupIngress").values()
+    assert not [rule for rule in ingress if _ref_id(rule["Properties"]["SourceSecurityGroupId"]) == group_id]
+    values = _machine(default, "lmstack-training")["Properties"]["DefinitionSubstitutions"]
+    assert _ref_id(values["EndpointRoleArn"]) == role_id
+    assert _ref_id(values["HostingSecurityGroupId"]) == group_id
 
 
 @pytest.mark.parametrize("machine, role_prefix", [("training", "PermissionsTrainingMachineRole"),
@@ -345,7 +413,9 @@ def test_alarm_on_failed_executions_notifies_the_topic(default, alarm, machine_n
 def test_low_gpu_utilization_alarm_watches_every_training_host_and_notifies_the_topic(default):
     props = _alarm(default, "MonitoringLowGpuUtilization")["Properties"]
     (query,) = props["Metrics"]
-    assert query["Expression"] == 'SELECT MIN(GPUUtilization) FROM SCHEMA("/aws/sagemaker/TrainingJobs", Host)'
+    # Per GPU: lm.gpu_usage's metric, not SageMaker's GPUUtilization (the sum over a host's GPUs).
+    assert query["Expression"] == 'SELECT MIN("gpu:utilization_per_gpu") FROM SCHEMA("/aws/sagemaker/TrainingJobs", Host)'
+    assert "gpu:utilization_per_gpu" in [definition["Name"] for definition in METRIC_DEFINITIONS]
     assert (props["ComparisonOperator"], props["Threshold"]) == ("LessThanThreshold", 20)
     assert props["TreatMissingData"] == "notBreaching"
     assert _ref_id(props["AlarmActions"][0]).startswith("NotificationsTopic")

@@ -316,3 +316,16 @@ def test_cli_writes_the_chart(tmp_path):
     result = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--chart", str(path), "--json")
     assert result.returncode == 0, result.stderr
     assert path.stat().st_size > 1000 and json.loads(result.stdout)["chart"] == str(path)
+
+
+def test_inter_container_traffic_encryption_slows_the_all_reduce_between_hosts_only():
+    """SageMaker's train-encrypt page: slower for distributed deep learning, no effect on one host."""
+    plain = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32)["chosen"]["time"]
+    encrypted = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32,
+                          traffic_encryption=True)["chosen"]["time"]
+    assert encrypted["allreduce_seconds"] == pytest.approx(plain["allreduce_seconds"] * plan.ENCRYPTED_ALLREDUCE_SLOWDOWN)
+    assert encrypted["compute_seconds"] == plain["compute_seconds"]
+    assert encrypted["cost_on_demand_usd"] > plain["cost_on_demand_usd"]  # all-reduce bound at this batch
+    one_host = [plan.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=32, traffic_encryption=on)
+                ["chosen"]["time"] for on in (False, True)]
+    assert one_host[0] == one_host[1]

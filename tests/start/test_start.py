@@ -368,3 +368,12 @@ def test_upload_corpus_dry_run_uploads_nothing_and_a_bad_path_starts_nothing(aws
         assert run(aws, argv)[0] == 2
         assert message in capsys.readouterr().err
     assert executions(aws, arn) == []
+
+
+def test_the_plan_estimate_counts_the_deployment_s_traffic_encryption():
+    run = {"preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 4,
+           "hyperparameters": {"global_batch_size": 32}}
+    encrypted = start.plan_estimate(run, Settings())
+    plain = start.plan_estimate(run, Settings(inter_container_traffic_encryption=False))
+    assert Settings().inter_container_traffic_encryption is True
+    assert encrypted["cost_on_demand_usd"] > plain["cost_on_demand_usd"]

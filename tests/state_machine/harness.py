@@ -100,8 +100,13 @@ class StandInSettings:
     default_instance_count: int = 1
     default_max_runtime_seconds: int = 3600
     spot: bool = False
+    inter_container_traffic_encryption: bool = True
     dataset_directory: str = "/datasets/sample"
     raw_data_prefixes: Tuple[str, ...] = ()
+
+    @property
+    def subnet_count(self):
+        return self.az_count
 
 
 COMPLETED_EXTRA = {"BillableTimeInSeconds": 1234, "TrainingTimeInSeconds": 1300,

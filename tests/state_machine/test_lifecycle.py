@@ -1,8 +1,13 @@
 """Prepare and deploy stages, executed on moto (issue 5)."""
 import json
 
+import boto3
+import botocore.session
+import botocore.validate
 import pytest
-from state_machine.harness import EXECUTION_ROLE, invalid_sagemaker_requests
+from state_machine.harness import invalid_sagemaker_requests
+
+from lmstack.local_sfn import REGION
 
 from stacks.state_machine import EXAMPLE_INPUT
 
@@ -99,11 +104,13 @@ def test_deploy_creates_model_config_endpoint_and_waits(deployment, waits):
     actions = _actions(run)
     deploy = actions[actions.index("createModel"):]
     assert deploy == ["createModel", "createEndpointConfig", "describeEndpoint", "createEndpoint",
-                      "describeEndpoint", "describeEndpoint"]
+                      "describeEndpoint", "describeEndpoint", "putMetricAlarm"]
     (_, _, model), = run.calls("createModel")
     assert model["PrimaryContainer"]["ModelDataUrl"] == run.output["model_artifacts"]
     assert model["PrimaryContainer"]["Image"].endswith("/lmstack:tfcurrent")
-    assert model["ExecutionRoleArn"] == EXECUTION_ROLE
+    # Its own role and security group, not the jobs' (which may write checkpoints and mount the file system).
+    assert model["ExecutionRoleArn"] == deployment.values["EndpointRoleArn"] != deployment.values["ExecutionRoleArn"]
+    assert model["VpcConfig"]["SecurityGroupIds"] == [deployment.values["HostingSecurityGroupId"]]
     (_, _, config), = run.calls("createEndpointConfig")
     assert config["ProductionVariants"][0]["InstanceType"] == "ml.g4dn.12xlarge"
     assert "DataCaptureConfig" not in config
@@ -113,6 +120,28 @@ def test_deploy_creates_model_config_endpoint_and_waits(deployment, waits):
     assert run.output["deploy"]["status"] == "InService"
     assert 60 in waits[-2:]
     assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.slow
+def test_a_deployed_endpoint_gets_an_alarm_when_nobody_calls_it(deployment):
+    run = deployment.run({"deploy": DEPLOY})
+    assert run.status == "SUCCEEDED", _failure(run)
+    (_, _, request), = run.calls("putMetricAlarm")
+    model = botocore.session.get_session().get_service_model("cloudwatch")
+    report = botocore.validate.ParamValidator().validate(request, model.operation_model("PutMetricAlarm").input_shape)
+    assert not report.has_errors(), report.generate_report()
+    # CloudWatch evaluates at most a day of data for an alarm (Period x EvaluationPeriods).
+    assert request["Period"] * request["EvaluationPeriods"] <= 24 * 3600
+    (alarm,) = boto3.client("cloudwatch", region_name=REGION).describe_alarms(
+        AlarmNamePrefix="lmstack-gpt")["MetricAlarms"]
+    assert alarm["AlarmName"] == "lmstack-gpt-no-invocations"
+    assert (alarm["Namespace"], alarm["MetricName"], alarm["Statistic"]) == ("AWS/SageMaker", "Invocations", "Sum")
+    assert {d["Name"]: d["Value"] for d in alarm["Dimensions"]} == {"EndpointName": "lmstack-gpt",
+                                                                    "VariantName": "AllTraffic"}
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 1)
+    assert alarm["TreatMissingData"] == "breaching"  # no traffic reports no data
+    assert alarm["AlarmActions"] == [deployment.topic]
+    assert "aws sagemaker delete-endpoint --endpoint-name lmstack-gpt" in alarm["AlarmDescription"]
 
 
 @pytest.mark.slow

@@ -1,11 +1,12 @@
 """The main machine executed on moto: success, job failure, capacity retry, bounded history."""
 import json
+import re
 
 import pytest
 
 from state_machine.harness import COMPLETED_EXTRA, SUCCESS, StandInSettings, invalid_sagemaker_requests
 
-from stacks.config import MAX_RUNTIME_SECONDS
+from stacks.config import MAX_RUNTIME_SECONDS, Settings
 from stacks.state_machine import build_training_definition, jobs
 
 
@@ -184,3 +185,10 @@ def test_every_create_and_search_retries_throttling():
         retried = [set(retry["ErrorEquals"]) for retry in task.get("Retry", []) if retry["BackoffRate"] > 1]
         expected = {jobs.THROTTLED} if name.endswith(".Create") else {"States.ALL"}
         assert expected in retried, (name, task.get("Retry"))
+
+
+def test_traffic_encryption_is_the_deployment_s_setting():
+    for on in (True, False):
+        text = json.dumps(build_training_definition(Settings(inter_container_traffic_encryption=on)))
+        found = set(re.findall(r'"EnableInterContainerTrafficEncryption": (true|false)', text))
+        assert found == {json.dumps(on)}, found

@@ -158,3 +158,27 @@ def test_the_validate_stage_refuses_a_batch_exactly_when_lm_plan_moves_it(deploy
         else:
             assert run.description["cause"].startswith("hyperparameters.global_batch_size"), run.description["cause"]
             assert not run.calls("createTrainingJob")
+
+
+def test_hosting_types_are_the_known_types_the_endpoint_api_accepts():
+    """CreateEndpointConfig takes ProductionVariantInstanceType (botocore's service model), not the training list."""
+    import botocore.session
+
+    from lm.instances import HOSTING_INSTANCE_TYPES
+    enum = botocore.session.get_session().get_service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum
+    assert list(HOSTING_INSTANCE_TYPES) == [name for name in INSTANCES if name in enum]
+    assert "ml.p3dn.24xlarge" in INSTANCES and "ml.p3dn.24xlarge" not in HOSTING_INSTANCE_TYPES
+
+
+def test_a_type_that_trains_but_cannot_host_is_refused_before_training(deployment):
+    from lmstack import start
+    from stacks.config import Settings
+
+    execution_input = {"deploy": {"enabled": True, "instance_type": "ml.p3dn.24xlarge"}}
+    run = deployment.run(execution_input, name="p3dn-endpoint")
+    assert run.description.get("error") == "InvalidInput", run.description.get("cause")
+    assert "deploy.instance_type must be one of" in run.description["cause"]
+    assert '"ml.p3dn.24xlarge"' in run.description["cause"]
+    assert deployment.jobs.created == []
+    with pytest.raises(start.StartError, match="deploy.instance_type"):
+        start.validate_input(execution_input, Settings())

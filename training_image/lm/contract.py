@@ -19,6 +19,8 @@ OUTPUT_PREFIX = "output/"            # OutputDataConfig: <job>/output/model.tar.
 CHECKPOINT_PREFIX = "checkpoints/"   # CheckpointConfig: <execution name>/ (kept across attempts)
 TENSORBOARD_PREFIX = "tensorboard/"  # TensorBoardOutputConfig: <job>/ event files
 ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX)
+# The model.tar.gz of every job (OutputDataConfig <OUTPUT_PREFIX><job>/output/): all an endpoint may read.
+MODEL_ARTIFACT_KEYS = OUTPUT_PREFIX + "*/output/model.tar.gz"
 # Raw corpora uploaded by `python -m lmstack.start --upload-corpus`; jobs may only read them.
 RAW_PREFIX = "raw/"
 # Hugging Face GPT-2 directories a training run may start from (execution input init_from, the

@@ -29,6 +29,12 @@ _ROWS = [
 
 INSTANCES = collections.OrderedDict((row[0], Instance(*row)) for row in _ROWS)
 
+# Types SageMaker trains on but cannot host: CreateEndpointConfig's ProductionVariantInstanceType
+# (botocore's sagemaker service model) has no such value, so an endpoint on one fails only after
+# training. tests/test_instances.py checks this split against that enum.
+TRAINING_ONLY = ("ml.p3dn.24xlarge",)
+HOSTING_INSTANCE_TYPES = tuple(name for name in INSTANCES if name not in TRAINING_ONLY)
+
 
 def get_instance(name):
     try:

@@ -143,6 +143,8 @@ METRIC_DEFINITIONS = [
     {"Name": "train:step_time", "Regex": r"\[train\].* step_time=" + _NUMBER},
     {"Name": "validation:loss", "Regex": r"\[eval\].* val_loss=" + _NUMBER},
     {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
+    # lm.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
+    {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
 ]
 
 

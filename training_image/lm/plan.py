@@ -65,6 +65,13 @@ GIB = 2 ** 30
 RESERVED_GIB = 1.0
 FRAGMENTATION = 0.10
 NETWORK_EFFICIENCY = 0.7
+# EnableInterContainerTrafficEncryption (IPsec between the hosts of a job) "can increase training time,
+# especially if you are using distributed deep learning algorithms", depending on "the amount of
+# communication between compute instances"; one host is not affected (SageMaker Developer Guide,
+# "Protect Communications Between ML Compute Instances in a Distributed Training Job", train-encrypt).
+# The page gives no figure: this is our assumption, the all-reduce between hosts taking twice as long
+# when on, until a real multi-host job measures it.
+ENCRYPTED_ALLREDUCE_SLOWDOWN = 2.0
 TOKENS_PER_PARAMETER = 20  # Chinchilla (Hoffmann et al. 2022)
 TABLE_SEQ_LEN = 2048
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
@@ -256,7 +263,8 @@ def _smp_search(config, instance, instance_count, global_batch, seq_len, precisi
     return min(tried, key=lambda r: r["memory"]["peak"])
 
 
-def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, tokens, mfu):
+def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, tokens, mfu,
+            traffic_encryption=False):
     gpu = prices.get_gpu(instance.gpu) if instance.gpus else None
     if gpu is None:
         return None
@@ -275,6 +283,8 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
     if instance_count > 1 and layout["data_parallel"] > 1:
         bandwidth = instances.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
         allreduce_s = 2.0 * (instance_count - 1) / instance_count * 4 * parameter_count(config) / bandwidth
+        if traffic_encryption:
+            allreduce_s *= ENCRYPTED_ALLREDUCE_SLOWDOWN
     step_s = max(compute_s, allreduce_s)
     hours = tokens / (step_tokens / step_s) / 3600.0
     on_demand = hours * instance_count * prices.on_demand_price(instance.name)
@@ -320,10 +330,11 @@ def picked_batch_warning(requested, picked, unit, with_microbatches):
 
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=False, tokens=None, mfu=None, spot=False,
-         partitions=None, microbatches=None, pipeline="interleaved"):
+         partitions=None, microbatches=None, pipeline="interleaved", traffic_encryption=False):
     """Everything `python -m lm.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
     `global_batch` in sequences (default lm.job's), `tokens` the training budget (default 20 per
-    parameter); strategy "auto" picks the cheapest strategy that fits."""
+    parameter); strategy "auto" picks the cheapest strategy that fits; `traffic_encryption`: the job's
+    EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce)."""
     config = resolve_config(model)
     instance = instances.get_instance(instance_type)
     if not isinstance(instance_count, int) or isinstance(instance_count, bool) or instance_count < 1:
@@ -378,7 +389,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         timing = None
         if layout["per_replica_batch"] >= 1:
             timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
-                             tokens, mfu)
+                             tokens, mfu, traffic_encryption)
         if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
             needed = int(math.ceil(batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
             warnings.append(
@@ -682,6 +693,8 @@ def build_parser():
     parser.add_argument("--partitions", type=int, default=None, help="SMP partitions (default: searched)")
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
     parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
+    parser.add_argument("--traffic-encryption", action="store_true",
+                        help="EnableInterContainerTrafficEncryption on (a slower all-reduce between hosts)")
     parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
@@ -700,7 +713,8 @@ def main(argv=None):
         settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
                         precision=args.precision, recompute=args.recompute, xla=args.xla,
                         tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
-                        partitions=args.partitions, microbatches=args.microbatches)
+                        partitions=args.partitions, microbatches=args.microbatches,
+                        traffic_encryption=args.traffic_encryption)
         result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
         if args.chart:
             chart(model, args.instance_type, args.chart, args.strategy, **settings)

@@ -177,6 +177,7 @@ class TrainingJob:
     # The checkpoint prefix's name below CHECKPOINT_PREFIX (training; None: execution_name): an earlier
     # execution's name continues its checkpoints (execution input resume_from).
     checkpoints: Any = None
+    traffic_encryption: Any = True  # EnableInterContainerTrafficEncryption (the stack's setting)
 
 
 def artifact_uri(bucket, prefix):
@@ -377,7 +378,7 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
             ("LocalPath", contract.TENSORBOARD_LOCAL_PATH),
             ("S3OutputPath", text("s3://{}/%s{}" % contract.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
     request["RetryStrategy"] = {"MaximumRetryAttempts": INTERNAL_ERROR_RETRIES}
-    request["EnableInterContainerTrafficEncryption"] = True
+    request["EnableInterContainerTrafficEncryption"] = j.traffic_encryption
     # Debugger and Profiler are closed to new accounts (SageMaker developer guide: "Amazon
     # SageMaker Debugger availability change", "Profiler availability change"): off, as the
     # SDK's disable_profiler=True sends it; TensorBoard and CloudWatch replace them.

@@ -287,7 +287,7 @@ def serving_rules():
     `lm.plan.feasibility_table` asks for the cross-field rules thousands of times."""
     from lm import containers
     from lm.config import ALL_PRESETS
-    from lm.instances import INSTANCES
+    from lm.instances import HOSTING_INSTANCE_TYPES
 
     tgi = (Is("deploy.enabled", True), Is("deploy.container", containers.TGI))
     found = [
@@ -299,7 +299,7 @@ def serving_rules():
     for preset, config in ALL_PRESETS.items():
         if config.family != "gpt":
             continue  # export_hf.family rejects it first
-        for instance_type in INSTANCES:
+        for instance_type in HOSTING_INSTANCE_TYPES:
             shards, reason = containers.tgi_shards(config, instance_type)
             if shards is None:
                 cannot.setdefault(instance_type, []).append((preset, reason))

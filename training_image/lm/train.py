@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from lm import checkpoint, contract, data, job, prices, shards, summaries
+from lm import checkpoint, contract, data, gpu_usage, job, prices, shards, summaries
 from lm.config import flops_per_token, get_preset
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
@@ -506,6 +506,7 @@ class Training:
 
 def run(hp, paths):
     """Train with validated `Hyperparameters` `hp`; the exit status."""
+    gpu_usage.start()  # the per-GPU utilization line of this host, for the low-GPU alarm
     training = Training(hp, paths)
     return training.finish(training.loop())
 
