@@ -316,3 +316,14 @@ def test_cli_writes_the_chart(tmp_path):
     result = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--chart", str(path), "--json")
     assert result.returncode == 0, result.stderr
     assert path.stat().st_size > 1000 and json.loads(result.stdout)["chart"] == str(path)
+
+
+def test_cli_json_reports_the_peak_learning_rate_the_run_uses():
+    # gpt-6.7b at a 1M-token batch: GPT-3's 1.2e-4 was for 2M tokens; half the batch, half the rate.
+    result = _cli("--preset", "gpt-6.7b", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "8",
+                  "--global-batch", "1M", "--json")
+    rate = json.loads(result.stdout)["learning_rate"]
+    assert rate["peak"] == pytest.approx(6e-5) and rate["gpt3_rate"] == 1.2e-4 and rate["gpt3_batch"] == 1024
+    given = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--global-batch", "1024",
+                 "--learning-rate", "1e-3", "--no-scale-lr")
+    assert "peak learning rate 0.001 (given 0.001 for GPT-3's batch of 256 sequences, not scaled)" in given.stdout

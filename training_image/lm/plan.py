@@ -59,7 +59,8 @@ import re
 import sys
 
 from lm import instances, job, prices, rules
-from lm.config import PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset, parameter_count
+from lm.config import (PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset, gpt3_training,
+                       parameter_count, peak_learning_rate)
 
 GIB = 2 ** 30
 RESERVED_GIB = 1.0
@@ -320,7 +321,7 @@ def picked_batch_warning(requested, picked, unit, with_microbatches):
 
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=False, tokens=None, mfu=None, spot=False,
-         partitions=None, microbatches=None, pipeline="interleaved"):
+         partitions=None, microbatches=None, pipeline="interleaved", learning_rate=0.0, scale_lr=True):
     """Everything `python -m lm.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
     `global_batch` in sequences (default lm.job's), `tokens` the training budget (default 20 per
     parameter); strategy "auto" picks the cheapest strategy that fits."""
@@ -433,6 +434,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
             ("precision", precision), ("recompute", recompute), ("xla", xla), ("tokens", tokens),
             ("spot", spot)])),
+        ("learning_rate", learning_rate_plan(config, chosen["global_batch"], learning_rate, scale_lr)),
         ("chosen", chosen),
         ("ok", chosen["ok"]),
         ("suggested_strategy", suggestion["strategy"] if suggestion else None),
@@ -443,6 +445,15 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         ("candidates", candidates),
     ])
     return out
+
+
+def learning_rate_plan(config, global_batch, learning_rate, scale_lr):
+    """The peak learning rate lm.train will use (`lm.config.peak_learning_rate`) and what it comes from."""
+    gpt3_rate, gpt3_batch = gpt3_training(config)
+    return collections.OrderedDict([
+        ("peak", peak_learning_rate(config, global_batch, learning_rate, scale_lr)),
+        ("given", learning_rate or None), ("gpt3_rate", gpt3_rate), ("gpt3_batch", gpt3_batch),
+        ("scale_lr", scale_lr), ("global_batch", global_batch)])
 
 
 def _cheapest(candidates):
@@ -584,6 +595,11 @@ def format_table(result):
     s = result["settings"]
     lines.append("settings: global batch %d x %d tokens, %s, recompute %s, %d training tokens" % (
         s["global_batch"], s["seq_len"], s["precision"], s["recompute"], s["tokens"]))
+    rate = result["learning_rate"]
+    lines.append("peak learning rate %.3g (%s for GPT-3's batch of %d sequences%s)" % (
+        rate["peak"], "given %.3g" % rate["given"] if rate["given"] else "GPT-3's %.3g" % rate["gpt3_rate"],
+        rate["gpt3_batch"], ", scaled by %d / %d, at most 1x" % (rate["global_batch"], rate["gpt3_batch"])
+        if rate["scale_lr"] else ", not scaled"))
     lines.append("")
     header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
         "strategy", "ok", "weights", "grads", "optim", "acts", "acts_rc", "peak", "usable", "hours",
@@ -681,6 +697,10 @@ def build_parser():
     parser.add_argument("--xla", action="store_true", help="count activations as XLA-fused (less memory)")
     parser.add_argument("--partitions", type=int, default=None, help="SMP partitions (default: searched)")
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
+    parser.add_argument("--learning-rate", type=float, default=0.0,
+                        help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+    parser.add_argument("--no-scale-lr", dest="scale_lr", action="store_false",
+                        help="use the learning rate as given, whatever the global batch")
     parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
     parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -700,7 +720,8 @@ def main(argv=None):
         settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
                         precision=args.precision, recompute=args.recompute, xla=args.xla,
                         tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
-                        partitions=args.partitions, microbatches=args.microbatches)
+                        partitions=args.partitions, microbatches=args.microbatches,
+                        learning_rate=args.learning_rate, scale_lr=args.scale_lr)
         result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
         if args.chart:
             chart(model, args.instance_type, args.chart, args.strategy, **settings)
