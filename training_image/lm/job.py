@@ -95,8 +95,9 @@ def validate_hyperparameters(values, table=HYPERPARAMETERS):
     if table is HYPERPARAMETERS:
         family = FAMILIES[merged["model"]]
         message = rules.broken([rules.preset_family_rule(merged["model"], family.presets, "hyperparameters.preset"),
-                                rules.export_hf_family_rule()],
-                               {"preset": merged["preset"], "hyperparameters": merged})
+                                rules.export_hf_family_rule(), rules.smp_recompute_rule()],
+                               {"preset": merged["preset"], rules.STRATEGY_FIELD: merged["strategy"],
+                                "hyperparameters": merged})
         if message:
             raise ValueError(message)
     return merged
