@@ -223,7 +223,7 @@ def plan_estimate(execution_input, settings):
     batch = hyperparameters["global_batch_size"]
     return plan.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
                          global_batch=batch, seq_len=seq_len, tokens=hyperparameters["max_steps"] * batch * seq_len,
-                         recompute=hyperparameters["recompute"], spot=config["spot"],
+                         recompute=hyperparameters["recompute"], xla=hyperparameters["xla"], spot=config["spot"],
                          traffic_encryption=settings.inter_container_traffic_encryption)
 
 

@@ -73,7 +73,8 @@ def test_each_readme_example_passes_every_check_and_reaches_the_training_job(ind
         mp = json.loads(environ.get("SM_HP_MP_PARAMETERS", "{}"))
         verdict = plan.check(hyperparameters.preset, resources["InstanceType"], resources["InstanceCount"],
                              hyperparameters.strategy, global_batch=hyperparameters.global_batch_size,
-                             recompute=hyperparameters.recompute, partitions=mp.get("partitions"),
+                             seq_len=hyperparameters.seq_len or None, recompute=hyperparameters.recompute,
+                             xla=hyperparameters.xla, partitions=mp.get("partitions"),
                              microbatches=mp.get("microbatches"))
         assert verdict.ok, verdict.reason
         assert verdict.plan["chosen"]["global_batch"] == hyperparameters.global_batch_size, \

@@ -1,25 +1,11 @@
 """bench/checkpoint.py runs end to end at a tiny size and reports every mode (no timing is asserted)."""
-import json
 import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_checkpoint_bench_reports_every_writer_at_a_tiny_size(tmp_path):
-    script = os.path.join(ROOT, "bench", "checkpoint.py")
-    code = ("import sys; sys.argv[0] = %r; sys.path.insert(0, %r); import publish; "
-            "publish.RESULTS_DIR = %r; import runpy; runpy.run_path(%r, run_name='__main__')"
-            % (script, os.path.join(ROOT, "bench"), str(tmp_path), script))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "-c", code, "--layers", "1", "--d-model", "64", "--heads", "2",
-                             "--seq-len", "16", "--batch", "2", "--vocab", "256", "--saves", "2", "--alone", "2",
-                             "--noise-steps", "2", "--directory", str(tmp_path)],
-                            capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(str(tmp_path / "checkpoint.json")) as handle:
-        report = json.load(handle)
+def test_checkpoint_bench_reports_every_writer_at_a_tiny_size(tmp_path, run_bench):
+    report, stdout = run_bench("checkpoint", "--layers", "1", "--d-model", "64", "--heads", "2", "--seq-len", "16",
+                               "--batch", "2", "--vocab", "256", "--saves", "2", "--alone", "2",
+                               "--noise-steps", "2", "--directory", str(tmp_path))
     assert sorted(report["results"]) == ["none", "paced", "sync", "unpaced"]
     assert report["writer_share"] == 0.02 and report["target_fraction_of_step"] == 0.02
     for mode in ("sync", "unpaced", "paced"):
@@ -28,4 +14,4 @@ def test_checkpoint_bench_reports_every_writer_at_a_tiny_size(tmp_path):
     assert "writer_cpu_per_save_s" not in report["results"]["none"]  # the noise floor: no writer
     assert [name for name in os.listdir(str(tmp_path)) if name.startswith("tmp")] == []  # its directory is removed
     for mode in ("none", "sync", "unpaced", "paced"):
-        assert mode in result.stdout
+        assert mode in stdout

@@ -16,6 +16,9 @@ Prints one JSON line. How it measures:
   traced and every MatMul, BatchMatMulV2 and Einsum op is counted from its static shapes
   (2 x the product of all distinct dimension sizes of a two-operand einsum).
 - parameters: the built model's trainable variables, summed.
+- with "snapshot": lm.checkpoint.Checkpointer's snapshot of the state (weights, m, v) is taken
+  after the warm-up step and held, as a background save holds it until its writer has copied it
+  to host memory; one step runs (its updates copy the held buffers), then the measured one.
 """
 import json
 import os
@@ -23,6 +26,7 @@ import sys
 
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 
+from lm import checkpoint  # noqa: E402
 from lm.compat import tf  # noqa: E402
 from lm.config import GPTConfig  # noqa: E402
 from lm.distributed.base import apply_update, compute_gradients  # noqa: E402
@@ -90,6 +94,10 @@ def main():
     inputs = tf.random.uniform([batch, seq_len], maxval=config.vocab_size, dtype=tf.int32, seed=1)
     labels = tf.random.uniform([batch, seq_len], maxval=config.vocab_size, dtype=tf.int32, seed=2)
     step(inputs, labels)
+    if spec.get("snapshot"):
+        held = checkpoint.Checkpointer("unused", background=False)._snapshot(
+            list(model.weights) + optimizer.variables)
+        step(inputs, labels)
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     tf.config.experimental.reset_memory_stats("CPU:0")
     step(inputs, labels)
@@ -98,6 +106,8 @@ def main():
     graph = tf.function(lambda x, y: compute_gradients(model, loss_fn, x, y)).get_concrete_function(
         tf.TensorSpec([batch, seq_len], tf.int32), tf.TensorSpec([batch, seq_len], tf.int32)).graph
     flops = sum(op_flops(op) for op in graph.get_operations())
+    if spec.get("snapshot"):
+        del held
     print(json.dumps({"peak_bytes": peak, "resident_bytes": before, "params": params, "matmul_flops": flops}))
 
 

@@ -62,8 +62,8 @@ def test_1_3b_does_not_fit_even_one_sequence_per_gpu_on_v100_with_data_parallel(
     # weights + gradients + AdamW alone are 16 bytes a parameter: more than a 16 GB V100 holds
     state = 16 * parameter_count(get_preset("gpt-1.3b"))
     assert state > plan.usable_bytes(instances.get_instance("ml.p3.16xlarge"))
-    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 2, "horovod", global_batch=16, seq_len=2048, recompute=True)
-    assert not verdict.ok and verdict.suggested_strategy == "smp"
+    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 2, "horovod", global_batch=4, seq_len=2048, recompute=True)
+    assert not verdict.ok and verdict.suggested_strategy == "smp"  # 2 sequences per replica of 8 partitions
 
 
 @pytest.mark.parametrize("strategy", ["smddp", "smp"])
@@ -203,11 +203,13 @@ def test_default_mfu_is_per_gpu():
     assert timing["peak_flops_per_gpu"] == prices.GPUS["V100"].peak_flops["fp16"]
 
 
-def test_twice_the_instances_halve_the_hours_when_compute_bound():
+def test_twice_the_instances_halve_the_compute_and_the_all_reduce_comes_on_top():
     one = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 2, "mwms", global_batch=1024)["chosen"]["time"]
     two = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 4, "mwms", global_batch=1024)["chosen"]["time"]
-    assert two["hours"] == pytest.approx(one["hours"] / 2)
-    assert two["cost_on_demand_usd"] == pytest.approx(one["cost_on_demand_usd"])
+    assert two["compute_seconds"] == pytest.approx(one["compute_seconds"] / 2)
+    for timing in (one, two):
+        assert timing["step_seconds"] == pytest.approx(timing["compute_seconds"] + timing["allreduce_seconds"])
+    assert one["hours"] / 2 < two["hours"] < one["hours"]
 
 
 def test_warns_when_the_global_batch_is_too_small_for_the_data_parallel_size():
@@ -292,7 +294,8 @@ def test_cli_json():
 
 
 def test_cli_table_and_exit_code_when_it_cannot_fit():
-    result = _cli("--preset", "gpt-1.3b", "--instance-type", "ml.p3.16xlarge", "--strategy", "horovod")
+    result = _cli("--preset", "gpt-1.3b", "--instance-type", "ml.p3.16xlarge", "--strategy", "horovod",
+                  "--global-batch", "2")
     assert result.returncode == 1
     assert "CANNOT" in result.stdout and "suggested strategy: smp" in result.stdout
 
@@ -329,3 +332,110 @@ def test_inter_container_traffic_encryption_slows_the_all_reduce_between_hosts_o
     one_host = [plan.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=32, traffic_encryption=on)
                 ["chosen"]["time"] for on in (False, True)]
     assert one_host[0] == one_host[1]
+
+
+def test_cli_json_reports_the_peak_learning_rate_the_run_uses():
+    # gpt-6.7b at a 1M-token batch: GPT-3's 1.2e-4 was for 2M tokens; half the batch, half the rate.
+    result = _cli("--preset", "gpt-6.7b", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "8",
+                  "--global-batch", "1M", "--json")
+    rate = json.loads(result.stdout)["learning_rate"]
+    assert rate["peak"] == pytest.approx(6e-5) and rate["gpt3_rate"] == 1.2e-4 and rate["gpt3_batch"] == 1024
+    given = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--global-batch", "1024",
+                 "--learning-rate", "1e-3", "--no-scale-lr")
+    assert "peak learning rate 0.001 (given 0.001 for GPT-3's batch of 256 sequences, not scaled)" in given.stdout
+
+
+# ---- SMP: microbatch gradients and recomputation (issue 25 items 3 and 4) ----
+
+def test_smp_counts_the_accumulator_and_one_microbatchs_gradients_beside_the_others_in_flight():
+    # gpt-1.3b on ml.p3.16xlarge, 2 partitions, 16 microbatches: the step sums the microbatches'
+    # gradients into one accumulator, and a microbatch's own gradients are made while the other
+    # microbatch in flight (interleaved: min(16, 2)) keeps its activations.
+    chosen = plan.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=640, partitions=2,
+                       microbatches=16)["chosen"]
+    memory = chosen["memory_gib"]
+    partition = chosen["params_per_gpu"] / 2 ** 30
+    assert memory["gradient_accumulator"] == pytest.approx(4 * partition)
+    assert memory["gradients"] == pytest.approx(4 * partition)
+    assert memory["checkpoint_snapshot"] == 0  # SMP saves synchronously
+    one_microbatch = memory["activations"] / 2
+    fixed = memory["weights"] + memory["optimizer"] + memory["gradient_accumulator"] + memory["compute_copies"]
+    assert memory["peak"] == pytest.approx(fixed + max(memory["activations"] + memory["loss"],
+                                                       one_microbatch + memory["gradients"]))
+    assert not chosen["ok"]
+    one = plan.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=640, partitions=2,
+                    microbatches=1)["chosen"]["memory_gib"]
+    assert one["gradient_accumulator"] == 0  # one microbatch: its gradients are the step's
+
+
+def test_the_simple_pipeline_keeps_every_microbatch_in_flight_the_interleaved_one_at_most_partitions():
+    def activations(pipeline):
+        return plan.plan("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=16, partitions=2, microbatches=8,
+                         pipeline=pipeline)["chosen"]["memory_gib"]["activations"]
+    assert activations("simple") == pytest.approx(4 * activations("interleaved"))
+
+
+def test_smp_with_recompute_is_refused_with_the_rule_and_the_plan_says_what_fits_without():
+    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 2, "smp", global_batch=2, recompute=True)
+    assert not verdict.ok and "hyperparameters.recompute must be false with strategy smp" in verdict.reason
+    assert verdict.suggested_strategy == "smp" and "set recompute=false" in verdict.suggestion
+    assert not verdict.plan["fits_with_recompute"]
+
+
+def test_no_feasibility_row_makes_smp_need_recomputation(table):
+    smp = [row for row in table if row["strategy"] == "smp"]
+    assert smp and not any(row["recompute_required"] for row in smp)
+    assert _row(table, "gpt-1.3b", "ml.p3.16xlarge", "smp")["ok"]  # one sequence per replica of 8 partitions
+
+
+def test_the_seeds_run_gets_an_honest_rejection_naming_what_fits():
+    # gpt-1.3b with SMP on 10 x ml.p3.16xlarge, 480 sequences of 2,048 tokens, no recomputation.
+    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480)
+    assert not verdict.ok
+    assert "fits at seq_len 1024 with partitions=4, microbatches=24, pipeline=interleaved" in verdict.reason
+    shorter = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024)
+    assert shorter.ok and shorter.plan["chosen"]["mp_parameters"] == {
+        "partitions": 4, "microbatches": 24, "pipeline": "interleaved", "horovod": True}
+    given = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024, partitions=2,
+                       microbatches=12)
+    assert not given.ok and "fits with partitions=4, microbatches=24, pipeline=interleaved" in given.reason
+
+
+# ---- the checkpoint snapshot (item 8) ----
+
+@pytest.mark.parametrize("strategy", ["single", "mwms", "horovod", "smddp"])
+def test_a_background_checkpoints_copy_of_the_state_is_counted(strategy):
+    config = get_preset("gpt-1.3b")
+    batch = 1 if strategy == "single" else 8
+    chosen = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, strategy, global_batch=batch, recompute=True)["chosen"]
+    assert chosen["memory_gib"]["checkpoint_snapshot"] == pytest.approx(12 * parameter_count(config) / 2 ** 30)
+    assert not chosen["ok"]  # 16 + 12 bytes a parameter leave no room on a 40 GB A100 (approved before)
+    assert not plan.check("gpt-760m", "ml.p3dn.24xlarge", 1, strategy, global_batch=batch).ok
+
+
+def test_the_snapshot_adds_to_the_peak():
+    config = get_preset("gpt-350m")
+    without = plan.memory(config, 1, 2048, "bf16")
+    held = plan.memory(config, 1, 2048, "bf16", snapshot=True)
+    assert held["peak"] - without["peak"] == 12 * parameter_count(config) == held["checkpoint_snapshot"]
+
+
+# ---- the clock (item 9) ----
+
+@pytest.mark.parametrize("strategy, xla, overlapped", [
+    ("horovod", True, False), ("horovod", False, False), ("mwms", True, False), ("mwms", False, False),
+    ("smddp", True, False), ("smddp", False, True), ("smp", True, False)])
+def test_the_all_reduce_follows_the_backward_pass_unless_the_code_path_overlaps_them(strategy, xla, overlapped):
+    preset, instance_type = ("gpt-125m", "ml.p4d.24xlarge")
+    settings = dict(global_batch=256, xla=xla, partitions=2 if strategy == "smp" else None)
+    timing = plan.plan(preset, instance_type, 4, strategy, **settings)["chosen"]["time"]
+    assert timing["allreduce_overlaps_backward"] is overlapped
+    compute, allreduce = timing["compute_seconds"], timing["allreduce_seconds"]
+    assert allreduce > 0
+    assert timing["step_seconds"] == pytest.approx(max(compute, allreduce) if overlapped else compute + allreduce)
+
+
+def test_the_plan_assumes_lm_trains_xla_default():
+    assert plan.plan("gpt-125m", "ml.p4d.24xlarge", 2, "smddp")["settings"]["xla"] is job.HYPERPARAMETERS["xla"].default
+    assert not _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--strategy", "smddp",
+                    "--instance-count", "2", "--no-xla", "--json").returncode

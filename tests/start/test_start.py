@@ -108,12 +108,12 @@ def test_flags_override_a_given_input(aws):
     arn = deploy_stack(aws)
     given = {"preset": "tiny", "strategy": "smddp", "instance_type": "ml.p4d.24xlarge", "instance_count": 4,
              "hyperparameters": {"max_steps": 10}}
-    assert run(aws, ["--input", json.dumps(given), "--preset", "gpt-1.3b", "--hp", "seed=3"])[0] == 0
+    assert run(aws, ["--input", json.dumps(given), "--preset", "gpt-350m", "--hp", "seed=3"])[0] == 0
     [execution] = executions(aws, arn)
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
     sent = json.loads(described["input"])
     assert sent.pop("plan_estimate")["strategy"] == "smddp"
-    assert sent == dict(given, preset="gpt-1.3b", hyperparameters={"max_steps": 10, "seed": 3})
+    assert sent == dict(given, preset="gpt-350m", hyperparameters={"max_steps": 10, "seed": 3})
 
 
 def test_the_plan_estimate_is_left_out_for_a_family_the_planner_does_not_know():

@@ -101,11 +101,17 @@ def test_plan_gate_rejects_what_cannot_fit_or_run(deployment):
 
     smp = {"preset": "gpt-1.3b", "strategy": "smp", "instance_type": "ml.p3.16xlarge", "instance_count": 2,
            "mp_parameters": {"partitions": 8, "microbatches": 1}}
-    without_recompute = deployment.run(smp, name="plan-3")
+    recomputed = deployment.run(dict(smp, hyperparameters={"recompute": True}), name="plan-3")
+    assert recomputed.description["error"] == "InvalidInput"  # lm.rules: SMP's ranks cannot recompute
+    assert "hyperparameters.recompute must be false with strategy smp" in recomputed.description["cause"]
+    fits = deployment.run(smp, name="plan-4")
+    assert fits.status == "SUCCEEDED", fits.description.get("cause")
+    # gpt-760m with Horovod on a 32 GB V100 fits only with recomputation (the checkpoint snapshot counted)
+    data_parallel = {"preset": "gpt-760m", "strategy": "horovod", "instance_type": "ml.p3dn.24xlarge",
+                     "instance_count": 1}
+    without_recompute = deployment.run(data_parallel, name="plan-5")
     assert without_recompute.description["error"] == "PlanRejected"
     assert "set hyperparameters.recompute to true" in without_recompute.description["cause"]
-    fits = deployment.run(dict(smp, hyperparameters={"recompute": True}), name="plan-4")
-    assert fits.status == "SUCCEEDED", fits.description.get("cause")
 
 
 def test_an_execution_name_unfit_for_tags_and_s3_keys_is_rejected(deployment):
@@ -142,11 +148,13 @@ def test_the_validate_stage_refuses_a_batch_exactly_when_lm_plan_moves_it(deploy
     from lm import plan
 
     for index, (strategy, instance_type, count, batch, mp) in enumerate(BATCH_GRID):
+        recompute = strategy != "smp"  # lm.rules refuses recomputation with smp
         execution_input = {"preset": "gpt-125m", "strategy": strategy, "instance_type": instance_type,
-                           "instance_count": count, "hyperparameters": {"global_batch_size": batch, "recompute": True}}
+                           "instance_count": count,
+                           "hyperparameters": {"global_batch_size": batch, "recompute": recompute}}
         if mp:
             execution_input["mp_parameters"] = dict(mp, horovod=True)
-        chosen = plan.plan("gpt-125m", instance_type, count, strategy, global_batch=batch, recompute=True,
+        chosen = plan.plan("gpt-125m", instance_type, count, strategy, global_batch=batch, recompute=recompute,
                            partitions=mp and mp["partitions"], microbatches=mp and mp["microbatches"])["chosen"]
         run = deployment.run(execution_input, name="batch-%d" % index)
         refused = run.description.get("error") == "InvalidInput"

@@ -1,6 +1,8 @@
 """lm.data: disjoint rank slices whose union is the global batch, seeded order, exact resume, clear errors."""
 import os
 import shutil
+import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -9,6 +11,9 @@ from lm import shards
 from lm.data import TokenStream
 
 from .conftest import write_dataset
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
+import data_index  # noqa: E402  (bench/data_index.py: its sparse dataset)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +142,84 @@ def test_bad_arguments_name_the_field():
     with pytest.raises(ValueError, match="split must be one of train, val"):
         TokenStream("unused", "test", global_batch_size=8)
 
+
+
+# ---- the on-demand index against the whole-epoch arrays it replaced ----
+
+def whole_epoch_runs(directory, split, *, global_batch_size, dp_rank, dp_size, seed, shuffle, block_records,
+                     epoch, first_batch):
+    """The index lm.data built until it became O(shards): per-block arrays of shard and first record,
+    every record position of the epoch, and the runs cut from them. The order the new index must keep."""
+    manifest = shards.load_manifest(directory)
+    blocks = [(index, start) for index, shard in enumerate(manifest.split_shards(split))
+              for start in range(0, shard.records - block_records + 1, block_records)]
+    block_shard = np.array([b[0] for b in blocks], np.int64)
+    block_start = np.array([b[1] for b in blocks], np.int64)
+    steps_per_epoch = len(blocks) * block_records // global_batch_size
+    batch_size = global_batch_size // dp_size
+    batches = np.arange(first_batch, steps_per_epoch, dtype=np.int64)
+    offsets = batches * global_batch_size + dp_rank * batch_size
+    positions = (offsets[:, None] + np.arange(batch_size, dtype=np.int64)[None, :]).reshape(-1)
+    order = (np.random.RandomState([seed % (2 ** 32), epoch % (2 ** 32)]).permutation(len(block_shard))
+             if shuffle else np.arange(len(block_shard)))
+    block = order[positions // block_records]
+    shard = block_shard[block]
+    record = block_start[block] + positions % block_records
+    starts = np.ones(len(positions), bool)
+    starts[1:] = ((shard[1:] != shard[:-1]) | (record[1:] != record[:-1] + 1)
+                  | (np.arange(1, len(positions)) % batch_size == 0))
+    first = np.flatnonzero(starts)
+    return shard[first], record[first], np.diff(np.append(first, len(positions))), steps_per_epoch
+
+
+@pytest.fixture(scope="module")
+def ragged(tmp_path_factory):
+    """Shards of 37 records: with blocks of 4 or 16, every shard has a tail the index leaves out."""
+    directory = str(tmp_path_factory.mktemp("ragged"))
+    tokens = np.zeros((40 + 37 * 13, 9), np.int64)
+    tokens[:, 0] = np.arange(len(tokens))
+    tokenizer = os.path.join(directory, "tokenizer.json")
+    with open(tokenizer, "w") as handle:
+        handle.write("{}")
+    write_dataset(directory, tokens.reshape(-1), 8, 512, tokenizer, val_records=40, shard_records=37)
+    return directory
+
+
+@pytest.mark.parametrize("seed", [0, 3, 2 ** 33 + 5])
+@pytest.mark.parametrize("block_records,global_batch_size,dp_size", [(4, 8, 1), (4, 12, 3), (16, 32, 2), (1, 6, 2)])
+def test_on_demand_index_keeps_the_whole_epoch_arrays_order(ragged, seed, block_records, global_batch_size, dp_size):
+    for shuffle in (True, False):
+        for dp_rank in range(dp_size):
+            stream = TokenStream(ragged, "train", global_batch_size=global_batch_size, dp_rank=dp_rank,
+                                 dp_size=dp_size, seed=seed, shuffle=shuffle, block_records=block_records)
+            for epoch in (0, 1, 2, 2 ** 32 + 1):
+                for first_batch in (0, 1, stream.steps_per_epoch // 2, stream.steps_per_epoch - 1):
+                    *expected, steps = whole_epoch_runs(
+                        ragged, "train", global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size,
+                        seed=seed, shuffle=shuffle, block_records=block_records, epoch=epoch,
+                        first_batch=first_batch)
+                    assert stream.steps_per_epoch == steps
+                    for got, want in zip(stream.runs(epoch, first_batch), expected):
+                        np.testing.assert_array_equal(got, want)
+                    chunks = list(stream.chunk_runs(epoch, first_batch))
+                    assert [run for chunk in chunks for run in chunk] == list(zip(*(part.tolist() for part in expected)))
+                    whole = stream.batch_size * stream.chunk_batches
+                    assert all(sum(count for _, _, count in chunk) == whole for chunk in chunks[:-1])
+
+
+def test_the_index_is_made_from_the_manifests_counts_not_per_record_or_per_block(tmp_path):
+    """2 x 10^7 records of 2,049 tokens (sparse shards): opening a stream and reading the first chunk
+    allocates what the shards' count sets, not what the records' does (the whole-epoch index held
+    per-block arrays and a Python tuple per block at start-up, over 100 MB here). Unshuffled: the
+    one O(blocks) array, an epoch's permutation, is the order's own price (see lm.data.block_order)."""
+    data_index.sparse_dataset(str(tmp_path), 2 * 10 ** 7)
+    tracemalloc.start()
+    try:
+        stream = TokenStream(str(tmp_path), "train", global_batch_size=512, shuffle=False)
+        first = next(stream.chunk_runs(0, 0))
+        last = next(stream.chunk_runs(0, stream.steps_per_epoch - 1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, "%.1f MiB" % (peak / 2 ** 20)
+    assert first[0][:2] == (0, 0) and sum(count for _, _, count in last) == 512

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from lm.compat import tf
-from lm.optim import AdamW, DynamicLossScale, learning_rate_at, scaled_learning_rate
+from lm.config import get_preset, peak_learning_rate
+from lm.optim import AdamW, DynamicLossScale, learning_rate_at
 
 
 def test_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():
@@ -18,9 +19,29 @@ def test_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():
     assert all(rate(s) >= rate(s + 1) for s in range(10, 120))
 
 
-def test_learning_rate_scales_with_the_global_batch_only_when_asked():
-    assert scaled_learning_rate(6e-4, 512, True) == pytest.approx(1.2e-3)
-    assert scaled_learning_rate(6e-4, 512, False) == pytest.approx(6e-4)
+# GPT-3 paper, Table 2.1: learning rate and batch (sequences of 2,048 tokens) per size.
+@pytest.mark.parametrize("preset, rate, batch", [
+    ("gpt-125m", 6.0e-4, 256), ("gpt-350m", 3.0e-4, 256), ("gpt-760m", 2.5e-4, 256), ("gpt-1.3b", 2.0e-4, 512),
+    ("gpt-2.7b", 1.6e-4, 512), ("gpt-6.7b", 1.2e-4, 1024), ("gpt-13b", 1.0e-4, 1024)])
+def test_default_peak_learning_rate_is_gpt3s_for_the_size_and_never_above_it(preset, rate, batch):
+    config = get_preset(preset)
+    assert peak_learning_rate(config, batch) == pytest.approx(rate)
+    assert peak_learning_rate(config, batch // 4) == pytest.approx(rate / 4)  # smaller batch: linear
+    assert peak_learning_rate(config, 8 * batch) == pytest.approx(rate)  # larger: bounded
+    assert peak_learning_rate(config, 8 * batch, scale_lr=False) == pytest.approx(rate)
+
+
+def test_gpt_6_7b_at_a_million_tokens_stays_at_or_below_gpt3s_rate():
+    # The old rule, 6e-4 x 512 / 256, gave 1.2e-3: ten times GPT-3's 1.2e-4.
+    assert peak_learning_rate(get_preset("gpt-6.7b"), 2 ** 20 // 2048) == pytest.approx(6e-5)
+
+
+def test_a_given_learning_rate_is_scaled_the_same_way_only_when_asked():
+    config = get_preset("gpt-125m")
+    assert peak_learning_rate(config, 128, 1e-3) == pytest.approx(5e-4)
+    assert peak_learning_rate(config, 1024, 1e-3) == pytest.approx(1e-3)
+    assert peak_learning_rate(config, 128, 1e-3, scale_lr=False) == pytest.approx(1e-3)
+    assert peak_learning_rate(get_preset("tiny"), 64) == pytest.approx(6e-4 * 64 / 256)  # as before for tiny
 
 
 def reference_adamw(params, grads_per_step, rates, beta_1=0.9, beta_2=0.95, epsilon=1e-8, decay=0.1):

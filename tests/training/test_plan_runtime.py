@@ -26,10 +26,16 @@ def _runtime_data_parallel(strategy, verdict_plan, instance_count):
     return verdict_plan["data_parallel"]
 
 
+def _recompute(strategy):
+    """Recomputation wherever a strategy takes it (lm.rules refuses it with smp)."""
+    return strategy != "smp"
+
+
 def _approved():
     for preset, instance_type, count, strategy, batch in itertools.product(
             PRESETS, INSTANCE_TYPES, COUNTS, job.STRATEGIES, BATCHES):
-        verdict = plan.check(preset, instance_type, count, strategy, global_batch=batch, recompute=True)
+        verdict = plan.check(preset, instance_type, count, strategy, global_batch=batch,
+                             recompute=_recompute(strategy))
         if verdict.ok:
             yield preset, instance_type, count, strategy, batch, verdict.plan["chosen"]
 
@@ -87,7 +93,7 @@ def _dry_run_arguments(preset, instance_type, count, strategy, chosen, recompute
 def test_the_dry_run_accepts_every_configuration_the_plan_approves(capsys):
     refused = []
     for preset, instance_type, count, strategy, _, chosen in _approved():
-        argv = _dry_run_arguments(preset, instance_type, count, strategy, chosen)
+        argv = _dry_run_arguments(preset, instance_type, count, strategy, chosen, _recompute(strategy))
         if train.main(argv) != 0:
             refused.append("%s: %s" % (" ".join(argv), capsys.readouterr().err.strip()))
     assert not refused, "\n".join(refused)
@@ -104,6 +110,7 @@ def test_the_dry_run_accepts_every_configuration_the_plan_approves(capsys):
     ({"--strategy": "single"}, "strategy single runs on one instance, got --instance-count 2"),
     ({"--instance-type": "ml.p9.large"}, "ml.p9.large"),
     ({"--learning_rate": "7"}, "learning_rate must be between"),
+    ({"--recompute": "true"}, "hyperparameters.recompute must be false with strategy smp"),
 ])
 def test_the_dry_run_refuses_what_the_runtime_refuses(change, message, capsys):
     arguments = {"--dry-run": None, "--preset": "gpt-125m", "--strategy": "smp", "--global_batch_size": "64",
@@ -135,3 +142,98 @@ def test_lmstack_start_refuses_a_batch_the_runtime_would_refuse():
         start.validate_input(dict(run, hyperparameters={"global_batch_size": 100}), Settings())
     assert "set hyperparameters.global_batch_size to 96" in str(error.value)
     start.validate_input(dict(run, hyperparameters={"global_batch_size": 96}), Settings())
+
+
+def test_lmstack_start_refuses_recomputation_with_smp_from_the_rule_table():
+    from lmstack import start
+    from stacks.config import Settings
+
+    run = {"preset": "gpt-125m", "strategy": "smp", "instance_type": "ml.p3.16xlarge", "instance_count": 1,
+           "mp_parameters": {"partitions": 2, "microbatches": 4}, "hyperparameters": {"global_batch_size": 16}}
+    start.validate_input(run, Settings())
+    with pytest.raises(start.StartError, match="hyperparameters.recompute must be false with strategy smp"):
+        start.validate_input(dict(run, hyperparameters={"global_batch_size": 16, "recompute": True}), Settings())
+
+
+# ---- what the plan counts against what the strategies run ----
+
+def test_the_strategies_whose_checkpoints_are_background_snapshots(tmp_path):
+    """lm.plan charges CHECKPOINT_SNAPSHOT_BYTES a parameter exactly to the strategies whose
+    checkpoints are lm.checkpoint's background snapshots."""
+    from lm import checkpoint, distributed
+
+    for name in job.STRATEGIES:
+        kept = distributed.get_strategy(name).checkpoints(str(tmp_path))
+        files = getattr(kept, "files", None)
+        background = isinstance(files, checkpoint.Checkpointer) and files._writer is not None
+        assert background == (name in plan.SNAPSHOT_STRATEGIES), name
+
+
+def _train_step_graph(strategy, xla):
+    """The traced train step of `strategy` (set up) on the tiny preset, as a tf.Graph."""
+    from lm import models, optim
+    from lm.compat import tf
+    from lm.config import get_preset
+
+    with strategy.scope():
+        model = models.build(get_preset("tiny"))
+        optimizer = optim.AdamW(model.trainable_variables, lambda step: 1e-3)
+    step = strategy.build_train_step(model, optimizer, train.token_loss(tf), grad_clip=1.0, jit_compile=xla)
+    spec = tf.TensorSpec([8, 16], tf.int32)
+    return step.get_concrete_function(spec, spec).graph, len(model.trainable_variables)
+
+
+@pytest.mark.parametrize("xla", [True, False])
+def test_horovods_all_reduce_waits_for_every_gradient_as_the_plan_counts(xla):
+    from lm.distributed import get_strategy
+
+    strategy = get_strategy("horovod").setup()
+    try:
+        graph, gradients = _train_step_graph(strategy, xla)
+    finally:
+        strategy.shutdown()
+    grouped = [op for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
+    # One op whose inputs are every gradient: it runs when the backward pass has made the last one.
+    assert [len(op.inputs) for op in grouped] == [gradients]
+    assert not plan.allreduce_overlaps_backward("horovod", xla)
+
+
+def test_mwms_packs_every_gradient_into_one_all_reduce_as_the_plan_counts():
+    from tensorflow.python.distribute import cross_device_utils
+
+    from lm.distributed import get_strategy
+
+    strategy = get_strategy("mwms").setup()
+    # The strategy is made without communication options: bytes_per_pack 0, which TensorFlow's
+    # packing turns into one pack, concatenated and all-reduced once every gradient exists.
+    options = strategy.strategy.extended._communication_options
+    assert options.bytes_per_pack == 0
+    assert cross_device_utils.group_by_size(["g1", "g2", "g3"], options.bytes_per_pack) == [["g1", "g2", "g3"]]
+    assert not plan.allreduce_overlaps_backward("mwms", True)
+    assert not plan.allreduce_overlaps_backward("mwms", False)
+
+
+@pytest.mark.parametrize("xla", [True, False])
+def test_smddp_gets_the_gradients_at_once_only_from_an_xla_backward_pass(xla, monkeypatch):
+    """SMDDP reduces gradients while the backward pass makes them (its documentation) when they come
+    op by op; with XLA they all come out of one compiled call (the gradient of the compiled forward)."""
+    import importlib
+    import os
+
+    from lm.distributed import get_strategy
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes"))
+    for name in ("FAKE_SDP_RANK", "FAKE_SDP_SIZE", "FAKE_SDP_RENDEZVOUS"):
+        monkeypatch.delenv(name, raising=False)
+    sdp = importlib.import_module("smdistributed.dataparallel.tensorflow")
+    assert "fakes" in sdp.__file__
+    sdp._state["initialized"] = False
+    try:
+        graph, gradients = _train_step_graph(get_strategy("smddp").setup(), xla)
+    finally:
+        sdp._state["initialized"] = False
+    backward = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")
+                and len(op.outputs) == gradients + 2]  # the forward function's gradient: one per input
+    assert len(backward) == 1
+    assert backward[0].get_attr("_XlaMustCompile") == xla
+    assert plan.allreduce_overlaps_backward("smddp", xla) == (not xla)

@@ -114,6 +114,44 @@ PRESETS: Dict[str, GPTConfig] = {
 }
 
 
+# GPT-3 paper (Brown et al. 2020, "Language Models are Few-Shot Learners"), Table 2.1: the
+# learning rate each size was trained with and its batch, in sequences of 2,048 tokens (0.5M
+# tokens = 256, 1M = 512, 2M = 1024, 3.2M = 1536 sequences). (parameters, batch, learning rate)
+GPT3_TRAINING = (
+    (125e6, 256, 6.0e-4),    # GPT-3 Small
+    (350e6, 256, 3.0e-4),    # Medium
+    (760e6, 256, 2.5e-4),    # Large
+    (1.3e9, 512, 2.0e-4),    # XL
+    (2.7e9, 512, 1.6e-4),    # 2.7B
+    (6.7e9, 1024, 1.2e-4),   # 6.7B
+    (13.0e9, 1024, 1.0e-4),  # 13B
+    (175.0e9, 1536, 0.6e-4),  # 175B
+)
+
+
+def gpt3_training(config):
+    """(learning rate, batch in sequences) GPT-3 trained the size nearest to `config`'s
+    parameter count with (by ratio; the GPT presets are Table 2.1's shapes, the smaller
+    models get GPT-3 Small's)."""
+    import math
+
+    params = parameter_count(config)
+    _, batch, rate = min(GPT3_TRAINING, key=lambda row: abs(math.log(row[0] / params)))
+    return rate, batch
+
+
+def peak_learning_rate(config, global_batch_size, learning_rate=0.0, scale_lr=True):
+    """The peak learning rate a run uses. `learning_rate` 0: GPT-3's rate for this size
+    (`gpt3_training`), else the given one; both are rates for GPT-3's batch of that size. With
+    `scale_lr` the rate scales linearly with global_batch_size / that batch, bounded by 1:
+    a smaller batch takes proportionally smaller steps, a larger one never more than the rate
+    GPT-3 found stable for the size (linear scaling past it is what made gpt-6.7b's rate at a
+    1M-token batch ten times GPT-3's)."""
+    rate, batch = gpt3_training(config)
+    rate = learning_rate or rate
+    return rate * min(1.0, global_batch_size / float(batch)) if scale_lr else rate
+
+
 RNN_CELL_GATES = {"gru": (3, 2), "lstm": (4, 1)}  # cell -> (gates, bias vectors per gate)
 
 

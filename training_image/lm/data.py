@@ -10,6 +10,12 @@ The order is defined globally, independent of how many ranks read it:
   `[k*G + r*G/P, k*G + (r+1)*G/P)`. The slices are disjoint, their union is the global
   batch, so P ranks averaging their gradients compute what one process with the whole batch
   computes. Incomplete batches at the end of an epoch are dropped.
+- The index is made from the manifest's record counts (one number per shard): nothing per
+  record or per block is built at start-up, so opening a split of the Pile's ~146 M records
+  costs what opening a small one does (`bench/data_index.py`: `lm.train --dry-run` on 10^8
+  records). Record positions become (shard, record) a chunk of batches at a time, as they are
+  read; the one array that grows with the data is an epoch's block permutation (4 bytes per
+  block), drawn when the epoch's first chunk is read.
 - A rank turns its slices into runs of consecutive records in one file and reads each run
   with one `os.pread`, a few chunks of batches ahead on a thread pool (reads release the GIL; on EFS
   the latency of one read hides behind the others), and hands whole batches to tf.data,
@@ -64,15 +70,18 @@ class TokenStream:
         self.chunk_batches = max(1, CHUNK_BYTES // (self.batch_size * self.manifest.record_bytes))
         self._open_lock = threading.Lock()
         self._files = [os.path.join(directory, shard.path) for shard in self.manifest.split_shards(split)]
-        blocks = [(index, start) for index, shard in enumerate(self.manifest.split_shards(split))
-                  for start in range(0, shard.records - block_records + 1, block_records)]
-        self._block_shard = np.array([b[0] for b in blocks], np.int64)
-        self._block_start = np.array([b[1] for b in blocks], np.int64)
-        self.steps_per_epoch = len(blocks) * block_records // global_batch_size
+        # The index is O(shards): block k of the split is block k - _first_block[i] of shard i, the
+        # blocks numbered shard by shard from each shard's first record. Record positions are
+        # turned into (shard, record) per chunk of batches as they are read (`runs`).
+        blocks_per_shard = [shard.records // block_records for shard in self.manifest.split_shards(split)]
+        self._first_block = np.concatenate([[0], np.cumsum(blocks_per_shard, dtype=np.int64)])
+        self.blocks = int(self._first_block[-1])
+        self._order = (None, None)  # (epoch, its block permutation): one epoch is read at a time
+        self.steps_per_epoch = self.blocks * block_records // global_batch_size
         if self.steps_per_epoch < 1:
             raise shards.ShardError(
                 "%s: split %r has %d usable records (blocks of %d), fewer than one global batch of %d"
-                % (shards.manifest_path(directory), split, len(blocks) * block_records, block_records,
+                % (shards.manifest_path(directory), split, self.blocks * block_records, block_records,
                    global_batch_size))
 
     @property
@@ -85,23 +94,35 @@ class TokenStream:
         return divmod(step, self.steps_per_epoch)
 
     def block_order(self, epoch):
-        """The permutation of blocks for `epoch`: a function of (seed, epoch) only."""
-        if not self.shuffle:
-            return np.arange(len(self._block_shard))
-        return np.random.RandomState([self.seed % (2 ** 32), epoch % (2 ** 32)]).permutation(len(self._block_shard))
+        """The permutation of blocks for `epoch`, a function of (seed, epoch) only; None: file order.
 
-    def runs(self, epoch, first_batch=0):
-        """This rank's reads for batches first_batch.. of `epoch`: arrays (file index, first record, records).
+        NumPy's RandomState permutation, the order every earlier version read (so runs resume
+        exactly across versions). It is the one array the index holds, 4 bytes per block of
+        `block_records` records (a quarter of a byte per record at the default 16: 36 MB for the
+        Pile's ~146 M records), made when an epoch's first chunk is read, never at start-up."""
+        if not self.shuffle:
+            return None
+        if self._order[0] != epoch:
+            order = np.random.RandomState([self.seed % (2 ** 32), epoch % (2 ** 32)]).permutation(self.blocks)
+            self._order = (epoch, order.astype(np.int32) if self.blocks < 2 ** 31 else order)
+        return self._order[1]
+
+    def runs(self, epoch, first_batch=0, end_batch=None):
+        """This rank's reads for batches [first_batch, end_batch) of `epoch` (end_batch None: the epoch's
+        end): arrays (file index, first record, records).
 
         Runs never cross a batch boundary, so they concatenate to whole local batches in order.
         """
-        batches = np.arange(first_batch, self.steps_per_epoch, dtype=np.int64)
+        end_batch = self.steps_per_epoch if end_batch is None else min(end_batch, self.steps_per_epoch)
+        batches = np.arange(first_batch, end_batch, dtype=np.int64)
         offsets = batches * self.global_batch_size + self.dp_rank * self.batch_size
         positions = (offsets[:, None] + np.arange(self.batch_size, dtype=np.int64)[None, :]).reshape(-1)
+        block = positions // self.block_records
         order = self.block_order(epoch)
-        block = order[positions // self.block_records]
-        shard = self._block_shard[block]
-        record = self._block_start[block] + positions % self.block_records
+        if order is not None:
+            block = order[block].astype(np.int64)
+        shard = np.searchsorted(self._first_block, block, side="right") - 1
+        record = (block - self._first_block[shard]) * self.block_records + positions % self.block_records
         starts = np.ones(len(positions), bool)
         starts[1:] = ((shard[1:] != shard[:-1]) | (record[1:] != record[:-1] + 1)
                       | (np.arange(1, len(positions)) % self.batch_size == 0))
@@ -109,13 +130,11 @@ class TokenStream:
         lengths = np.diff(np.append(first, len(positions)))
         return shard[first], record[first], lengths
 
-    def _chunk_runs(self, epoch, first_batch):
-        """The runs of this epoch grouped into chunks of `chunk_batches` whole local batches."""
-        shard, record, count = self.runs(epoch, first_batch)
-        chunk = (np.cumsum(count) - count) // (self.batch_size * self.chunk_batches)
-        cuts = np.flatnonzero(np.diff(chunk)) + 1
-        return [list(zip(*parts)) for parts in zip(np.split(shard, cuts), np.split(record, cuts),
-                                                   np.split(count, cuts))]
+    def chunk_runs(self, epoch, first_batch=0):
+        """The runs of this epoch from `first_batch`, made one chunk of `chunk_batches` whole local
+        batches at a time: lists of (file index, first record, records)."""
+        for start in range(first_batch, self.steps_per_epoch, self.chunk_batches):
+            yield list(zip(*(part.tolist() for part in self.runs(epoch, start, start + self.chunk_batches))))
 
     def _read_chunk(self, handles, runs):
         """[batches, batch_size, seq_len + 1] tokens: the runs read and concatenated in order."""
@@ -137,7 +156,7 @@ class TokenStream:
 
     def _generate(self, epoch, first_batch):
         handles = {}
-        chunks = iter(self._chunk_runs(epoch, first_batch))
+        chunks = self.chunk_runs(epoch, first_batch)
         pending = collections.deque()
         try:
             with concurrent.futures.ThreadPoolExecutor(self.readers) as pool:

@@ -56,8 +56,10 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("strategy", str, "single", choices=STRATEGIES, help="distribution strategy"),
     _hp("global_batch_size", int, 64, 1, 65536, help="sequences per optimizer step, all replicas together"),
     _hp("max_steps", int, 1000, 1, 10000000, help="optimizer steps"),
-    _hp("learning_rate", float, 6e-4, 0.0, 1.0, help="peak learning rate for a global batch of 256 sequences"),
-    _hp("scale_lr", bool, True, help="scale learning_rate linearly with global_batch_size / 256"),
+    _hp("learning_rate", float, 0.0, 0.0, 1.0,
+        help="peak learning rate at GPT-3's batch for the model's size (0 = GPT-3's rate, Table 2.1; lm.config)"),
+    _hp("scale_lr", bool, True,
+        help="scale learning_rate linearly with global_batch_size / GPT-3's batch, at most 1x"),
     _hp("min_lr_ratio", float, 0.1, 0.0, 1.0, help="final learning rate as a fraction of the peak"),
     _hp("warmup_steps", int, 100, 0, 10000000, help="linear warmup steps"),
     _hp("weight_decay", float, 0.1, 0.0, 1.0, help="AdamW decoupled weight decay"),
@@ -93,8 +95,9 @@ def validate_hyperparameters(values, table=HYPERPARAMETERS):
     if table is HYPERPARAMETERS:
         family = FAMILIES[merged["model"]]
         message = rules.broken([rules.preset_family_rule(merged["model"], family.presets, "hyperparameters.preset"),
-                                rules.export_hf_family_rule()],
-                               {"preset": merged["preset"], "hyperparameters": merged})
+                                rules.export_hf_family_rule(), rules.smp_recompute_rule()],
+                               {"preset": merged["preset"], rules.STRATEGY_FIELD: merged["strategy"],
+                                "hyperparameters": merged})
         if message:
             raise ValueError(message)
     return merged

@@ -26,11 +26,6 @@ def learning_rate_at(step, peak, warmup_steps, total_steps, min_lr_ratio):
     return tf.where(step < warmup, warm, decayed)
 
 
-def scaled_learning_rate(learning_rate, global_batch_size, scale_lr, reference_batch=256):
-    """`lm.job`'s rule: the peak rate is given for 256 sequences and scales linearly with the batch."""
-    return learning_rate * global_batch_size / reference_batch if scale_lr else learning_rate
-
-
 def _state_variable(initial, name):
     # ONLY_FIRST_REPLICA: under MWMS every replica assigns the same value in replica context.
     return tf.Variable(initial, trainable=False, name=name,

@@ -33,7 +33,14 @@ z = micro_batch * seq_len * padded_vocab:
   of the forward pass, plus the final LayerNorm (2 u c). Under recomputation the float32
   logits gradient (4z) is still alive while the blocks are rebuilt (TF's executor follows
   the input-gradient chain before it runs the tied embedding's weight-gradient matmul).
-- peak = weights + optimizer + the transient peak:
+- SMP with several microbatches: the step sums the microbatches' gradients into one
+  accumulator (4P, alive from the first microbatch to the update), and each microbatch's own
+  gradients (4P) are made while the other microbatches in flight keep their activations.
+- a background checkpoint save (every strategy but SMP, whose saves are synchronous): 12P, the
+  snapshot of weights, m and v that the device holds twice until the writer has copied it to
+  the host (CHECKPOINT_SNAPSHOT_BYTES; measured in tests/plan). Counted at every step: a save is
+  due every checkpoint_minutes, so a run that does not fit with it fails within minutes.
+- peak = weights + optimizer (+ accumulator + snapshot) + the transient peak:
   * without recomputation: max(float16 copies + kept activations + loss, gradients); the
     backward pass frees activations as it creates gradients, so the two never add up;
   * with recomputation: float16 copies + kept inputs + the larger of the loss and the
@@ -48,8 +55,12 @@ Checked against TensorFlow's allocator peak on the CPU in tests/plan/test_measur
 Time: tokens/s = GPUs x peak FLOP/s x MFU / flops_per_token (`lm.config`, the MFU
 convention), times the pipeline efficiency m / (m + p - 1) under SMP; the gradient
 all-reduce between hosts (ring, 2 (H-1)/H of the float32 gradients through each host's
-network at NETWORK_EFFICIENCY) is assumed to overlap the backward pass, so a step takes the
-longer of the two.
+network at NETWORK_EFFICIENCY) follows the backward pass, so a step takes the sum of the two,
+except where the strategy's code path lets it overlap the backward pass (SMDDP without XLA;
+`allreduce_overlaps_backward`), where a step takes the longer of the two.
+
+Learning rate: the peak rate the run uses (`lm.config.peak_learning_rate`: GPT-3's for the
+size, Table 2.1, scaled down for a smaller batch, never up).
 """
 import argparse
 import collections
@@ -59,7 +70,8 @@ import re
 import sys
 
 from lm import instances, job, prices, rules
-from lm.config import PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset, parameter_count
+from lm.config import (PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset, gpt3_training,
+                       parameter_count, peak_learning_rate)
 
 GIB = 2 ** 30
 RESERVED_GIB = 1.0
@@ -79,7 +91,21 @@ COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 # u-sized activation elements one pre-LN GELU block keeps (module docstring; tests/plan).
 MEASURED_U_ELEMENTS = {"graph": 34, "xla": 26}
 SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
+# A background checkpoint save (lm.checkpoint.Checkpointer) holds reads of the weights and AdamW's
+# m and v (float32: 4 + 4 + 4 bytes a parameter) until its writer thread has copied them to host
+# memory, and every update meanwhile copies the buffers it writes (copy on write under a held
+# read): the device holds the state twice. Measured on the CPU allocator: 11.3 bytes a parameter
+# more at the peak of a step taken while a snapshot is held (tests/plan/test_measured.py).
+CHECKPOINT_SNAPSHOT_BYTES = 12
+# The strategies whose checkpoints are those background snapshots (lm.distributed.base.Checkpoints,
+# written by the chief, whose GPU is the busiest); SMP saves through smp.CheckpointManager between
+# steps, synchronously (lm.distributed.smp.SMPCheckpoints). tests/training/test_plan_runtime.py
+# checks this list against each strategy's checkpoints.
+SNAPSHOT_STRATEGIES = ("single", "mwms", "horovod", "smddp")
+SHORTEST_SEQ_LEN = 128  # the shortest sequence length a rejection suggests
 DEFAULT_GLOBAL_BATCH = job.HYPERPARAMETERS["global_batch_size"].default
+XLA_DEFAULT = job.HYPERPARAMETERS["xla"].default
+DATA_PARALLEL = ("mwms", "horovod", "smddp")
 
 
 def _field_error(field, allowed, value):
@@ -112,14 +138,16 @@ def resolve_precision(precision, instance):
     return precision
 
 
-def cannot_run(strategy, instance_type, instance_count=1):
-    """Why `strategy` cannot run on this instance type and count, or None when it can."""
+def cannot_run(strategy, instance_type, instance_count=1, recompute=False):
+    """Why `strategy` cannot run on this instance type and count (or with `recompute`: the input
+    rules of lm.rules, then the hardware), or None when it can."""
     if strategy not in job.STRATEGIES:
         raise _field_error("strategy", job.STRATEGIES, strategy)
     instance = instances.get_instance(instance_type)
     broken = rules.broken(rules.cross_field_rules(), {rules.STRATEGY_FIELD: strategy,
                                                       rules.INSTANCE_TYPE_FIELD: instance_type,
-                                                      rules.INSTANCE_COUNT_FIELD: instance_count})
+                                                      rules.INSTANCE_COUNT_FIELD: instance_count,
+                                                      "hyperparameters": {"recompute": recompute}})
     if broken:
         return broken
     if strategy == "smp" and instance.gpus < 2:
@@ -147,7 +175,8 @@ def layer_activation_bytes(config, micro_batch, seq_len, compute_bytes, xla=Fals
     return total
 
 
-def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1):
+def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1,
+           accumulate=False, snapshot=False):
     """Peak bytes on one GPU (the busiest pipeline stage under SMP), by component.
 
     Under SMP v1 a GPU holds only its partition: "any operation that is part of
@@ -162,7 +191,13 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
     and float16 copies are those P parameters; activations are kept for `in_flight`
     microbatches. With auto-partitioning the library balances the stages itself; this
     bound stays an upper one. The export gathers the whole model into host memory of the
-    chief (4 bytes per parameter, not on a GPU)."""
+    chief (4 bytes per parameter, not on a GPU).
+
+    `accumulate` (SMP with several microbatches): the step sums the microbatches' gradients
+    into one accumulator (4P, alive from the first microbatch to the update); a microbatch's
+    own gradients (4P) are made while the other microbatches in flight keep their
+    activations. `snapshot`: a background checkpoint save's copy of the state
+    (CHECKPOINT_SNAPSHOT_BYTES a parameter)."""
     c = COMPUTE_BYTES[precision]
     layers = -(-config.n_layer // partitions)
     embedding = parameter_count(config) - config.n_layer * block_parameter_count(config)
@@ -177,7 +212,9 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
         ("params", params),
         ("weights", 4 * params),
         ("gradients", 4 * params),
+        ("gradient_accumulator", 4 * params if accumulate else 0),
         ("optimizer", 8 * params),
+        ("checkpoint_snapshot", CHECKPOINT_SNAPSHOT_BYTES * params if snapshot else 0),
         ("compute_copies", 2 * params if c != 4 else 0),
         ("activations", full),
         ("activations_recompute", kept_inputs + per_layer),
@@ -185,9 +222,13 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
     ])
     if recompute:
         transient = parts["compute_copies"] + kept_inputs + max(loss, per_layer + 4 * z + parts["gradients"])
+    elif accumulate:
+        others_in_flight = full * (in_flight - 1) // in_flight
+        transient = parts["compute_copies"] + max(full + loss, others_in_flight + parts["gradients"])
     else:
         transient = max(parts["compute_copies"] + full + loss, parts["gradients"])
-    parts["peak"] = parts["weights"] + parts["optimizer"] + transient
+    parts["peak"] = (parts["weights"] + parts["optimizer"] + parts["gradient_accumulator"]
+                     + parts["checkpoint_snapshot"] + transient)
     return parts
 
 
@@ -227,43 +268,104 @@ def _layout(strategy, instance, instance_count, partitions):
     return total, total
 
 
-def _evaluate(config, instance, instance_count, strategy, global_batch, seq_len, precision, recompute, xla,
+def _evaluate(config, instance, instance_count, strategy, global_batch, seq_len, precision, recompute,
               partitions=1, microbatches=1, pipeline="interleaved"):
+    """One layout's memory. Activations are counted op by op (the larger count, and what runs where
+    XLA does not compile: lm.train then falls back to running without it)."""
     gpus_used, dp = _layout(strategy, instance, instance_count, partitions)
     per_replica = global_batch // dp
     micro_batch = max(per_replica // microbatches, 1)
     in_flight = 1
     if strategy == "smp":
         in_flight = min(microbatches, partitions) if pipeline == "interleaved" else microbatches
-    mem = memory(config, micro_batch, seq_len, precision, recompute=recompute, xla=xla,
-                 partitions=partitions, in_flight=in_flight)
+    mem = memory(config, micro_batch, seq_len, precision, recompute=recompute, partitions=partitions,
+                 in_flight=in_flight, accumulate=strategy == "smp" and microbatches > 1,
+                 snapshot=strategy in SNAPSHOT_STRATEGIES)
     return {"gpus_used": gpus_used, "data_parallel": dp, "per_replica_batch": per_replica,
             "micro_batch": micro_batch, "partitions": partitions, "microbatches": microbatches,
-            "memory": mem, "fits": mem["peak"] <= usable_bytes(instance)}
+            "pipeline": pipeline, "memory": mem, "fits": mem["peak"] <= usable_bytes(instance)}
 
 
-def _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute, xla,
-                partitions=None, microbatches=None, pipeline="interleaved"):
+def _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute,
+                partitions=None, microbatches=None, pipeline=None):
     """The smallest partition count that fits, then the fewest microbatches that fit (at
-    least 2 x partitions when the batch allows, so the pipeline bubble stays under a third).
-    When nothing fits: the layout that needs the least memory."""
+    least 2 x partitions when the batch allows, so the pipeline bubble stays under a third),
+    the interleaved pipeline before the simple one (it keeps at most `partitions` microbatches
+    in flight, the simple one all of them). Given values are not searched. When nothing fits:
+    the layout that needs the least memory."""
     tried = []
     for p in ([partitions] if partitions else [d for d in _divisors(instance.gpus) if d >= 2]):
         per_replica = global_batch // (instance.gpus * instance_count // p)
         fitting = []
-        for m in ([microbatches] if microbatches else _divisors(max(per_replica, 1))):
-            result = _evaluate(config, instance, instance_count, "smp", global_batch, seq_len, precision,
-                               recompute, xla, p, m, pipeline)
-            tried.append(result)
-            if result["fits"] and per_replica >= 1:
-                fitting.append(result)
-        if fitting:
-            wide = [r for r in fitting if r["microbatches"] >= 2 * p]
-            return wide[0] if wide else fitting[-1]
+        for line in ([pipeline] if pipeline else sorted(SMP_PIPELINES, key=lambda name: name != "interleaved")):
+            for m in ([microbatches] if microbatches else _divisors(max(per_replica, 1))):
+                result = _evaluate(config, instance, instance_count, "smp", global_batch, seq_len, precision,
+                                   recompute, p, m, line)
+                tried.append(result)
+                if result["fits"] and per_replica >= 1:
+                    fitting.append(result)
+            if fitting:
+                wide = [r for r in fitting if r["microbatches"] >= 2 * p]
+                return wide[0] if wide else fitting[-1]
     return min(tried, key=lambda r: r["memory"]["peak"])
 
 
-def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, tokens, mfu,
+def _too_big(config, instance, instance_count, strategy, layout, batch, seq_len, precision, recompute, given_smp):
+    """The reason a layout that does not fit is refused, with what fits instead where something does."""
+    reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
+        layout["memory"]["peak"] / GIB, instance.name, usable_bytes(instance) / GIB,
+        instance.gpu_memory_gib or instance.memory_gib, instance.gpu or "host memory")
+    nearest = _nearest_fit(config, instance, instance_count, strategy, batch, seq_len, precision, recompute, given_smp)
+    return "%s; %s" % (reason, nearest) if nearest else reason
+
+
+def _nearest_fit(config, instance, instance_count, strategy, batch, seq_len, precision, recompute, given_smp):
+    """What fits when the requested layout does not, as a phrase for the rejection (None: nothing
+    does): under SMP with some of partitions, microbatches and pipeline given, the searched ones at
+    this sequence length; else the longest shorter sequence length (halving, down to
+    SHORTEST_SEQ_LEN) at which a layout fits. A sequence length is the dataset's (lm.prepare's
+    seq_len), so the plan names it instead of planning with it."""
+    def layout_at(length):
+        if strategy == "smp":
+            return _smp_search(config, instance, instance_count, batch, length, precision, recompute)
+        return _evaluate(config, instance, instance_count, strategy, batch, length, precision, recompute)
+
+    def smp_phrase(layout):
+        return " with partitions=%(partitions)d, microbatches=%(microbatches)d, pipeline=%(pipeline)s" % layout \
+            if strategy == "smp" else ""
+
+    if given_smp:
+        layout = layout_at(seq_len)
+        if layout["fits"]:
+            return "fits%s (%.1f GiB)" % (smp_phrase(layout), layout["memory"]["peak"] / GIB)
+    length = seq_len // 2
+    while length >= SHORTEST_SEQ_LEN:
+        layout = layout_at(length)
+        if layout["fits"]:
+            return "fits at seq_len %d%s (%.1f GiB), with a dataset prepared at that seq_len" % (
+                length, smp_phrase(layout), layout["memory"]["peak"] / GIB)
+        length //= 2
+    return None
+
+
+def allreduce_overlaps_backward(strategy, xla):
+    """Whether the gradient all-reduce between replicas can run while the backward pass does, in
+    the strategy's code path (lm.distributed); otherwise it starts when the backward pass ends.
+
+    - horovod: `hvd.grouped_allreduce` of the gradient list is one op whose inputs are every
+      gradient: it starts when the last one exists, XLA or not.
+    - mwms: the replica context's `all_reduce` of the gradient list packs every gradient into one
+      tensor first (CommunicationOptions' default bytes_per_pack 0: a single pack), XLA or not.
+    - smp: the microbatches' gradients are accumulated, then averaged over the replicas.
+    - smddp: `DistributedGradientTape` hands each gradient to the library as the backward pass
+      makes it and the library reduces them while the pass goes on ("overlaps AllReduce with the
+      backward pass", SMDDP's documentation) - without XLA. With XLA the backward pass is one
+      compiled call, and every gradient appears when it returns.
+    tests/training/test_plan_runtime.py checks these against the traced train steps."""
+    return strategy == "smddp" and not xla
+
+
+def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, xla, tokens, mfu,
             traffic_encryption=False):
     gpu = prices.get_gpu(instance.gpu) if instance.gpus else None
     if gpu is None:
@@ -285,13 +387,15 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
         allreduce_s = 2.0 * (instance_count - 1) / instance_count * 4 * parameter_count(config) / bandwidth
         if traffic_encryption:
             allreduce_s *= ENCRYPTED_ALLREDUCE_SLOWDOWN
-    step_s = max(compute_s, allreduce_s)
+    overlapped = allreduce_overlaps_backward(strategy, xla)
+    step_s = max(compute_s, allreduce_s) if overlapped else compute_s + allreduce_s
     hours = tokens / (step_tokens / step_s) / 3600.0
     on_demand = hours * instance_count * prices.on_demand_price(instance.name)
     return collections.OrderedDict([
         ("mfu", mfu), ("peak_flops_per_gpu", gpu.peak_flops[precision]), ("flops_per_token", flops),
         ("pipeline_efficiency", efficiency), ("tokens_per_second", step_tokens / step_s),
         ("step_seconds", step_s), ("compute_seconds", compute_s), ("allreduce_seconds", allreduce_s),
+        ("allreduce_overlaps_backward", overlapped),
         ("steps", int(math.ceil(tokens / float(step_tokens)))), ("hours", hours),
         ("cost_on_demand_usd", on_demand), ("cost_spot_usd", prices.spot_cost(on_demand)),
         ("lost_seconds_per_interruption", lost_seconds_per_interruption(step_s)),
@@ -329,19 +433,22 @@ def picked_batch_warning(requested, picked, unit, with_microbatches):
 
 
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
-         precision="auto", recompute=False, xla=False, tokens=None, mfu=None, spot=False,
-         partitions=None, microbatches=None, pipeline="interleaved", traffic_encryption=False):
+         precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
+         partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=True,
+         traffic_encryption=False):
     """Everything `python -m lm.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
     `global_batch` in sequences (default lm.job's), `tokens` the training budget (default 20 per
-    parameter); strategy "auto" picks the cheapest strategy that fits; `traffic_encryption`: the job's
-    EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce)."""
+    parameter); strategy "auto" picks the cheapest strategy that fits. `xla`: whether lm.train
+    compiles the step with XLA (its hyperparameter; it decides when the all-reduce runs). SMP's
+    `partitions`, `microbatches` and `pipeline` are searched where not given. `traffic_encryption`:
+    the job's EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce)."""
     config = resolve_config(model)
     instance = instances.get_instance(instance_type)
     if not isinstance(instance_count, int) or isinstance(instance_count, bool) or instance_count < 1:
         raise ValueError("instance_count must be a positive integer, got %r" % (instance_count,))
     if strategy != "auto" and strategy not in job.STRATEGIES:
         raise _field_error("strategy", ("auto",) + job.STRATEGIES, strategy)
-    if pipeline not in SMP_PIPELINES:
+    if pipeline is not None and pipeline not in SMP_PIPELINES:
         raise _field_error("pipeline", SMP_PIPELINES, pipeline)
     seq_len = config.block_size if not seq_len else seq_len
     if seq_len > config.block_size:
@@ -356,17 +463,19 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
     tokens = TOKENS_PER_PARAMETER * params if tokens is None else tokens
 
     def one(name, recompute):
-        reason = cannot_run(name, instance_type, instance_count)
+        reason = cannot_run(name, instance_type, instance_count, recompute)
         runnable = reason is None
-        if name == "smp" and reason is None and partitions and (partitions < 2 or instance.gpus % partitions):
-            reason = "partitions must be a divisor of the %d GPUs per host, at least 2; got %d" % (
+        searchable = name == "smp" and instance.gpus >= 2
+        if searchable and partitions and (partitions < 2 or instance.gpus % partitions):
+            searchable = False
+            reason = reason or "partitions must be a divisor of the %d GPUs per host, at least 2; got %d" % (
                 instance.gpus, partitions)
 
         def layout_for(batch):
-            if name == "smp" and reason is None:
+            if searchable:  # also where a rule refuses the run: the layout shows what it would hold
                 return _smp_search(config, instance, instance_count, batch, seq_len, precision, recompute,
-                                   xla, partitions, microbatches, pipeline)
-            return _evaluate(config, instance, instance_count, name, batch, seq_len, precision, recompute, xla)
+                                   partitions, microbatches, pipeline)
+            return _evaluate(config, instance, instance_count, name, batch, seq_len, precision, recompute)
 
         layout = layout_for(global_batch)
         warnings = []
@@ -381,15 +490,14 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
                 reason = "global_batch %d is not a multiple of %d (the data-parallel size of the layout that fits), " \
                          "which the runtime requires" % (batch, batch_unit(layout, name, microbatches))
         if reason is None and not layout["fits"]:
-            reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
-                layout["memory"]["peak"] / GIB, instance_type, usable_bytes(instance) / GIB,
-                instance.gpu_memory_gib or instance.memory_gib, instance.gpu or "host memory")
+            reason = _too_big(config, instance, instance_count, name, layout, batch, seq_len, precision, recompute,
+                              searchable and any((partitions, microbatches, pipeline)))
         if name == "single" and instance.gpus > 1:
             warnings.append("single uses 1 of the %d GPUs of %s" % (instance.gpus, instance_type))
         timing = None
         if layout["per_replica_batch"] >= 1:
             timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
-                             tokens, mfu, traffic_encryption)
+                             xla, tokens, mfu, traffic_encryption)
         if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
             needed = int(math.ceil(batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
             warnings.append(
@@ -406,7 +514,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         if name == "smp":
             result["mp_parameters"] = collections.OrderedDict([
                 ("partitions", layout["partitions"]), ("microbatches", layout["microbatches"]),
-                ("pipeline", pipeline)])
+                ("pipeline", layout["pipeline"])])
             if layout["data_parallel"] > 1:
                 # SMP v1 for TensorFlow averages gradients across model replicas with Horovod only.
                 result["mp_parameters"]["horovod"] = True
@@ -419,8 +527,9 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         return result
 
     candidates = [one(name, recompute) for name in job.STRATEGIES]
-    # What recomputation would make possible, so a suggestion can include it.
-    alternatives = [] if recompute else [one(name, True) for name in job.STRATEGIES]
+    # What the other recompute setting would make possible (recomputation saves memory; smp refuses
+    # it), so a suggestion can include it.
+    alternatives = [one(name, not recompute) for name in job.STRATEGIES]
     suggestion = _cheapest(candidates) or _cheapest(alternatives)
     if strategy == "auto":
         # Nothing fits: show the runnable strategy closest to fitting, and why it does not fit.
@@ -444,16 +553,26 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
             ("precision", precision), ("recompute", recompute), ("xla", xla), ("tokens", tokens),
             ("spot", spot)])),
+        ("learning_rate", learning_rate_plan(config, chosen["global_batch"], learning_rate, scale_lr)),
         ("chosen", chosen),
         ("ok", chosen["ok"]),
         ("suggested_strategy", suggestion["strategy"] if suggestion else None),
         ("suggested_recompute", suggestion["recompute"] if suggestion else None),
         ("suggested", suggestion),
-        ("fits_with_recompute", chosen["ok"] or any(
-            c["ok"] for c in alternatives if c["strategy"] == chosen["strategy"])),
+        ("fits_with_recompute", (chosen["ok"] and recompute) or any(
+            c["ok"] for c in alternatives if c["strategy"] == chosen["strategy"] and c["recompute"])),
         ("candidates", candidates),
     ])
     return out
+
+
+def learning_rate_plan(config, global_batch, learning_rate, scale_lr):
+    """The peak learning rate lm.train will use (`lm.config.peak_learning_rate`) and what it comes from."""
+    gpt3_rate, gpt3_batch = gpt3_training(config)
+    return collections.OrderedDict([
+        ("peak", peak_learning_rate(config, global_batch, learning_rate, scale_lr)),
+        ("given", learning_rate or None), ("gpt3_rate", gpt3_rate), ("gpt3_batch", gpt3_batch),
+        ("scale_lr", scale_lr), ("global_batch", global_batch)])
 
 
 def _cheapest(candidates):
@@ -483,15 +602,21 @@ def check(preset, instance_type, instance_count=1, strategy="auto", **settings):
     else:
         hints = []
         if suggested != chosen["strategy"]:
-            hints.append("use strategy %s" % suggested)
-            if suggested == "smp":
-                hints[-1] += " with partitions=%(partitions)d, microbatches=%(microbatches)d" % best["mp_parameters"]
-        if best["recompute"] and not result["settings"]["recompute"]:
-            hints.append("set recompute=true")
+            hints.append(use_strategy(best))
+        if best["recompute"] != result["settings"]["recompute"]:
+            hints.append("set recompute=%s" % str(best["recompute"]).lower())
         if best["global_batch"] != result["settings"]["global_batch"]:
             hints.append("set global_batch_size=%d (a multiple of its data-parallel size)" % best["global_batch"])
         hint = " and ".join(hints)
     return Verdict(False, reason, suggested, hint, result)
+
+
+def use_strategy(candidate):
+    """"use strategy X" for a plan's candidate, with SMP's partitions and microbatches."""
+    if candidate["strategy"] == "smp":
+        return "use strategy smp with partitions=%(partitions)d, microbatches=%(microbatches)d" \
+            % candidate["mp_parameters"]
+    return "use strategy %s" % candidate["strategy"]
 
 
 def gpu_instance_types():
@@ -501,8 +626,8 @@ def gpu_instance_types():
 def feasibility_table(seq_len=TABLE_SEQ_LEN):
     """One row per preset x GPU instance type x strategy: can the smallest possible run fit and
     run (one instance, one sequence of `seq_len` tokens per data-parallel replica, precision
-    auto, recomputation allowed)? A combination that fails here fails for every batch size, so
-    the state machine can reject it before any job exists.
+    auto, recomputation allowed where the strategy takes it: not with smp)? A combination that
+    fails here fails for every batch size, so the state machine can reject it before any job exists.
 
     Row keys: preset, instance_type, strategy, ok, recompute_required (fits only with
     recompute=true), reason (None when ok), suggested_strategy (when not ok: the cheapest
@@ -512,20 +637,28 @@ def feasibility_table(seq_len=TABLE_SEQ_LEN):
         length = min(seq_len, get_preset(preset).block_size)
         for instance_type in gpu_instance_types():
             gpus = instances.get_instance(instance_type).gpus
+            verdicts = collections.OrderedDict()
             for strategy in job.STRATEGIES:
-                # One sequence per replica: one per GPU under data parallelism (SMP searches its
-                # own partitions and microbatches for that batch).
-                batch = 1 if strategy == "single" else gpus
-                verdict = check(preset, instance_type, 1, strategy, global_batch=batch, seq_len=length)
+                # One sequence per replica: one per GPU under data parallelism; under SMP one for
+                # the whole host (SMP searches its partitions: one replica of all the GPUs is the least).
+                batch = gpus if strategy in DATA_PARALLEL else 1
+                verdicts[strategy] = check(preset, instance_type, 1, strategy, global_batch=batch, seq_len=length)
+            fitting = [verdict for verdict in verdicts.values() if verdict.ok or verdict.plan["fits_with_recompute"]]
+            for strategy, verdict in verdicts.items():
                 fits_with_recompute = verdict.plan["fits_with_recompute"]
                 ok = verdict.ok or fits_with_recompute
                 best = verdict.plan["suggested"]
+                suggestion = verdict.suggestion
+                if not ok and best is None and fitting:
+                    # Each strategy's smallest run has its own batch: one that fits there is the way out.
+                    best = fitting[0].plan["chosen"]
+                    suggestion = "%s (it fits one sequence per model replica)" % use_strategy(best)
                 rows.append(collections.OrderedDict([
                     ("preset", preset), ("instance_type", instance_type), ("strategy", strategy),
                     ("ok", ok), ("recompute_required", not verdict.ok and fits_with_recompute),
                     ("reason", None if ok else verdict.reason),
                     ("suggested_strategy", None if ok or best is None else best["strategy"]),
-                    ("suggestion", None if ok else verdict.suggestion)]))
+                    ("suggestion", None if ok else suggestion)]))
     return rows
 
 
@@ -595,20 +728,27 @@ def format_table(result):
     s = result["settings"]
     lines.append("settings: global batch %d x %d tokens, %s, recompute %s, %d training tokens" % (
         s["global_batch"], s["seq_len"], s["precision"], s["recompute"], s["tokens"]))
+    rate = result["learning_rate"]
+    lines.append("peak learning rate %.3g (%s for GPT-3's batch of %d sequences%s)" % (
+        rate["peak"], "given %.3g" % rate["given"] if rate["given"] else "GPT-3's %.3g" % rate["gpt3_rate"],
+        rate["gpt3_batch"], ", scaled by %d / %d, at most 1x" % (rate["global_batch"], rate["gpt3_batch"])
+        if rate["scale_lr"] else ", not scaled"))
     lines.append("")
-    header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
-        "strategy", "ok", "weights", "grads", "optim", "acts", "acts_rc", "peak", "usable", "hours",
+    header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+        "strategy", "ok", "weights", "grads", "optim", "ckpt", "acts", "acts_rc", "peak", "usable", "hours",
         "on-demand$", "spot$")
     lines.append(header)
     lines.append("-" * len(header))
     for c in result["candidates"]:
         m, t = c["memory_gib"], c["time"] or {}
-        lines.append("%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
-            c["strategy"], "yes" if c["ok"] else "no", _gib(m["weights"]), _gib(m["gradients"]),
-            _gib(m["optimizer"]), _gib(m["activations"]), _gib(m["activations_recompute"]), _gib(m["peak"]),
+        lines.append("%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+            c["strategy"], "yes" if c["ok"] else "no", _gib(m["weights"]),
+            _gib(m["gradients"] + m["gradient_accumulator"]), _gib(m["optimizer"]), _gib(m["checkpoint_snapshot"]),
+            _gib(m["activations"]), _gib(m["activations_recompute"]), _gib(m["peak"]),
             _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
             "%.0f" % t["cost_on_demand_usd"] if t else "-", "%.0f" % t["cost_spot_usd"] if t else "-"))
-    lines.append("(GiB per GPU; acts_rc: activations with recomputation)")
+    lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; ckpt: a background checkpoint "
+                 "save's copy of the state; acts_rc: activations with recomputation)")
     lines.extend(smp_placement_lines(result))
     lines.append("")
     lines.append("chosen: %s%s" % (chosen["strategy"], "" if chosen["ok"] else " - CANNOT: %s" % chosen["reason"]))
@@ -689,9 +829,14 @@ def build_parser():
     parser.add_argument("--precision", default="auto", choices=PRECISIONS)
     parser.add_argument("--strategy", default="auto", choices=("auto",) + job.STRATEGIES)
     parser.add_argument("--recompute", action="store_true", help="recompute activations in the backward pass")
-    parser.add_argument("--xla", action="store_true", help="count activations as XLA-fused (less memory)")
+    parser.add_argument("--no-xla", dest="xla", action="store_false",
+                        help="the run does not compile with XLA (lm.train's xla false): decides when the all-reduce runs")
     parser.add_argument("--partitions", type=int, default=None, help="SMP partitions (default: searched)")
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
+    parser.add_argument("--learning-rate", type=float, default=0.0,
+                        help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+    parser.add_argument("--no-scale-lr", dest="scale_lr", action="store_false",
+                        help="use the learning rate as given, whatever the global batch")
     parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
     parser.add_argument("--traffic-encryption", action="store_true",
                         help="EnableInterContainerTrafficEncryption on (a slower all-reduce between hosts)")
@@ -714,6 +859,7 @@ def main(argv=None):
                         precision=args.precision, recompute=args.recompute, xla=args.xla,
                         tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
                         partitions=args.partitions, microbatches=args.microbatches,
+                        learning_rate=args.learning_rate, scale_lr=args.scale_lr,
                         traffic_encryption=args.traffic_encryption)
         result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
         if args.chart:

@@ -272,6 +272,18 @@ def plan_rules():
     return found
 
 
+def smp_recompute_rule():
+    """SMP with activation recomputation cannot train: the ranks other than the one that traces the
+    model import its serialized graph, and `tf.recompute_grad`'s gradient (a Python custom
+    gradient) exists only in the tracing process, so their backward pass raises "LookupError: No
+    gradient defined for operation"."""
+    return rule("strategy.smp.recompute", All((Is(STRATEGY_FIELD, "smp"), Is("hyperparameters.recompute", True))),
+                "hyperparameters.recompute must be false with strategy smp: the SMP ranks other than the tracing one "
+                "import the traced graph, where the gradient of tf.recompute_grad is not defined (LookupError: No "
+                "gradient defined for operation); lm.plan finds the partitions, microbatches and seq_len that fit "
+                "without it")
+
+
 def export_hf_family_rule():
     return rule("export_hf.family", All((Is("hyperparameters.export_hf", True), Not(Is("hyperparameters.model", "gpt")))),
                 "hyperparameters.export_hf needs model gpt (the GPT-2 layout), got model {value}",
@@ -334,6 +346,7 @@ def cross_field_rules(runtimes=None):
                           All((Is(STRATEGY_FIELD, strategy), Not(OneOf(INSTANCE_TYPE_FIELD, instance_types)))),
                           "strategy %s runs only on instance_type %s (the SageMaker support list)"
                           % (strategy, ", ".join(instance_types))))
+    found.append(smp_recompute_rule())
     found.append(rule("strategy.single.instance_count", All((Is(STRATEGY_FIELD, "single"),
                                                             Above(INSTANCE_COUNT_FIELD, 1))),
                       "strategy single runs on one instance, got instance_count={value}: set instance_count to 1 "

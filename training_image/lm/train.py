@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from lm import checkpoint, contract, data, gpu_usage, job, prices, shards, summaries
-from lm.config import flops_per_token, get_preset
+from lm.config import flops_per_token, get_preset, peak_learning_rate
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
@@ -301,7 +301,7 @@ class Training:
             hf.load_weights(self.model, paths.init_from)
             self.say("initialized the weights from the Hugging Face checkpoint in %s" % paths.init_from)
         self.learning_rate_at = optim.learning_rate_at
-        self.peak_lr = optim.scaled_learning_rate(hp.learning_rate, hp.global_batch_size, hp.scale_lr)
+        self.peak_lr = peak_learning_rate(config, hp.global_batch_size, hp.learning_rate, hp.scale_lr)
         with strategy.scope():
             self.optimizer = optim.AdamW(self.model.trainable_variables, self.schedule, weight_decay=hp.weight_decay)
             self.loss_scale = optim.DynamicLossScale() if precision == "fp16" else None
