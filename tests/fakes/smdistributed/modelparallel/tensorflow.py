@@ -27,8 +27,16 @@ What the fake emulates, and where it simplifies:
 - Compute is not pipelined: every rank of an mp group runs the whole forward and backward
   pass, reading the variables other ranks hold (their storage, never a copy), so each rank's
   gradients are exact for its own variables. Each `smp.step` call starts and ends with an
-  mp-group barrier, so no rank reads a variable while its owner updates it; the step must be
-  called eagerly when there is more than one partition.
+  mp-group barrier, so no rank reads a variable while its owner updates it; inside a
+  tf.function the barriers are ops that hold one TensorFlow inter-op thread per rank.
+- From the library's own code (the 1.12.1 wheel's Python source, GitHub
+  tkazusa/smdistributed_modelparallel; the TF 2.6 DLC ships 1.4.0, which was not read): the
+  tracing copy made from the constructor's arguments and its shared-layer check, count_params
+  failing, custom gradients failing on the ranks that import the graph (DistributedModel),
+  StepOutput.accumulate's accumulators in a tf.function, and CheckpointManager.restore reading
+  every partition's directory. Where they are emulated, the code cites file and lines. Not
+  emulated: the graph import itself (a rank's sub-layer objects still reach other ranks'
+  variables here; the library's ranks do not build those layers).
 - Tensors returned by `DistributedModel.call` are "broadcast across model-parallel devices";
   the fake records their shapes and bytes (`smp.DistributedModel.output`).
 - Collectives (`allgather`, `broadcast` / `recv_from`, `send`, `barrier`) run over the rank
