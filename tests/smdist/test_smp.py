@@ -314,12 +314,16 @@ def _partitioned_tiny():
     names = [weight.name for weight in model.weights]
     held = sum(weight.shape.num_elements() for weight in model.weights)
     from lm.distributed.smp import weight_paths
-    return strategy.mp_rank, before, names, sorted(weight_paths(model)), len(optimizer.variables), held
+    return strategy.mp_rank, before, names, sorted(weight_paths(model)), len(optimizer.variables), held, \
+        [len(block.weights) for block in model.blocks]
 
 
 def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, monkeypatch):
     results = _job(monkeypatch, 2, _partitioned_tiny, partitions=2, **MANUAL)
-    (rank0, before0, names0, paths0, slots0, held0), (rank1, before1, names1, paths1, slots1, held1) = results
+    (rank0, before0, names0, paths0, slots0, held0, blocks0), \
+        (rank1, before1, names1, paths1, slots1, held1, blocks1) = results
+    # A rank's layers list only its weights: block 1's layers have none on rank 0, block 0's none on rank 1.
+    assert blocks0[0] == blocks1[1] > 0 and blocks0[1] == blocks1[0] == 0
     assert (rank0, rank1) == (0, 1) and before0 == before1 == 0  # nothing built before the partition
     # Manual placement: the embeddings, ln_f and block 0 on partition 0; block 1 on partition 1.
     assert any("embedding" in name for name in names0) and all("block_1" not in name for name in names0)

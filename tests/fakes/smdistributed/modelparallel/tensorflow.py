@@ -792,6 +792,15 @@ class DistributedModel(keras.Model):
                              "of an enclosing Layer or a smp.DistributedModel object. The following layers are found "
                              "to be in violation of this: %s. (%s)" % (shared, FAKE))
 
+    def _forget_other_ranks_weights(self):
+        """A rank of the library builds only the layers placed on it (v2/serialization.py, lines
+        280-313): here every layer's weight lists drop what other ranks hold, so no layer of this
+        rank's model lists them (the fake's compute still reads them through the layers' attributes)."""
+        owned = _state()["owned"]
+        for layer in _nested_layers(self):
+            for listed in (layer._trainable_weights, layer._non_trainable_weights):
+                listed[:] = [weight for weight in listed if id(getattr(weight, "_variable", weight)) in owned]
+
     def count_params(self):
         raise ValueError("%s: count_params() of %s: a rank builds only the layers of its partition, and the model is "
                          "never built through Keras (it imports the partitioned graph)" % (FAKE, self.name))
@@ -809,6 +818,7 @@ class DistributedModel(keras.Model):
                 super().__call__(*tf.nest.map_structure(_dummy, args),
                                                        **tf.nest.map_structure(_dummy, kwargs))
             self._fake_partitioned = True
+            self._forget_other_ranks_weights()
         graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         known = len(graph.get_operations()) if graph is not None else 0
         outputs = super().__call__(*args, **kwargs)
