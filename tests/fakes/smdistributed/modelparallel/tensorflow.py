@@ -35,8 +35,8 @@ What the fake emulates, and where it simplifies:
   failing, custom gradients failing on the ranks that import the graph (DistributedModel),
   StepOutput.accumulate's accumulators in a tf.function, and CheckpointManager.restore reading
   every partition's directory. Where they are emulated, the code cites file and lines. Not
-  emulated: the graph import itself (a rank's sub-layer objects still reach other ranks'
-  variables here; the library's ranks do not build those layers).
+  emulated: the graph import itself (a rank's layers list only its own weights, but their
+  attributes still reach other ranks' variables here; the library's ranks do not build those).
 - Tensors returned by `DistributedModel.call` are "broadcast across model-parallel devices";
   the fake records their shapes and bytes (`smp.DistributedModel.output`).
 - Collectives (`allgather`, `broadcast` / `recv_from`, `send`, `barrier`) run over the rank
