@@ -31,7 +31,7 @@ def _mp_fields():
     fields = []
     for name, default in job.SMP_DEFAULTS.items():
         kind = type(default)
-        fields.append(Field(name, kind, default, minimum=1 if kind is int else None,
+        fields.append(Field(name, kind, default, minimum=(0 if name == "default_partition" else 1) if kind is int else None,
                             choices=job.SMP_CHOICES.get(name)))
     return tuple(fields)
 

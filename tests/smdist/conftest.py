@@ -12,7 +12,7 @@ from lm.compat import tf
 
 # The machine is shared: keep TensorFlow to a couple of threads.
 tf.config.threading.set_intra_op_parallelism_threads(2)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)  # a step barrier per rank (2 ranks)
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 FAKE_ENV = ("FAKE_SDP_RANK", "FAKE_SDP_SIZE", "FAKE_SDP_LOCAL_RANK", "FAKE_SDP_LOCAL_SIZE", "FAKE_SDP_RENDEZVOUS",

@@ -24,6 +24,7 @@ STEPS, GLOBAL_BATCH = 3, 8
 def train_rank(dataset, steps=STEPS):
     from lm.data import TokenStream
     from lm.distributed import get_strategy
+    from lm.distributed.smp import weight_paths
     from lm.optim import AdamW
     from smdist_helpers import build_tiny, sequence_loss
     strategy = get_strategy("smp").setup()
@@ -31,9 +32,7 @@ def train_rank(dataset, steps=STEPS):
     with strategy.scope():
         optimizer = AdamW(model.trainable_variables, lambda step: 1e-2, epsilon=1e-4)
     train_step = strategy.build_train_step(model, optimizer, sequence_loss, grad_clip=1.0)
-    everything = model.gpt.weights
-    held = {id(weight) for weight in model.weights}
-    indices = [index for index, weight in enumerate(everything) if id(weight) in held]
+    held = weight_paths(model)  # this rank's partition, by layer path
     stream = TokenStream(dataset, "train", global_batch_size=GLOBAL_BATCH, dp_rank=strategy.data_parallel_rank,
                          dp_size=strategy.data_parallel_size, seed=1234)
     batches = stream.batches()
@@ -42,7 +41,7 @@ def train_rank(dataset, steps=STEPS):
         inputs, labels = next(batches)
         metrics = train_step(inputs, labels)
         trained.append({"rows": inputs.numpy(), "loss": float(metrics["loss"]),
-                      "weights": {index: everything[index].numpy() for index in indices}})
+                      "weights": {path: weight.numpy() for path, weight in held.items()}})
         if step == 0:
             strategy.broadcast_initial_state(model, optimizer)
     hvd = strategy._hvd

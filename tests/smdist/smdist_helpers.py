@@ -11,13 +11,13 @@ def token_batch(batch, seq_len=16, seed=0, vocab=512):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def build_tiny(build=True):
+def build_tiny(build=True, **options):
     """The `tiny` GPT with the same initial weights on every call (`build=False`: created by its
-    first call, in the same order and so with the same values)."""
+    first call, in the same order and so with the same values); `options` go to build_model."""
     from lm.compat import keras
     from lm.model import PRESETS, build_model
     keras.utils.set_random_seed(7)
-    return build_model(PRESETS["tiny"], build=build)
+    return build_model(PRESETS["tiny"], build=build, **options)
 
 
 def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
@@ -83,7 +83,7 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
                if not name.startswith(("SM_", "FAKE_")) and name not in ("TF_CONFIG", "LM_CHECKPOINT_DIR")}
     environ.update(PYTHONPATH=os.pathsep.join([os.path.join(tests, "fakes"), os.path.join(root, "training_image")]),
                    FAKE_SMDIST_LOG=log, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
-                   TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS="1")
+                   TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS=str(ranks or 1))
     environ.update(env)
     values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02,
                   warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)

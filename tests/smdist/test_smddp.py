@@ -84,10 +84,14 @@ def test_the_fake_refuses_what_the_documentation_does_not_list(fake_smdist, monk
         sdp.oob_allreduce(value, op=sdp.ReduceOp.MAX)
     with pytest.raises(ValueError, match="root_rank=1"):
         sdp.broadcast(value, root_rank=1)
+    # allreduce is for gradients only (the page: oob_allreduce for any other tensor).
+    with pytest.raises(ValueError, match="did not come out of DistributedGradientTape.gradient: allreduce is for "
+                                         "gradients only; use oob_allreduce"):
+        sdp.allreduce(value, 0, 1)
     with pytest.raises(TypeError, match="tf.Variable"):
         sdp.broadcast_variables([value], root_rank=0)
     # One rank reduces over itself; op None is the documented AVERAGE.
-    np.testing.assert_array_equal(sdp.allreduce(value, 0, 1, op=None).numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(sdp.allreduce(sdp.mark_as_gradient(value), 0, 1, op=None).numpy(), [1.0, 2.0])
     sdp.shutdown()
     with pytest.raises(RuntimeError, match="before init"):
         sdp.rank()
@@ -99,7 +103,7 @@ def test_more_ranks_than_one_without_a_rendezvous_refuse_to_reduce(fake_smdist, 
     monkeypatch.setenv("FAKE_SDP_SIZE", "2")
     sdp.init()
     with pytest.raises(RuntimeError, match="over 2 ranks needs FAKE_SDP_RENDEZVOUS"):
-        sdp.allreduce(tf.constant(1.0), 0, 1)
+        sdp.allreduce(sdp.mark_as_gradient(tf.constant(1.0)), 0, 1)
 
 
 def rank_environment(rank, size, rendezvous):
@@ -141,14 +145,15 @@ def collectives_scenario():
     value = tf.constant([rank + 1.0, 10.0 * (rank + 1)])
     results = {"rank": rank, "value": value.numpy().tolist()}
     for op in sdp.ReduceOp:
-        results["allreduce_" + op.name] = sdp.allreduce(value, 0, 1, op=op).numpy().tolist()
+        results["allreduce_" + op.name] = sdp.allreduce(sdp.mark_as_gradient(value), 0, 1, op=op).numpy().tolist()
 
     @tf.function
     def in_a_function(tensor):
-        return sdp.allreduce(tensor, 0, 2), sdp.allreduce(tensor * 2.0, 1, 2, op=sdp.ReduceOp.SUM)
+        return (sdp.allreduce(sdp.mark_as_gradient(tensor), 0, 2),
+                sdp.allreduce(sdp.mark_as_gradient(tensor * 2.0), 1, 2, op=sdp.ReduceOp.SUM))
 
     results["in_a_function"] = [tensor.numpy().tolist() for tensor in in_a_function(value)]
-    results["fp16"] = sdp.allreduce(tf.constant([1.0 + 2.0 ** -12]), 0, 1,
+    results["fp16"] = sdp.allreduce(sdp.mark_as_gradient(tf.constant([1.0 + 2.0 ** -12])), 0, 1,
                                     compression=sdp.Compression.fp16).numpy().tolist()
     results["oob_allreduce"] = sdp.oob_allreduce(value).numpy().tolist()
     results["broadcast"] = sdp.broadcast(value, root_rank=1).numpy().tolist()
@@ -170,7 +175,7 @@ def collectives_scenario():
             "local_table_indices": local[0].indices.numpy().tolist(),
             "weight": reduced[1].numpy().tolist(), "local_weight": local[1].numpy().tolist()}
     try:
-        sdp.allreduce(tf.zeros([rank + 1]), 0, 1)
+        sdp.allreduce(sdp.mark_as_gradient(tf.zeros([rank + 1])), 0, 1)
     except RuntimeError as error:
         results["different_shapes"] = str(error)
     sdp.shutdown()
@@ -231,6 +236,8 @@ def test_trains_in_process_through_the_tape_with_sparse_gradients_made_dense(fak
     assert [d["count"] for _, d in broadcasts] == [len(model.variables), len(optimizer.variables)]
     assert all(d["root_rank"] == 0 for _, d in broadcasts)
     assert broadcasts[0][0] > names.index("sdp.DistributedGradientTape.gradient")
+    # The loss is not a gradient: it travels by oob_allreduce (the fake refuses allreduce of it).
+    assert "sdp.allreduce" not in names and "sdp.oob_allreduce" in names
 
     single_model, _, single_losses = train(get_strategy("single").setup(), steps=3)
     np.testing.assert_allclose(losses, single_losses, rtol=1e-5)

@@ -12,6 +12,7 @@ import pytest
 from lm.compat import tf
 from lm.config import PRESETS, parameter_count
 from lm.distributed import get_strategy
+from lm.model import GPT
 from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
 
 
@@ -41,8 +42,18 @@ def test_bad_mp_parameters_fail_before_init_naming_the_field(fake_smdist, monkey
     assert fake_smdist.names() == []
 
 
+@pytest.mark.parametrize("placement", [dict(), dict(auto_partition=True), dict(auto_partition=False, default_partition=1)])
+def test_several_partitions_need_the_manual_placement_lm_plan_counts(fake_smdist, monkeypatch, placement):
+    # smp.partition is ignored under auto-partitioning (the library's utils.py, `partition`).
+    _mp_parameters(monkeypatch, partitions=2, microbatches=2, **placement)
+    with pytest.raises(ValueError, match="mp_parameters.auto_partition must be false and "
+                                         "mp_parameters.default_partition 0 with 2 partitions"):
+        get_strategy("smp").setup()
+    assert fake_smdist.names() == []
+
+
 def test_several_replicas_need_horovod(fake_smdist, monkeypatch):
-    _mp_parameters(monkeypatch, partitions=2, microbatches=2, horovod=False)
+    _mp_parameters(monkeypatch, partitions=2, horovod=False, **MANUAL)
     monkeypatch.setenv("FAKE_SMP_SIZE", "4")
     with pytest.raises(ValueError, match=r"mp_parameters.horovod must be true with 2 model replicas"):
         get_strategy("smp").setup()
@@ -60,7 +71,7 @@ def _setup_rank(fake_smdist, monkeypatch, rank, size=4, **values):
 def test_ranks_and_checkpoint_writers(fake_smdist, monkeypatch):
     layout = []
     for rank in range(4):
-        s = _setup_rank(fake_smdist, monkeypatch, rank, partitions=2, microbatches=2, horovod=True)
+        s = _setup_rank(fake_smdist, monkeypatch, rank, partitions=2, horovod=True, **MANUAL)
         layout.append((s.mp_rank, s.data_parallel_rank, s.data_parallel_size, s.writes_checkpoints, s.is_chief))
     # The fake puts one replica's partitions on consecutive ranks; the first replica's ranks save.
     assert layout == [(0, 0, 2, True, True), (1, 0, 2, True, False), (0, 1, 2, False, False), (1, 1, 2, False, False)]
@@ -80,7 +91,7 @@ def _rows(strategy, directory, steps=3, global_batch=8):
 
 
 def test_data_is_sharded_by_dp_rank(fake_smdist, monkeypatch, random_dataset):
-    seen = [_rows(_setup_rank(fake_smdist, monkeypatch, rank, partitions=2, microbatches=2, horovod=True),
+    seen = [_rows(_setup_rank(fake_smdist, monkeypatch, rank, partitions=2, horovod=True, **MANUAL),
                   random_dataset) for rank in range(4)]
     for step in range(3):
         # The two partitions of a replica (same dp_rank) see the same batch ...
@@ -134,7 +145,9 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     # broadcast from rank 0 after the first step: model first, then the optimizer.
     names = [name for name, _, _ in hvd_calls]
     assert names.count("init") == 1 and names.index("init") == 0
-    assert names.count("allreduce") == len(model.trainable_variables) + 1
+    # Counted at trace time: the step's tf.function traces again after its first trace created the
+    # microbatch accumulators (StepOutput.accumulate in a tf.function).
+    assert names.count("allreduce") in (len(model.trainable_variables) + 1, 2 * (len(model.trainable_variables) + 1))
     broadcasts = [(len(list(args[0])), kwargs) for name, args, kwargs in hvd_calls if name == "broadcast_variables"]
     assert broadcasts == [(len(model.variables), {"root_rank": 0}), (len(optimizer.variables), {"root_rank": 0})]
 
@@ -169,8 +182,11 @@ def test_model_is_one_distributed_model_called_only_in_steps(fake_smdist, monkey
     _mp_parameters(monkeypatch, partitions=1)
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)
-    assert isinstance(model, smp.DistributedModel)
-    assert model.count_params() == model.gpt.count_params() == parameter_count(PRESETS["tiny"])
+    assert isinstance(model, smp.DistributedModel) and isinstance(model, GPT)
+    # One partition holds every weight; Keras' count_params is not available on a rank.
+    assert sum(weight.shape.num_elements() for weight in model.weights) == parameter_count(PRESETS["tiny"])
+    with pytest.raises(ValueError, match="count_params"):
+        model.count_params()
     with pytest.raises(RuntimeError, match="outside smp.step"):
         model(tf.zeros([1, 4], tf.int32), tf.zeros([1, 4], tf.int32))
     assert os.environ["SM_HP_MP_PARAMETERS"]
@@ -286,8 +302,8 @@ def _partitioned_tiny():
     strategy = get_strategy("smp").setup()
     built = []
 
-    def build_fn(build=True):
-        model = build_tiny(build=build)
+    def build_fn(build=True, **options):
+        model = build_tiny(build=build, **options)
         built.append(len(model.weights))  # weights that exist before SMP partitions the model
         return model
 
@@ -297,22 +313,27 @@ def _partitioned_tiny():
     optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
     names = [weight.name for weight in model.weights]
     held = sum(weight.shape.num_elements() for weight in model.weights)
-    return strategy.mp_rank, before, names, [id(w) for w in model.weights], len(model.gpt.weights), \
-        len(optimizer.variables), [id(w) for w in model.gpt.weights], held
+    from lm.distributed.smp import weight_paths
+    return strategy.mp_rank, before, names, sorted(weight_paths(model)), len(optimizer.variables), held, \
+        [len(block.weights) for block in model.blocks]
 
 
 def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, monkeypatch):
     results = _job(monkeypatch, 2, _partitioned_tiny, partitions=2, **MANUAL)
-    (rank0, before0, names0, ids0, total, slots0, everything, held0), \
-        (rank1, before1, names1, ids1, _, slots1, _, held1) = results
+    (rank0, before0, names0, paths0, slots0, held0, blocks0), \
+        (rank1, before1, names1, paths1, slots1, held1, blocks1) = results
+    # A rank's layers list only its weights: block 1's layers have none on rank 0, block 0's none on rank 1.
+    assert blocks0[0] == blocks1[1] > 0 and blocks0[1] == blocks1[0] == 0
     assert (rank0, rank1) == (0, 1) and before0 == before1 == 0  # nothing built before the partition
     # Manual placement: the embeddings, ln_f and block 0 on partition 0; block 1 on partition 1.
     assert any("embedding" in name for name in names0) and all("block_1" not in name for name in names0)
     assert names1 and all("block_1" in name for name in names1)
-    # Every variable on exactly one rank, and Adam keeps state (m, v) for that rank's only.
-    assert not set(ids0) & set(ids1) and len(ids0) + len(ids1) == total
-    assert set(ids0) | set(ids1) == set(everything)
-    assert (slots0, slots1) == (1 + 2 * len(ids0), 1 + 2 * len(ids1))
+    # Every weight of the plain model on exactly one rank (by layer path: the export's gather),
+    # and Adam keeps state (m, v) for that rank's only.
+    from lm.distributed.smp import weight_paths
+    assert not set(paths0) & set(paths1)
+    assert sorted(paths0 + paths1) == sorted(weight_paths(build_tiny()))
+    assert (slots0, slots1) == (1 + 2 * len(paths0), 1 + 2 * len(paths1))
     # lm.plan's SMP memory model counts what partition 0, the busiest, holds.
     from lm import plan
     assert held0 + held1 == parameter_count(PRESETS["tiny"])
@@ -327,12 +348,11 @@ def _train_and_report(grad_clip=0.05):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", [MANUAL, dict(microbatches=2)], ids=["manual", "auto"])
-def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch, placement):
+def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
     # grad_clip 0.05 is far below the tiny model's gradient norm (about 1), so every step clips:
     # both partitions must scale by the factor of the WHOLE model's norm.
     (_, reference_losses, reference), = _job(monkeypatch, 1, _train_and_report, partitions=1, microbatches=2)
-    first, second = _job(monkeypatch, 2, _train_and_report, partitions=2, **placement)
+    first, second = _job(monkeypatch, 2, _train_and_report, partitions=2, **MANUAL)
     assert first[1] == second[1]  # both ranks report the same (replica-wide) loss
     np.testing.assert_allclose(first[1], reference_losses, rtol=1e-5)
     assert second[2] is None  # the whole model is gathered on the chief only
@@ -495,3 +515,61 @@ def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
     assert "(smp: the GPU of partition 0 of 4, the busiest: the embeddings, the output layer, the loss and 6 of " \
            "the 24 blocks" in table
     assert "smp:" not in plan.format_table(plan.plan("gpt-125m", "ml.g5.xlarge", 1, "single"))
+
+
+# ---- what the library's own code does (GitHub tkazusa/smdistributed_modelparallel, 1.12.1) ----
+
+def _wrapped_gpt_model(smp):
+    """A DistributedModel around a GPT built outside it: what lm.distributed.smp did before."""
+    class Wrapper(smp.DistributedModel):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def call(self, inputs, labels, training=None):
+            return sequence_loss(labels, self.inner(inputs, training=training))
+
+    return Wrapper(build_tiny(build=False))
+
+
+def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypatch):
+    # The library re-creates the model from its constructor's arguments for tracing and refuses
+    # layers with their own build() that both copies share (v2/model.py, lines 62-126, 249-257).
+    import smdistributed.modelparallel.tensorflow as smp
+    _mp_parameters(monkeypatch, partitions=1, microbatches=2)
+    strategy = get_strategy("smp").setup()
+    wrapped = _wrapped_gpt_model(smp)
+
+    @smp.step
+    def loss_of(inputs, labels):
+        return wrapped(inputs, labels)
+
+    with pytest.raises(ValueError, match=r"Layers that have a build\(\) method implemented must be created in the "
+                                         r"__init__ .*'embedding'"):
+        loss_of(*token_batch(2))
+    # Our model creates its layers from plain arguments: the copy has layers of its own.
+    built = strategy.build_model(build_tiny)
+    copy = built._fake_copy.value
+    assert type(copy) is type(built) and copy.model_config == built.model_config
+    assert not {id(layer) for layer in copy.layers} & {id(layer) for layer in built.layers}
+
+
+def _accumulations():
+    strategy = get_strategy("smp").setup()
+    train(strategy, steps=2, batch=8)
+    import smdistributed
+    steps = [details for name, details in smdistributed.calls
+             if name == "smp.step" and details["function"] == "forward_backward" and details["rank"] == strategy.rank]
+    accumulated = [details for name, details in smdistributed.calls if name == "smp.StepOutput.accumulate"]
+    return steps, accumulated
+
+
+def test_microbatch_gradients_accumulate_in_a_tf_function_one_microbatch_at_a_time(fake_smdist, monkeypatch):
+    # Called eagerly, smp.step returns every microbatch's gradients at once and accumulate()
+    # averages them (split.py, lines 216-218): M x the partition's gradient bytes alive. In a
+    # tf.function it adds them one by one into an accumulator (lines 236-265).
+    (steps, accumulated), _ = _job(monkeypatch, 2, _accumulations, partitions=2, microbatches=4,
+                                   auto_partition=False, default_partition=0)
+    assert steps and not any(details["eager"] for details in steps)
+    assert accumulated and all(details["method"] == "variable" and not details["eager"] and details["alive"] == 1
+                               and details["microbatches"] == 4 for details in accumulated)

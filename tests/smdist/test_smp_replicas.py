@@ -147,8 +147,9 @@ def _refusals():
         lambda: hvd.broadcast_variables([tf.Variable(value)], root_rank=0, inplace=True),
         lambda: hvd.allreduce(tf.IndexedSlices(value, tf.constant([0, 1]), tf.constant([2]))),
         lambda: hvd.allreduce(tf.constant([1, 2])),
-        lambda: hvd.broadcast_variables([tf.Variable(value)], root_rank=2),
-        # This process keeps one inter-op thread: an allreduce in a tf.function would hang.
+        lambda: hvd.broadcast_variables([tf.Variable(value)], root_rank=3),
+        # This process keeps two inter-op threads (tests/smdist/conftest.py), fewer than the 3
+        # ranks: an allreduce in a tf.function would hang.
         lambda: in_graph(value),
     ]
     for attempt in attempts:
@@ -172,8 +173,8 @@ def test_fake_horovod_refuses_hvd_init_and_what_it_does_not_emulate(fake_smdist,
     """FAKE SMP + fake Horovod. smd_model_parallel_general ("horovod" parameter): with "horovod": true
     smp.init() initializes Horovod, so the script's own hvd.init() raises; calls, ops and arguments the SMP
     runtime does not use (documented by Horovod's API or not) raise, naming the fake."""
-    first, second = _ranks(monkeypatch, 2, _refusals, partitions=1, microbatches=1, horovod=True)
-    assert first == second
+    first, second, third = _ranks(monkeypatch, 3, _refusals, partitions=1, microbatches=1, horovod=True)
+    assert first == second == third
     expected = [
         ("RuntimeError", "hvd.init() from the script: with mp_parameters.horovod true, smp.init() initializes "
                          "Horovod and a script must never call hvd.init()"),
@@ -183,8 +184,8 @@ def test_fake_horovod_refuses_hvd_init_and_what_it_does_not_emulate(fake_smdist,
         ("TypeError", "hvd.broadcast_variables(inplace) is not emulated"),
         ("NotImplementedError", "hvd.allreduce of tf.IndexedSlices (real Horovod allgathers values and indices)"),
         ("TypeError", "hvd.allreduce(op=Average) of a int32 tensor"),
-        ("ValueError", "hvd.broadcast_variables(root_rank=2): a Horovod rank below hvd.size()=2"),
-        ("RuntimeError", "at least 2 inter-op threads (TF_NUM_INTEROP_THREADS), not 1"),
+        ("ValueError", "hvd.broadcast_variables(root_rank=3): a Horovod rank below hvd.size()=3"),
+        ("RuntimeError", "at least 3 inter-op threads (TF_NUM_INTEROP_THREADS), not 2"),
     ]
     assert len(first) == len(expected)
     for message, (kind, words) in zip(first, expected):

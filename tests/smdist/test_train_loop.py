@@ -130,23 +130,30 @@ def test_smp_two_replicas_with_horovod_train_checkpoint_and_export_like_one_repl
     _assert_same_weights(os.path.join(out, "model"), os.path.join(two_partition_run[0], "model"))
 
 
+@pytest.mark.parametrize("marked", [False, True], ids=["unmarked", "marked, a partition's file missing"])
 def test_smp_run_interrupted_in_a_save_resumes_from_the_last_complete_step_and_ends_like_one_run(
-        dataset, tmp_path, two_partition_run):
+        dataset, tmp_path, two_partition_run, marked):
     import shutil
 
     reference_out = two_partition_run[0]
     out = str(tmp_path)
     shutil.copytree(os.path.join(reference_out, "ckpt"), os.path.join(out, "ckpt"))
     # The job was stopped while saving step 4: partition 0 wrote its files, partition 1 did not,
-    # and rank 0 never marked the step complete. (The fake's own layout, read by this test only.)
+    # and rank 0 never marked the step complete. Or (marked) S3 brought the save back without
+    # partition 1's file: the library's restore() then only warns "No checkpoints restored." and
+    # partition 1 would train on from fresh weights. (The fake's own layout, read by this test only.)
     partial = os.path.join(out, "ckpt", "smp-00000004")
-    os.remove(os.path.join(partial, "complete.json"))
-    shutil.rmtree(os.path.join(partial, "fake-partition-1"))
+    if marked:
+        files = os.path.join(partial, "fake-partition-1")
+        os.remove(os.path.join(files, [name for name in os.listdir(files) if name.endswith(".pickle")][0]))
+    else:
+        os.remove(os.path.join(partial, "complete.json"))
+        shutil.rmtree(os.path.join(partial, "fake-partition-1"))
     status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2, **SMP_RUN)
     assert status == 0, output
     assert "at step 2" in output and _trained_from(output, 3, 4)
     restores = sorted((call["details"]["rank"], os.path.basename(call["details"]["directory"]),
-                       call["details"]["restored"] is not None) for call in calls
+                       bool(call["details"]["restored"])) for call in calls
                       if call["call"] == "smp.CheckpointManager.restore")
     assert restores == [(0, "smp-00000002", True), (1, "smp-00000002", True)]
     # Both ranks trained steps 3 and 4, and the weights are those of the uninterrupted run.
@@ -162,7 +169,8 @@ def test_smp_dry_run_checks_the_newest_complete_smp_checkpoint(dataset, two_part
     from lm import train
     directory = os.path.join(two_partition_run[0], "ckpt")
     arguments = ["--dry-run", "--preset", "tiny", "--strategy", "smp", "--global_batch_size", "8",
-                 "--mp_parameters", json.dumps({"partitions": 2, "microbatches": 2, "horovod": True}),
+                 "--mp_parameters", json.dumps({"partitions": 2, "microbatches": 2, "horovod": True,
+                                                   "auto_partition": False, "default_partition": 0}),
                  "--instance-type", "ml.p3.16xlarge", "--instance-count", "1", "--data-dir", dataset,
                  "--checkpoint-dir", directory]
     assert train.main(arguments + ["--seed", "7"]) == 0

@@ -111,10 +111,13 @@ def test_the_dry_run_accepts_every_configuration_the_plan_approves(capsys):
     ({"--instance-type": "ml.p9.large"}, "ml.p9.large"),
     ({"--learning_rate": "7"}, "learning_rate must be between"),
     ({"--recompute": "true"}, "hyperparameters.recompute must be false with strategy smp"),
+    ({"--mp_parameters": '{"partitions": 2, "microbatches": 4, "horovod": true}'},
+     "mp_parameters.auto_partition must be false and mp_parameters.default_partition 0 with 2 partitions"),
 ])
 def test_the_dry_run_refuses_what_the_runtime_refuses(change, message, capsys):
     arguments = {"--dry-run": None, "--preset": "gpt-125m", "--strategy": "smp", "--global_batch_size": "64",
-                 "--mp_parameters": '{"partitions": 2, "microbatches": 4, "horovod": true}',
+                 "--mp_parameters": '{"partitions": 2, "microbatches": 4, "horovod": true, "auto_partition": false, '
+                                    '"default_partition": 0}',
                  "--instance-type": "ml.p3.16xlarge", "--instance-count": "2"}
     arguments.update(change)
     argv = [item for key, value in arguments.items() for item in ([key] if value is None else [key, value])]

@@ -36,6 +36,8 @@ STRATEGY_INSTANCE_TYPES = {"smddp": SMDDP_INSTANCE_TYPES, "smp": SMP_INSTANCE_TY
 SMP_MPI_OPTIONS = "--mca btl_vader_single_copy_mechanism none"
 SMP_DEFAULTS = collections.OrderedDict([
     ("partitions", 2), ("microbatches", 4), ("pipeline", "interleaved"), ("optimize", "speed"), ("horovod", True),
+    # The placement lm.distributed.smp makes with smp.partition, which only manual partitioning keeps.
+    ("auto_partition", False), ("default_partition", 0),
 ])
 SMP_CHOICES = {"pipeline": ("simple", "interleaved"), "optimize": ("speed", "memory"),
                "placement_strategy": ("spread", "cluster")}
@@ -177,8 +179,9 @@ def validate_mp_parameters(values):
     for name, choices in SMP_CHOICES.items():
         if name in checked:
             rules.check(rules.field(name, str, choices=choices), checked[name], "mp_parameters." + name)
-    if "horovod" in checked:
-        rules.check(rules.field("horovod", bool), checked["horovod"], "mp_parameters.horovod")
+    for name in ("horovod", "auto_partition"):
+        if name in checked:
+            rules.check(rules.field(name, bool), checked[name], "mp_parameters." + name)
     return checked
 
 

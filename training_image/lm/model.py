@@ -254,9 +254,9 @@ class GPT(keras.Model):
         logits = self.embedding.project(x) if self.head is None else self.head(x)
         return tf.cast(logits, tf.float32)
 
-    # None, or a callable mapping a layer to a context manager that places it (its variables and
-    # operations): `place(None)` for the embeddings and the output, `place(i)` for block i. SMP v1
-    # sets it to put each block in its pipeline partition (lm.distributed.smp).
+    # None, or a method mapping a layer to a context manager that places it (its variables and
+    # operations): `place(None)` for the embeddings and the output, `place(i)` for block i. SMP v1's
+    # DistributedGPT defines it to put each block in its pipeline partition (lm.distributed.smp).
     place = None
 
     def _placed(self, block_index):
@@ -311,12 +311,13 @@ class GPT(keras.Model):
         return cls(**config)
 
 
-def build_model(config, recompute=False, build=True):
+def build_model(config, recompute=False, build=True, model_class=GPT):
     """The GPT for `config` with its weights created (call it on int32 tokens [batch, seq]).
 
-    `build=False` leaves the weights to its first call (under SMP v1 each rank then creates only
-    the weights of its own partition)."""
-    model = GPT(config, recompute=recompute, name="gpt")
+    `build=False` leaves the weights to its first call. `model_class`: a subclass of GPT (SMP v1's
+    DistributedGPT, lm.distributed.smp), constructed from plain arguments: the config as a dict,
+    `recompute` and the name, which that library passes again to build its tracing copy."""
+    model = model_class(config.to_dict(), recompute=recompute, name="gpt")
     if build:
         model(tf.zeros([1, 1], tf.int32))
     return model

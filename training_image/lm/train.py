@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from lm import checkpoint, contract, data, gpu_usage, job, prices, shards, summaries
-from lm.config import flops_per_token, get_preset, peak_learning_rate
+from lm.config import flops_per_token, get_preset, parameter_count, peak_learning_rate
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
@@ -124,6 +124,7 @@ def parse_args(argv=None):
     given = {name: decode_cli_value(job.HYPERPARAMETERS[name], getattr(args, name))
              for name in job.HYPERPARAMETERS if getattr(args, name) is not None}
     hyperparameters = Hyperparameters.from_values(given)
+    check_strategy_options(hyperparameters)
     if not args.data_dir and not args.dry_run:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")
     under_sagemaker = "SM_MODEL_DIR" in os.environ
@@ -137,6 +138,22 @@ def parse_args(argv=None):
     if not args.tensorboard_dir:
         args.tensorboard_dir = summaries.default_directory(under_sagemaker)
     return hyperparameters, args
+
+
+def check_strategy_options(hp):
+    """What a strategy cannot run, refused before any job starts."""
+    if hp.strategy != "smp":
+        return
+    if hp.model != "gpt":
+        raise UsageError("hyperparameters.model %s is not supported with strategy smp; allowed: gpt (lm.distributed.smp "
+                         "partitions the GPT's blocks)" % hp.model)
+    if hp.recompute:
+        # SMP ranks other than the tracing one import a serialized graph, in which the custom
+        # gradient tf.recompute_grad registers in the tracing process does not exist:
+        # "LookupError: No gradient defined for operation ..." (tests/smdist/test_smp_recompute.py).
+        raise UsageError("hyperparameters.recompute must be false with strategy smp (its ranks import a graph "
+                         "traced in another process, where tf.recompute_grad's gradient does not exist); allowed: "
+                         "false")
 
 
 def failure_file():
@@ -454,7 +471,7 @@ class Training:
         """Train until max_steps; True when stopped early by an agreed SIGTERM."""
         hp = self.hp
         self.say("training %s (%s, %s) with %s on %d device(s): %d steps of %d sequences x %d tokens, precision %s, "
-                 "xla %s" % (hp.preset, hp.model, "%.1fM params" % (self.model.count_params() / 1e6),
+                 "xla %s" % (hp.preset, hp.model, "%.1fM params" % (parameter_count(self.config) / 1e6),
                              self.strategy.name, self.strategy.devices, hp.max_steps, hp.global_batch_size,
                              self.manifest.seq_len, self.precision, self.xla))
         self.flops = flops_per_token(self.config, self.manifest.seq_len)
@@ -552,7 +569,7 @@ def data_parallel_layout(hp, instance_type, instance_count, mp_parameters):
                          % (mp["partitions"], processes, instance_count, instance_type))
     replicas = processes // mp["partitions"]
     problem = (smp.horovod_problem(mp, replicas, processes)
-               or smp.microbatch_problem(mp, hp.global_batch_size // replicas, replicas))
+               or smp.microbatch_problem(mp, hp.global_batch_size // replicas, replicas) or smp.placement_problem(mp))
     if problem:
         raise UsageError(problem)
     return replicas, 1

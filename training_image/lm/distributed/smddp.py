@@ -30,8 +30,10 @@ class SMDDPStrategy(Strategy):
         return self
 
     def allreduce_mean(self, value):
-        # allreduce(tensor, param_index, num_params) averages by default.
-        return self._sdp.allreduce(tf.convert_to_tensor(value), 0, 1)
+        # Not `allreduce`: the TensorFlow API page reserves it for gradients ("use oob_allreduce
+        # for any other tensor ... otherwise the job might stall or stop"). The loss, the eval
+        # loss, the stop vote, the checkpoint clock and the restore check come here.
+        return self._sdp.oob_allreduce(tf.convert_to_tensor(value, tf.float32))
 
     def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
         # The tape wraps a call of the (XLA-compiled) forward function, so the backward pass is
@@ -65,8 +67,9 @@ class SMDDPStrategy(Strategy):
         return decode_step(self._sdp.broadcast(tf.constant(encode_step(step), tf.float32), root_rank=0))
 
     def barrier(self):
-        # SMDDP documents no barrier; an all-reduce returns only when every rank has joined it.
-        self._sdp.allreduce(tf.constant(0.0), 0, 1).numpy()
+        # SMDDP documents no barrier; an all-reduce returns only when every rank has joined it
+        # (oob_allreduce: the tensor is not a gradient).
+        self._sdp.oob_allreduce(tf.constant(0.0)).numpy()
 
     def shutdown(self):
         self._sdp.shutdown()

@@ -1,28 +1,34 @@
 """SageMaker model parallel v1 (SMP, TensorFlow; TF 2.6 image): pipeline over `partitions` GPUs.
 
-What the library's documentation asks of a TF script, and where it happens here (SageMaker
-Python SDK docs, "TensorFlow API" and "Common API" of smp_versions/latest, and the developer
-guide's "Modify a TensorFlow Training Script"):
+What the library's documentation asks of a TF script, and what its own code (a public copy of
+the 1.12.1 wheel's Python source, GitHub tkazusa/smdistributed_modelparallel; the TF 2.6 DLC
+ships 1.4.0) does beyond it, and where it happens here:
 - `smp.init()` in `setup`; `mp_parameters` (SM_HP_MP_PARAMETERS) checked first, so a bad value
-  fails with the field's name instead of deep inside the library.
-- the model subclasses `smp.DistributedModel` (`DistributedGPT`); "any operation that is part of
-  `call()` executes in exactly one of the devices". Our GPT is built without weights
-  (`build=False`) and each block runs in `smp.partition(i * partitions // n_layer)`, the
-  embeddings, the output layer and the loss in partition 0 (which holds the tied token table),
-  so with `auto_partition: false` block i's variables are created on that partition's rank
-  only, and with auto-partitioning the library places them. The model is partitioned in the
-  first `smp.step` call, so `build_model` runs one forward step on a tiny batch first: the
-  optimizer's slots are then created for this rank's variables only.
+  fails with the field's name instead of deep inside the library. With more than one partition
+  they must say `auto_partition: false, default_partition: 0` (`placement_problem`): the library
+  ignores `smp.partition` otherwise, and lm.plan counts the placement made with it.
+- the model class itself subclasses `smp.DistributedModel` (`distributed_gpt_class`: GPT and
+  DistributedModel) and creates its layers in `__init__` from plain arguments, because the
+  library builds a tracing copy by calling the class again with them. Each block runs in
+  `smp.partition(i * partitions // n_layer)`, the embeddings, the output layer and the loss in
+  partition 0 (which holds the tied token table). The model is partitioned in the first
+  `smp.step` call, so `build_model` runs one forward step on a tiny batch first: each rank then
+  holds only its partition's variables (it builds only its layers), and the optimizer's slots
+  are created for those only. Nothing here reads another partition's variables or asks Keras
+  for the whole model (`count_params()` fails on a rank).
 - the loss is computed inside `call`: "tensors returned from the call method will be broadcast
   across model-parallel devices", so the model returns the scalar loss, not the logits.
-- forward and backward inside an `@smp.step` function that returns gradients and loss; outside
-  it, `accumulate()` the gradients and `reduce_mean()` the loss over the microbatches.
-  `tf.GradientTape` is not supported inside `smp.step`; the documented alternative
-  (`Optimizer.get_gradients`) is `tf.gradients` of the loss, which is what we call.
+- forward and backward inside an `@smp.step` function that returns gradients and loss, called
+  inside a `tf.function` where `accumulate()` adds the microbatches' gradients into accumulators
+  one microbatch at a time (called eagerly, all M microbatches' gradients are alive at once);
+  `reduce_mean()` the loss. `tf.GradientTape` is not supported inside `smp.step`; the documented
+  alternative (`Optimizer.get_gradients`) is `tf.gradients` of the loss, which is what we call.
+  `tf.recompute_grad` cannot be used: the ranks that import rank 0's graph lack its gradient
+  (lm.train refuses `recompute` with smp).
 - clipping and the fp16 overflow skip need the norm of the whole model's gradients: each rank
   holds its partition's, so the squared norms are summed over the model-parallel group
-  (`smp.allgather(..., smp.CommGroup.MP_GROUP)`); an inf/nan anywhere makes the sum non-finite
-  on every partition, so all skip the same steps.
+  (`smp.allgather(..., smp.CommGroup.MP_GROUP)`, eagerly between the step and the update); an
+  inf/nan anywhere makes the sum non-finite on every partition, so all skip the same steps.
 - with `"horovod": true` the library initializes Horovod itself (never `hvd.init()` here); the
   accumulated gradients are averaged over the data-parallel replicas with `hvd.allreduce`, and
   model and optimizer state is broadcast from rank 0 after the first step.
@@ -30,23 +36,24 @@ guide's "Modify a TensorFlow Training Script"):
   (`smp.CommGroup.WORLD`): a pipeline partner that missed the vote would wait forever.
 - checkpoints go through `smp.CheckpointManager(checkpoint, directory, max_to_keep,
   checkpoint_name)` ("TensorFlow API"), whose `save()` writes a new checkpoint into its directory
-  and whose `restore()` "restores the latest checkpoint in the specified directory"; the files it
-  writes there are the library's own (undocumented), so nothing here reads them. To restore a
-  chosen step with those two calls only, every save gets a directory of its own,
-  `<checkpoint dir>/smp-<step, 8 digits>/` (`SMPCheckpoints`): the ranks of the first model
-  replica (`dp_rank() == 0`; the others hold the same values) each save their partition's state
-  through a manager of that directory; after a barrier over every rank, rank 0 writes
-  `complete.json` there (our metadata: step, hyperparameters, dataset fingerprint; written last,
-  so a directory without it is a save that did not finish) and removes all but the newest two
-  complete step directories. At a start rank 0 chooses the newest complete step directory on its
-  disk and sends the step to every rank (`smp.broadcast` / `smp.recv_from` over WORLD); every rank
-  checks that it sees the same directory complete, builds a manager on it and calls `restore()`
-  after the partition step ("restore ... after the first step": `build_model` runs that step).
-  Each rank's state is saved under a key naming its partition (`tf.train.Checkpoint(partition_<k>
-  =[variables])`), so a restore that also reads other partitions' files cannot assign them to this
-  partition's variables.
-- the export gathers every partition's weights on the chief (`smp.allgather` over the
-  model-parallel group) into one plain model, which `lm.export` writes as for any strategy.
+  and whose `restore()` "restores the latest checkpoint in the specified directory" (the 1.12.1
+  source: it reads every partition's subdirectory and only warns when a file is missing). Every
+  save gets a directory of its own, `<checkpoint dir>/smp-<step, 8 digits>/` (`SMPCheckpoints`):
+  the ranks of the first model replica (`dp_rank() == 0`; the others hold the same values) each
+  save their partition's state through a manager of that directory and report the files that
+  save wrote (names and sizes); after an allgather over every rank, rank 0 writes `complete.json`
+  there (our metadata: step, hyperparameters, dataset fingerprint, and the manifest of every
+  partition's files; written last) and removes all but the newest two marked step directories.
+  A save is complete where its marker and every file of its manifest, at its size, are present.
+  At a start rank 0 chooses the newest complete step directory on its disk (a marked one with a
+  file missing gives way to the previous one) and sends the step to every rank (`smp.broadcast`
+  / `smp.recv_from` over WORLD); every rank checks that it sees the same save complete, builds a
+  manager on it and calls `restore()` after the partition step. Each rank's state is saved under
+  a key naming its partition (`tf.train.Checkpoint(partition_<k>=[variables])`), so a restore
+  that also reads other partitions' files cannot assign them to this partition's variables.
+- the export gathers every partition's weights on the chief by layer path (`weight_paths`,
+  `smp.allgather` over the model-parallel group) into one plain model, which `lm.export` writes
+  as for any strategy.
 - data is sharded and seeded by `smp.dp_rank()` (`data_parallel_rank`), batches divide into
   microbatches (`drop_remainder=True`; checked before each step).
 - XLA through `tf.config.optimizer.set_jit`: `jit_compile` on `smp.step` interferes with the
@@ -65,6 +72,7 @@ from lm.job import validate_mp_parameters
 MP_PARAMETERS_ENV = "SM_HP_MP_PARAMETERS"
 STEP_DIRECTORY = re.compile(r"^smp-(\d{8})$")
 COMPLETE = "complete.json"
+MANIFEST = "smp_files"  # in complete.json: {file relative to the step directory: bytes}
 
 
 def horovod_problem(mp_parameters, replicas, processes):
@@ -73,6 +81,27 @@ def horovod_problem(mp_parameters, replicas, processes):
         return ("mp_parameters.horovod must be true with %d model replicas (%d processes / %d partitions): SMP "
                 "for TensorFlow averages gradients across replicas with Horovod"
                 % (replicas, processes, mp_parameters["partitions"]))
+    return None
+
+
+def placement_problem(mp_parameters):
+    """Why SMP would not place the model as lm.plan counts it, or None.
+
+    `smp.partition` is ignored unless `auto_partition` is false (the library's `partition` in
+    smdistributed/modelparallel/tensorflow/utils.py, lines 772-790, and the TensorFlow API page);
+    otherwise the library splits the graph of the first traced step itself (auto.py, lines
+    178-230). lm.plan counts partition 0 holding the embeddings, the output layer, the loss and
+    ceil(n_layer / partitions) blocks: what DistributedGPT's `smp.partition` contexts place, and
+    what is outside them goes to `default_partition`."""
+    if mp_parameters["partitions"] == 1:
+        return None
+    if mp_parameters.get("auto_partition", True) is not False or mp_parameters.get("default_partition") != 0:
+        return ("mp_parameters.auto_partition must be false and mp_parameters.default_partition 0 with %d partitions "
+                "(got auto_partition=%s, default_partition=%s): lm places the embeddings, the output layer and the loss "
+                "in partition 0 and the blocks in equal contiguous shares, as lm.plan counts them, with smp.partition, "
+                "which the library ignores under auto-partitioning"
+                % (mp_parameters["partitions"], json.dumps(mp_parameters.get("auto_partition", True)),
+                   json.dumps(mp_parameters.get("default_partition"))))
     return None
 
 
@@ -108,32 +137,52 @@ def sequence_loss(labels, logits):
         labels=labels, logits=tf.cast(logits, tf.float32)))
 
 
-def _distributed_gpt(smp, gpt):
-    from lm.model import GPT
-    if not isinstance(gpt, GPT):
-        raise ValueError("strategy smp partitions the gpt model family only, got %s" % type(gpt).__name__)
-    n_layer, partitions = gpt.model_config.n_layer, smp.mp_size()
-    gpt.place = lambda block: smp.partition(0 if block is None else partition_of_block(block, n_layer, partitions))
+def distributed_gpt_class(smp):
+    """Our GPT as the one `smp.DistributedModel` of the job, the way the library requires it.
 
-    class DistributedGPT(smp.DistributedModel):
-        """Our GPT as the one `smp.DistributedModel`; returns the mean token loss."""
+    `DistributedModel.__init__` makes a CPU tracing copy by calling the model's class again with
+    the arguments its `__init__` was given (smdistributed/modelparallel/tensorflow/v2/model.py,
+    `_duplicate_model` and `_get_init_args`, lines 62-126 in 1.12.1), and its first call refuses
+    layers with their own `build()` that the two share (`_raise_if_layers_not_duplicated`, lines
+    249-257). So the class itself subclasses `smp.DistributedModel` and GPT.__init__ creates every
+    layer from plain arguments (a config dict, `recompute`, the name); a wrapper around a GPT built
+    outside would share every layer with its copy. The library partitions the graph it traces
+    from that copy (lines 259-277), so what `call` uses must be the class's: the loss function is
+    set on the class, not on the instance.
+    """
+    from lm.model import GPT
+
+    class DistributedGPT(GPT, smp.DistributedModel):
+        """The GPT whose call takes (tokens, labels) and returns the mean token loss: "tensors
+        returned from the call method will be broadcast across model-parallel devices"."""
 
         loss_fn = staticmethod(sequence_loss)
 
-        def __init__(self, inner):
-            super().__init__(name="distributed_%s" % inner.name)
-            self.gpt = inner
+        def place(self, block):
+            index = 0 if block is None else partition_of_block(block, self.model_config.n_layer, smp.mp_size())
+            return smp.partition(index)
 
         def call(self, inputs, labels, training=None):
-            logits = self.gpt(inputs, training=training)
+            logits = super().call(inputs, training=training)
             with smp.partition(0):
                 return tf.cast(self.loss_fn(labels, logits), tf.float32)
 
-        def count_params(self):
-            # Every partition's parameters (Keras would count this rank's only).
-            return self.gpt.count_params()
+    return DistributedGPT
 
-    return DistributedGPT(gpt)
+
+def weight_paths(model):
+    """{path: weight} of the weights this rank holds, named by layer, not by TensorFlow's variable
+    name: "block_3/mlp/fc_kernel". A rank builds only the layers placed on it, under name scopes of
+    the library's import (v2/serialization.py, `import_graph`, lines 280-313), so neither the
+    variable names nor the positions in `model.weights` match a plain model's; the layer names do."""
+    held = {id(weight) for weight in model.weights}
+    paths = {}
+    for layer in model.layers:
+        for weight in layer.weights:
+            if id(weight) in held:
+                inner = weight.name.split(":")[0].rsplit(layer.name + "/", 1)[-1]
+                paths["%s/%s" % (layer.name, inner)] = weight
+    return paths
 
 
 class SMPStrategy(Strategy):
@@ -152,6 +201,9 @@ class SMPStrategy(Strategy):
     def setup(self):
         # GPUs are not pinned here: the library places each partition on its device.
         self.mp_parameters = read_mp_parameters()
+        problem = placement_problem(self.mp_parameters)
+        if problem:
+            raise ValueError(problem)
         import smdistributed.modelparallel.tensorflow as smp
 
         smp.init()
@@ -187,7 +239,7 @@ class SMPStrategy(Strategy):
 
     def build_model(self, build_fn):
         """The DistributedGPT, partitioned: each rank holds (and later trains) only its variables."""
-        model = _distributed_gpt(self._smp, build_fn(build=False))
+        model = build_fn(build=False, model_class=distributed_gpt_class(self._smp))
 
         @self._smp.step
         def partition_step(inputs, labels):
@@ -219,10 +271,14 @@ class SMPStrategy(Strategy):
         squares = self._smp.allgather(float(squared_norm), self._smp.CommGroup.MP_GROUP)
         return tf.sqrt(tf.constant(sum(squares), tf.float32))
 
+    def _use_loss(self, model, loss_fn):
+        # On the class: the library traces the call of its tracing copy (see distributed_gpt_class).
+        type(model).loss_fn = staticmethod(loss_fn)
+
     def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
         # Set both ways: lm.train rebuilds the steps without XLA when XLA fails to compile.
         tf.config.optimizer.set_jit(bool(jit_compile))
-        model.loss_fn = loss_fn
+        self._use_loss(model, loss_fn)
         variables = model.trainable_variables  # this rank's partition
 
         @self._smp.step
@@ -232,24 +288,29 @@ class SMPStrategy(Strategy):
             # Dense gradients: StepOutput is documented for tensors, not IndexedSlices.
             return [tf.convert_to_tensor(grad) for grad in tf.gradients(scaled, variables)], loss
 
+        # smp.step inside a tf.function, as the library documents it: there `accumulate()` (its
+        # default method, "variable") adds each microbatch's gradients into one accumulation
+        # variable per gradient as they come (smdistributed/modelparallel/tensorflow/split.py,
+        # `_smp_accum`, lines 216-265), so one microbatch's gradients and the accumulators are
+        # alive, not all M microbatches' (called eagerly, accumulate() keeps every output and
+        # averages them at the end, line 217-218; add_n waits for all M inputs in a graph too).
         @tf.function
-        def average(grads, loss):
-            grads = [self._dp_mean(grad) for grad in grads]
+        def accumulated_gradients(inputs, labels):
+            grads, loss = forward_backward(inputs, labels)
+            grads = [self._dp_mean(grad.accumulate()) for grad in grads]
             if loss_scale is not None:
                 grads = loss_scale.unscale(grads)
             squared = tf.add_n([tf.reduce_sum(tf.square(grad)) for grad in grads]) if grads else tf.constant(0.0)
-            return grads, squared, self._dp_mean(loss)
+            return grads, squared, self._dp_mean(loss.reduce_mean())
 
         @tf.function
         def update(grads, grad_norm):
             return apply_update(optimizer, variables, grads, grad_clip, loss_scale, grad_norm=grad_norm)
 
-        # Called eagerly (the model-parallel norm is a Python-level allgather between the two
-        # graphs); "add_n" accumulates without the internal variable "variable" would create.
+        # The model-parallel norm is a Python-level allgather, between the two graphs.
         def train_step(inputs, labels):
             self._check_batch(inputs)
-            grads, loss = forward_backward(inputs, labels)
-            grads, squared, loss = average([grad.accumulate("add_n") for grad in grads], loss.reduce_mean())
+            grads, squared, loss = accumulated_gradients(inputs, labels)
             metrics = update(grads, self.model_parallel_norm(squared))
             metrics["loss"] = loss
             return metrics
@@ -257,15 +318,19 @@ class SMPStrategy(Strategy):
         return train_step
 
     def build_eval_step(self, model, loss_fn, *, jit_compile=False):
-        model.loss_fn = loss_fn
+        self._use_loss(model, loss_fn)
 
         @self._smp.step
         def forward(inputs, labels):
             return model(inputs, labels, training=False)
 
+        @tf.function
+        def mean_loss(inputs, labels):
+            return self._dp_mean(forward(inputs, labels).reduce_mean())
+
         def eval_step(inputs, labels):
             self._check_batch(inputs)
-            return self._dp_mean(forward(inputs, labels).reduce_mean())
+            return mean_loss(inputs, labels)
 
         return eval_step
 
@@ -285,29 +350,34 @@ class SMPStrategy(Strategy):
         return smp.recv_from(0, smp.RankType.WORLD_RANK)
 
     def whole_model(self, model):
-        """Every partition's weights in one plain GPT on the chief's CPU; None on other ranks."""
+        """Every partition's weights in one plain GPT on the chief's CPU; None on other ranks.
+
+        Each rank holds only its partition's layers, so the weights travel by layer path
+        (`weight_paths`) through the documented `smp.allgather` over the model-parallel group."""
         import numpy as np
 
         from lm import models
         smp = self._smp
-        owned = {id(weight) for weight in model.weights}
-        everything = model.gpt.weights
-        local = {index: np.asarray(weight.numpy()) for index, weight in enumerate(everything)
-                 if id(weight) in owned}
         if self._dp_rank != 0:
             return None  # the first replica's partitions hold the same weights
+        local = {path: np.asarray(weight.numpy()) for path, weight in weight_paths(model).items()}
         parts = smp.allgather(local, smp.CommGroup.MP_GROUP)
         if not self.is_chief:
             return None
         gathered = {}
         for part in parts:
             gathered.update(part)
-        missing = sorted(set(range(len(everything))) - set(gathered))
-        if missing:
-            raise RuntimeError("smp: no partition holds weights %s of the model" % missing)
         with tf.device("/CPU:0"):
-            whole = models.build(model.gpt.model_config)
-        whole.set_weights([gathered[index] for index in range(len(everything))])
+            whole = models.build(model.model_config)
+        wanted = weight_paths(whole)
+        missing = sorted(set(wanted) - set(gathered))
+        if missing:
+            raise RuntimeError("smp: no partition holds the weights %s of the model" % ", ".join(missing[:5]))
+        for path, weight in wanted.items():
+            if tuple(weight.shape) != gathered[path].shape:
+                raise RuntimeError("smp: partition weight %s has shape %s, the model's is %s"
+                                   % (path, gathered[path].shape, tuple(weight.shape)))
+            weight.assign(gathered[path])
         return whole
 
     def barrier(self):
@@ -332,15 +402,33 @@ class SMPCheckpoints:
         matches = [STEP_DIRECTORY.match(name) for name in os.listdir(self.directory)]
         return sorted(int(match.group(1)) for match in matches if match)
 
+    def _marked_steps(self):
+        return [step for step in self._steps() if os.path.isfile(self._marker(step))]
+
     def complete_steps(self):
-        return [step for step in self._steps() if self.has(step)]
+        return [step for step in self._marked_steps() if not self.missing_files(step)]
 
     def newest_step(self):
+        """The newest save complete here: a marked save with a partition's file missing (S3 brought it
+        back only in part) gives way to the previous complete one."""
         steps = self.complete_steps()
         return steps[-1] if steps else None
 
     def has(self, step):
-        return os.path.isfile(self._marker(step))
+        """Whether the save of `step` is complete here: its marker, and every file its manifest lists
+        with the size it was written with (S3 brings a save back file by file; the library's
+        `restore()` only warns "No checkpoints restored." for a partition whose files are missing,
+        smdistributed/modelparallel/tensorflow/v2/checkpoint.py, lines 73-77)."""
+        return os.path.isfile(self._marker(step)) and not self.missing_files(step)
+
+    def missing_files(self, step):
+        """The files of the manifest of `step` that are absent or of another size here."""
+        files = self.read_meta(step).get(MANIFEST)
+        if not isinstance(files, dict) or not files:
+            return ["%s (no manifest of files)" % self._marker(step)]
+        root = self.where(step)
+        return sorted(name for name, size in files.items()
+                      if not os.path.isfile(os.path.join(root, name)) or os.path.getsize(os.path.join(root, name)) != size)
 
     def read_meta(self, step):
         with open(self._marker(step)) as handle:
@@ -353,17 +441,36 @@ class SMPCheckpoints:
     def restore(self, step, variables):
         self._manager(step, variables).restore()
 
+    def _written(self, saved_path, step):
+        """{path relative to the step directory: bytes} of the files in the directory of one save: the
+        manager's own (`<step directory>/mp_rank_<k>/` in the library, v2/checkpoint.py line 19)."""
+        root = self.where(step)
+        written = {}
+        for directory, _, names in os.walk(os.path.dirname(saved_path)):
+            for name in names:
+                path = os.path.join(directory, name)
+                written[os.path.relpath(path, root)] = os.path.getsize(path)
+        return written
+
     def save(self, step, variables, meta):
-        """Every partition's state at `step`, then (rank 0, after a barrier over every rank) the marker."""
+        """Every partition's state at `step`, then (rank 0, once every rank has saved) the marker with
+        the manifest of every partition's files, written last."""
         strategy = self.strategy
+        written = {}
         if strategy.writes_checkpoints:
-            self._manager(step, variables).save()
-        strategy._smp.barrier()
+            written = self._written(self._manager(step, variables).save(), step)
+        # Over every rank: it returns when all have saved, and brings rank 0 the files of partitions
+        # whose ranks write on other hosts.
+        manifest = {}
+        for part in strategy._smp.allgather(written, strategy._smp.CommGroup.WORLD):
+            manifest.update(part)
         if not strategy.is_chief:
             return
         os.makedirs(self.where(step), exist_ok=True)
-        shards.write_atomically(self._marker(step), json.dumps(dict(meta, step=step), sort_keys=True))
-        kept = self.complete_steps()[-self.keep:]
+        shards.write_atomically(self._marker(step), json.dumps(dict(meta, step=step, **{MANIFEST: manifest}),
+                                                               sort_keys=True))
+        # Marked, not verified: during the run the partitions of other hosts are on their disks only.
+        kept = self._marked_steps()[-self.keep:]
         for old in self._steps():
             if old < kept[0]:
                 shutil.rmtree(self.where(old), ignore_errors=True)

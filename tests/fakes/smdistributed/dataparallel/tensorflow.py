@@ -24,6 +24,7 @@ Calls are recorded (`smdistributed.calls`, FAKE_SMDIST_LOG).
 """
 import enum
 import os
+import weakref
 
 import numpy as np
 
@@ -192,6 +193,12 @@ def allreduce(tensor, param_index, num_params, compression=Compression.none, op=
                          "param_index from 0 to num_params - 1" % (param_index, num_params))
     compression = _check_enum(compression, Compression, "compression", list(Compression))
     op = _check_enum(ReduceOp.AVERAGE if op is None else op, ReduceOp, "op", list(ReduceOp))
+    if _tape_gradients.get(id(tensor)) is not tensor:
+        # The page: allreduce is for gradients; any other tensor goes through oob_allreduce, or
+        # "the job might stall or stop". The fake knows a gradient as its tape's output only.
+        raise ValueError("fake smdistributed.dataparallel: allreduce of %s, which did not come out of "
+                         "DistributedGradientTape.gradient: allreduce is for gradients only; use oob_allreduce "
+                         "for any other tensor (the job might stall or stop)" % getattr(tensor, "name", "a tensor"))
     record("sdp.allreduce", param_index=param_index, num_params=num_params, op=op.name)
     call = "allreduce(param_index=%d, num_params=%d, op=%s, compression=%s)" % (
         param_index, num_params, op.name, compression.name)
@@ -239,6 +246,15 @@ def broadcast_variables(variables, root_rank):
 
 
 _NOT_GIVEN = object()
+# The gradients DistributedGradientTape returned (while they exist): what `allreduce` accepts.
+_tape_gradients = weakref.WeakValueDictionary()
+
+
+def mark_as_gradient(tensor):
+    """Test helper (not part of the library): `tensor`, accepted by `allreduce` as a gradient, so a
+    test can check the reduction on values it chooses."""
+    _tape_gradients[id(tensor)] = tensor
+    return tensor
 
 
 class DistributedGradientTape:
@@ -281,4 +297,7 @@ class DistributedGradientTape:
                               lambda per_rank: _reduce_all(per_rank, self._op, self._compression))
         for index, value in zip(dense, reduced):
             grads[index] = value
+        for grad in grads:
+            if isinstance(grad, tf.Tensor):
+                _tape_gradients[id(grad)] = grad
         return tf.nest.pack_sequence_as(sources, grads)

@@ -27,8 +27,16 @@ What the fake emulates, and where it simplifies:
 - Compute is not pipelined: every rank of an mp group runs the whole forward and backward
   pass, reading the variables other ranks hold (their storage, never a copy), so each rank's
   gradients are exact for its own variables. Each `smp.step` call starts and ends with an
-  mp-group barrier, so no rank reads a variable while its owner updates it; the step must be
-  called eagerly when there is more than one partition.
+  mp-group barrier, so no rank reads a variable while its owner updates it; inside a
+  tf.function the barriers are ops that hold one TensorFlow inter-op thread per rank.
+- From the library's own code (the 1.12.1 wheel's Python source, GitHub
+  tkazusa/smdistributed_modelparallel; the TF 2.6 DLC ships 1.4.0, which was not read): the
+  tracing copy made from the constructor's arguments and its shared-layer check, count_params
+  failing, custom gradients failing on the ranks that import the graph (DistributedModel),
+  StepOutput.accumulate's accumulators in a tf.function, and CheckpointManager.restore reading
+  every partition's directory. Where they are emulated, the code cites file and lines. Not
+  emulated: the graph import itself (a rank's layers list only its own weights, but their
+  attributes still reach other ranks' variables here; the library's ranks do not build those).
 - Tensors returned by `DistributedModel.call` are "broadcast across model-parallel devices";
   the fake records their shapes and bytes (`smp.DistributedModel.output`).
 - Collectives (`allgather`, `broadcast` / `recv_from`, `send`, `barrier`) run over the rank
@@ -54,6 +62,8 @@ import pickle
 import random
 import sys
 import threading
+
+import numpy as np
 
 from lm.compat import keras, tf
 from smdistributed import env_int, record
@@ -99,6 +109,7 @@ class _World:
         self.mailboxes = {}
         self.placed = {}     # (mp group, creation index) -> (variable, owning rank)
         self.broken = None
+        self.first_failure = None
 
     def wait(self, predicate, what):
         timeout = float(os.environ.get(TIMEOUT_ENV) or 60)
@@ -143,7 +154,9 @@ def run_ranks(size, target, *args):
         except BaseException as error:  # noqa: B036 - reported to the caller below
             errors[rank] = error
             with world.lock:
-                world.broken = world.broken or "rank %d failed: %s: %s" % (rank, type(error).__name__, error)
+                if world.broken is None:
+                    world.broken, world.first_failure = "rank %d failed: %s: %s" % (rank, type(error).__name__,
+                                                                                    error), rank
                 world.lock.notify_all()
         finally:
             reset()
@@ -155,8 +168,11 @@ def run_ranks(size, target, *args):
             thread.start()
         for thread in threads:
             thread.join()
-    first = next((error for error in errors if error is not None and not isinstance(error, FakeHang)),
-                 next((error for error in errors if error is not None), None))
+    # The error of the rank that failed first; the others' (a FakeHang, or TensorFlow's error around
+    # one raised in a graph) follow from it.
+    first = errors[world.first_failure] if world.first_failure is not None else next(
+        (error for error in errors if error is not None and not isinstance(error, FakeHang)),
+        next((error for error in errors if error is not None), None))
     if first is not None:
         raise first
     return results
@@ -432,11 +448,41 @@ class StepOutput:
         return tf.concat(self.outputs, axis=0)
 
     def accumulate(self, method="variable", var=None):
+        """As the library's (smdistributed/modelparallel/tensorflow/split.py, lines 188-265): called
+        eagerly, every microbatch's output already exists and is averaged (line 217-218); in a
+        tf.function, "variable" (the default) assigns the first microbatch's share to one
+        accumulation variable per tensor and adds the others in order (lines 236-265), so only the
+        accumulator and the microbatch being added are alive ("does not wait for all tensors to
+        be available before accumulating, thereby saving memory", lines 189-193); add_n and
+        accumulate_n take all of them at once. Records how many microbatch outputs are alive."""
         if method not in ("add_n", "accumulate_n", "variable"):
             raise ValueError("%s: accumulate(method=%r): one of add_n, accumulate_n, variable" % (FAKE, method))
         if var is not None and not isinstance(var, tf.Variable):
             raise TypeError("%s: accumulate(var=...) takes a tf.Variable" % FAKE)
-        return self.reduce_mean()
+        eager = tf.executing_eagerly()
+        sequential = method == "variable" and not eager and len(self.outputs) > 1
+        record("smp.StepOutput.accumulate", method=method, eager=eager, microbatches=len(self.outputs),
+               alive=1 if sequential else len(self.outputs))
+        if not sequential:
+            return self.reduce_mean()
+        accumulator = var if var is not None else _accumulator(self.outputs[0])
+        share = tf.cast(len(self.outputs), self.outputs[0].dtype)
+        total = accumulator.assign(self.outputs[0] / share)
+        for output in self.outputs[1:]:
+            with tf.control_dependencies([total]):
+                total = accumulator.assign_add(output / share)
+        return tf.convert_to_tensor(total)
+
+
+def _accumulator(tensor):
+    """The accumulation variable of a step output, one per tensor name as the library keeps them
+    (state_mod.py, AccumulationVariables, lines 226-245)."""
+    accumulators = _state().setdefault("accumulators", {})
+    if tensor.name not in accumulators:
+        with tf.init_scope():
+            accumulators[tensor.name] = tf.Variable(tf.zeros(tensor.shape, tensor.dtype), trainable=False,
+                                                    name=tensor.name.split(":")[0].replace("/", "_") + "_accum")
+    return accumulators[tensor.name]
 
 
 def _is_tensor(value):
@@ -499,10 +545,8 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
     def run(*args, **kwargs):
         _require_init("step")
         state = _state()
-        several = mp_size() > 1
-        if several and not tf.executing_eagerly():
-            raise NotImplementedError("%s: with more than one partition, call an smp.step function eagerly "
-                                      "(the fake synchronizes the ranks around it in Python)" % FAKE)
+        several = mp_size() > 1 and state["world"] is not None
+        eager = tf.executing_eagerly()
         microbatches = _config()["microbatches"]
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -512,15 +556,15 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
                                                                           axes.get(name, 0), name)
             for index, piece in enumerate(pieces):
                 per_mb[index][name] = piece
-        record("smp.step", function=function.__name__, microbatches=microbatches, rank=state["rank"],
+        record("smp.step", function=function.__name__, microbatches=microbatches, rank=state["rank"], eager=eager,
                shapes={name: list(v.shape) for name, v in per_mb[0].items() if _is_tensor(v)})
-        if several:
-            barrier(CommGroup.MP_GROUP)
+        start = _step_barrier(state, eager) if several else None
         outputs = []
         state["in_step"] = True
         try:
-            for values in per_mb:
-                outputs.append(checked(**values))
+            with tf.control_dependencies([start] if start is not None else []):
+                for values in per_mb:
+                    outputs.append(checked(**values))
         finally:
             state["in_step"] = False
         if not calls_model.get(True):
@@ -531,7 +575,12 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
             for hook in state["hooks"]:
                 hook()
         if several:
-            barrier(CommGroup.MP_GROUP)
+            end = _step_barrier(state, eager, after=[t for out in outputs for t in tf.nest.flatten(out)
+                                                     if isinstance(t, tf.Tensor)])
+            if end is not None:
+                with tf.control_dependencies([end]):
+                    outputs = [tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, out)
+                               for out in outputs]
         first = outputs[0]
         flat = [tf.nest.flatten(out) for out in outputs]
         wrapped = [StepOutput([f[i] for f in flat]) if _is_tensor(item) else item
@@ -539,6 +588,31 @@ def step(function=None, non_split_inputs=None, input_split_axes=None, **tf_funct
         return tf.nest.pack_sequence_as(first, wrapped)
 
     return run
+
+
+def _step_barrier(state, eager, after=()):
+    """An mp-group barrier around a step, so no rank reads a partner's variables while the partner
+    updates them (every rank of the fake computes the whole model). Eagerly: a barrier now, None.
+    In a tf.function: an op that waits at run time (after the tensors `after`); it holds one
+    TensorFlow inter-op thread per rank while it waits, so the process needs that many."""
+    if eager:
+        barrier(CommGroup.MP_GROUP)
+        return None
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or int(
+        os.environ.get("TF_NUM_INTEROP_THREADS") or os.cpu_count())
+    if threads < state["world"].size:
+        raise RuntimeError("%s: smp.step inside a tf.function with several partitions blocks one TensorFlow "
+                           "inter-op thread per rank at its barriers: run the %d ranks with at least %d inter-op "
+                           "threads (TF_NUM_INTEROP_THREADS), not %d" % (FAKE, state["world"].size,
+                                                                        state["world"].size, threads))
+    members = _members(CommGroup.MP_GROUP)
+
+    def wait():
+        exchange_among(state, members, tuple(members), "barrier", None, "smp.step's barrier over MP_GROUP")
+        return np.int32(0)
+
+    with tf.control_dependencies(list(after)):
+        return tf.numpy_function(wait, [], tf.int32, stateful=True, name="FakeSMPStepBarrier")
 
 
 def register_post_partition_hook(hook):
@@ -658,8 +732,78 @@ def _dummy(value):
     return tf.zeros(value.shape, value.dtype) if _is_tensor(value) else value
 
 
+class _Holder:
+    def __init__(self, value):
+        self.value = value
+
+
+def _has_own_build(layer):
+    return not getattr(type(layer).build, "_is_default", False)
+
+
+def _nested_layers(model):
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
 class DistributedModel(keras.Model):
-    """Subclass and implement `call`; calling the model is allowed only inside smp.step."""
+    """Subclass and implement `call`; calling the model is allowed only inside smp.step.
+
+    As the library's (smdistributed/modelparallel/tensorflow/v2/model.py in the 1.12.1 source,
+    GitHub tkazusa/smdistributed_modelparallel): on mp_rank 0, `__init__` makes the tracing copy
+    by calling the subclass again with the values its `__init__` was called with (lines 62-64,
+    77-126: the arguments of the subclass's `__init__` signature, read from the frame that called
+    `DistributedModel.__init__`), and the first call refuses layers with their own `build()` that
+    the model and its copy share (lines 217-218, 249-257). A rank's model is never called through
+    Keras there (it imports the partitioned graph, line 160), so `count_params()` raises.
+    """
+
+    _constructing_copy = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # In a holder Keras does not track: the copy's layers are not this model's.
+        self._fake_copy = _Holder(None)
+        if mp_rank() == 0 and not DistributedModel._constructing_copy:
+            if type(self).__init__ is DistributedModel.__init__:
+                args_again, kwargs_again = args, kwargs
+            else:
+                args_again, kwargs_again = self._constructor_arguments(sys._getframe(1))
+            DistributedModel._constructing_copy = True
+            try:
+                self._fake_copy = _Holder(type(self)(*args_again, **kwargs_again))
+            finally:
+                DistributedModel._constructing_copy = False
+
+    def _constructor_arguments(self, caller):
+        """The values of the subclass __init__'s parameters in the frame that called this __init__."""
+        spec = inspect.getfullargspec(type(self).__init__)
+        given = caller.f_locals
+        args = [given[name] for name in spec.args[1:]] + (list(given[spec.varargs]) if spec.varargs else [])
+        kwargs = {name: given[name] for name in spec.kwonlyargs}
+        if spec.varkw:
+            kwargs.update(given[spec.varkw])
+        return args, kwargs
+
+    def _refuse_shared_layers(self):
+        shared = [layer.name for layer, copied in zip(_nested_layers(self), _nested_layers(self._fake_copy.value))
+                  if layer is copied and _has_own_build(layer)]
+        if shared:
+            raise ValueError("Layers that have a build() method implemented must be created in the __init__ methods "
+                             "of an enclosing Layer or a smp.DistributedModel object. The following layers are found "
+                             "to be in violation of this: %s. (%s)" % (shared, FAKE))
+
+    def _forget_other_ranks_weights(self):
+        """A rank of the library builds only the layers placed on it (v2/serialization.py, lines
+        280-313): here every layer's weight lists drop what other ranks hold, so no layer of this
+        rank's model lists them (the fake's compute still reads them through the layers' attributes)."""
+        owned = _state()["owned"]
+        for layer in _nested_layers(self):
+            for listed in (layer._trainable_weights, layer._non_trainable_weights):
+                listed[:] = [weight for weight in listed if id(getattr(weight, "_variable", weight)) in owned]
+
+    def count_params(self):
+        raise ValueError("%s: count_params() of %s: a rank builds only the layers of its partition, and the model is "
+                         "never built through Keras (it imports the partitioned graph)" % (FAKE, self.name))
 
     def __call__(self, *args, **kwargs):
         state = _state()
@@ -667,12 +811,19 @@ class DistributedModel(keras.Model):
             raise RuntimeError("%s: a DistributedModel is called outside smp.step" % FAKE)
         state["model_called"] = True
         if not getattr(self, "_fake_partitioned", False):
+            if self._fake_copy.value is not None:
+                self._refuse_shared_layers()
             # The partition: variables are created (each on its owner) in a first, eager call.
             with tf.init_scope(), tf.variable_creator_scope(_place):
                 super().__call__(*tf.nest.map_structure(_dummy, args),
                                                        **tf.nest.map_structure(_dummy, kwargs))
             self._fake_partitioned = True
+            self._forget_other_ranks_weights()
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        known = len(graph.get_operations()) if graph is not None else 0
         outputs = super().__call__(*args, **kwargs)
+        if graph is not None and mp_rank() != 0:
+            _refuse_custom_gradients(graph.get_operations()[known:])
         flat = [t for t in tf.nest.flatten(outputs) if _is_tensor(t)]
         record("smp.DistributedModel.output", model=type(self).__name__, rank=state["rank"],
                shapes=[list(t.shape) for t in flat],
@@ -701,6 +852,22 @@ class DistributedModel(keras.Model):
                                   % FAKE)
 
 
+def _refuse_custom_gradients(operations):
+    """Ranks other than mp_rank 0 import the graph rank 0 traced (v2/model.py lines 228-235,
+    v2/serialization.py `import_graph`, tf.graph_util.import_graph_def): a gradient registered
+    in rank 0's process only (tf.custom_gradient, tf.recompute_grad) is not in theirs, and the
+    backward pass fails there (tests/smdist/test_smp_recompute.py shows it with TensorFlow alone)."""
+    for operation in operations:
+        try:
+            custom = operation.get_attr("_gradient_op_type")
+        except ValueError:
+            continue
+        raise LookupError("No gradient defined for operation '%s' (op type: %s): its gradient %s exists only in the "
+                          "process that traced the model (%s: a rank with mp_rank > 0 imports the graph)"
+                          % (operation.name, operation.type, custom.decode() if isinstance(custom, bytes) else custom,
+                             FAKE))
+
+
 class CheckpointManager:
     """smp.CheckpointManager(checkpoint, directory="/opt/ml/checkpoints", max_to_keep=None, checkpoint_name="ckpt").
 
@@ -713,11 +880,11 @@ class CheckpointManager:
 
     Each rank saves only its own variables: those of the checkpoint's object graph that are not
     placed on another rank (a partition's variables exist on its rank only). The files are the
-    fake's own layout, `<directory>/fake-partition-<mp_rank>/`: pickles and a "checkpoint" state
-    file naming the latest; a caller must not read them (the library's layout is undocumented).
-    A restore reads this partition's latest file and requires the same variables (paths and
-    shapes); a directory without one for this partition restores nothing, as TensorFlow's
-    `restore(None)` does.
+    fake's own layout, `<directory>/fake-partition-<mp_rank>/` (the library's:
+    `<directory>/mp_rank_<pp_rank>/`, v2/checkpoint.py line 19): pickles and a "checkpoint" state
+    file naming the latest; a caller must not read them. `save()` returns the saved path, as
+    TensorFlow's CheckpointManager does. `restore()` reads every partition's directory, as the
+    library's does (see the method).
     """
 
     STATE_FILE = "checkpoint"
@@ -735,17 +902,15 @@ class CheckpointManager:
         self._checkpoint, self._directory = checkpoint, directory
         self._max_to_keep, self._name = max_to_keep, checkpoint_name
 
-    def _partition_directory(self):
-        return os.path.join(self._directory, "fake-partition-%d" % mp_rank())
+    def _partition_directory(self, partition=None):
+        return os.path.join(self._directory, "fake-partition-%d" % (mp_rank() if partition is None else partition))
 
-    def _state_path(self):
-        return os.path.join(self._partition_directory(), self.STATE_FILE)
-
-    def _saved(self):
-        """This partition's checkpoint files in this directory, oldest first."""
-        if not os.path.exists(self._state_path()):
+    def _saved(self, directory=None):
+        """The checkpoint files of a partition directory (this rank's by default), oldest first."""
+        state_path = os.path.join(directory or self._partition_directory(), self.STATE_FILE)
+        if not os.path.exists(state_path):
             return []
-        with open(self._state_path()) as handle:
+        with open(state_path) as handle:
             return [line.split('"')[1] for line in handle if line.startswith("all_model_checkpoint_paths")]
 
     def _own_variables(self):
@@ -781,38 +946,52 @@ class CheckpointManager:
         saved.append(name)
         if self._max_to_keep is not None:
             for old in saved[:-self._max_to_keep]:
-                os.remove(os.path.join(self._partition_directory(), old))
+                if os.path.exists(os.path.join(self._partition_directory(), old)):  # as TensorFlow's sweep
+                    os.remove(os.path.join(self._partition_directory(), old))
             saved = saved[-self._max_to_keep:]
-        with open(self._state_path() + ".tmp", "w") as handle:
+        state_path = os.path.join(self._partition_directory(), self.STATE_FILE)
+        with open(state_path + ".tmp", "w") as handle:
             handle.write('model_checkpoint_path: "%s"\n' % saved[-1])
             handle.writelines('all_model_checkpoint_paths: "%s"\n' % old for old in saved)
-        os.replace(self._state_path() + ".tmp", self._state_path())
+        os.replace(state_path + ".tmp", state_path)
         record("smp.CheckpointManager.save", rank=rank(), directory=self._directory, variables=len(own))
-        return os.path.join(self._partition_directory(), name)
+        # As TensorFlow's CheckpointManager.save, which the library's inherits: the path of the save.
+        return os.path.join(self._partition_directory(), name.rsplit(".", 1)[0])
 
     def restore(self):
+        """As the library's `_restore` (v2/checkpoint.py, lines 41-77): every partition directory
+        under the manager's directory, each one's latest file restored into the checkpoint object
+        (partially: only paths this rank's object has); a directory whose file is missing is skipped
+        with the warning "No checkpoints restored." and nothing else, so a partition without its
+        file keeps the values it has."""
         _require_init("CheckpointManager.restore")
         if not _state()["partitioned"]:
             raise RuntimeError("%s: restore with smp.CheckpointManager after the first smp.step (the model is not "
                                "partitioned yet)" % FAKE)
-        own = self._own_variables()
-        saved = self._saved()
-        record("smp.CheckpointManager.restore", rank=rank(), directory=self._directory,
-               restored=saved[-1] if saved else None)
-        if not saved:
-            return
-        with open(os.path.join(self._partition_directory(), saved[-1]), "rb") as handle:
-            payload = pickle.load(handle)
-        paths = [path for path, _ in own]
-        if payload["paths"] != paths:
-            raise ValueError("%s: %s holds variables %s, the checkpoint object has %s"
-                             % (FAKE, saved[-1], payload["paths"][:4], paths[:4]))
-        for (path, variable), value in zip(own, payload["values"]):
-            if tuple(variable.shape) != value.shape:
-                raise ValueError("%s: %s: %s has shape %s, the checkpoint holds %s"
-                                 % (FAKE, saved[-1], path, tuple(variable.shape), value.shape))
-        for (_, variable), value in zip(own, payload["values"]):
-            variable.assign(value)
+        own = dict(self._own_variables())
+        directories = sorted(os.path.join(self._directory, name) for name in os.listdir(self._directory)
+                             if os.path.isdir(os.path.join(self._directory, name))) \
+            if os.path.isdir(self._directory) else []
+        restored, assigned = [], 0
+        for directory in directories:
+            saved = self._saved(directory)
+            path = os.path.join(directory, saved[-1]) if saved else None
+            if path is None or not os.path.exists(path):
+                sys.stderr.write("%s: WARNING No checkpoints restored. (%s)\n" % (FAKE, directory))
+                continue
+            with open(path, "rb") as handle:
+                payload = pickle.load(handle)
+            for name, value in zip(payload["paths"], payload["values"]):
+                if name not in own:
+                    continue
+                if tuple(own[name].shape) != value.shape:
+                    raise ValueError("%s: %s: %s has shape %s, the checkpoint holds %s"
+                                     % (FAKE, path, name, tuple(own[name].shape), value.shape))
+                own[name].assign(value)
+                assigned += 1
+            restored.append(os.path.relpath(path, self._directory))
+        record("smp.CheckpointManager.restore", rank=rank(), directory=self._directory, restored=restored,
+               assigned=assigned)
 
 
 def _placed_on_other_ranks():

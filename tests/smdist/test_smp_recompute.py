@@ -1,0 +1,91 @@
+"""SMP and tf.recompute_grad: why lm.train refuses `recompute` with strategy smp.
+
+SMP v1 ranks other than the tracing one do not trace the model: they import the GraphDef rank 0
+traced and serialized (smdistributed/modelparallel/tensorflow/v2/model.py, lines 228-235, and
+v2/serialization.py, `import_graph`, in the library's 1.12.1 source). tf.recompute_grad's
+backward pass is a custom gradient that exists only in the registry of the process that traced
+it. The first test shows this with TensorFlow alone, in two processes; the others show the fake
+(tests/fakes) and lm.train refusing it."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lm.distributed import get_strategy
+from smdist_helpers import build_tiny, train
+
+TRACE = r"""
+import sys
+from lm.compat import tf
+
+def block(h):
+    return tf.tanh(h) * 2.0
+
+@tf.function
+def forward(x):
+    return tf.reduce_sum(tf.recompute_grad(block)(x) if sys.argv[2] == "recompute" else block(x))
+
+graph = forward.get_concrete_function(tf.TensorSpec([2, 3], tf.float32, name="x")).graph
+with open(sys.argv[1], "wb") as handle:
+    handle.write(graph.as_graph_def().SerializeToString())
+print(graph.outputs[0].name)
+"""
+
+IMPORT = r"""
+import sys
+from lm.compat import tf
+
+graph_def = tf.compat.v1.GraphDef()
+with open(sys.argv[1], "rb") as handle:
+    graph_def.ParseFromString(handle.read())
+with tf.Graph().as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+    loss, = tf.graph_util.import_graph_def(graph_def, input_map={"x:0": x}, return_elements=[sys.argv[2]])
+    try:
+        tf.gradients(loss, x)
+        print("gradients")
+    except LookupError as error:
+        print("LookupError: %s" % error)
+"""
+
+
+def _python(code, *args):
+    result = subprocess.run([sys.executable, "-c", code] + list(args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("block, expected", [("plain", "gradients"), ("recompute", "LookupError: No gradient "
+                                                                                      "defined for operation")])
+def test_a_graph_traced_with_recompute_grad_has_no_gradient_in_another_process(tmp_path, block, expected):
+    path = str(tmp_path / "graph.pb")
+    output = _python(TRACE, path, block)
+    assert _python(IMPORT, path, output).startswith(expected)
+
+
+def _train_with_recompute():
+    strategy = get_strategy("smp").setup()
+    strategy.build_model = lambda build_fn, build=strategy.build_model: build(
+        lambda **options: build_fn(recompute=True, **options))
+    train(strategy, steps=1, batch=8)
+
+
+def test_the_fake_refuses_recompute_grad_on_the_ranks_that_import_the_graph(fake_smdist, monkeypatch):
+    import smdistributed.modelparallel.tensorflow as smp
+    monkeypatch.setenv("SM_HP_MP_PARAMETERS", json.dumps(dict(partitions=2, microbatches=2, auto_partition=False,
+                                                              default_partition=0)))
+    # A LookupError, which autograph may report as a StagingError around it (raised in a tf.function).
+    with pytest.raises(Exception, match="No gradient defined for operation .*mp_rank > 0 imports the graph"):
+        smp.run_ranks(2, _train_with_recompute)
+
+
+def test_lm_train_refuses_recompute_with_smp_before_any_job():
+    from lm.train import UsageError, parse_args
+    with pytest.raises(UsageError, match="hyperparameters.recompute must be false with strategy smp"):
+        parse_args(["--strategy", "smp", "--recompute", "true", "--data-dir", "x"])
+    with pytest.raises(UsageError, match="hyperparameters.model rnn is not supported with strategy smp"):
+        parse_args(["--strategy", "smp", "--model", "rnn", "--preset", "rnn-tiny", "--data-dir", "x"])
+    hyperparameters, _ = parse_args(["--strategy", "horovod", "--recompute", "true", "--data-dir", "x"])
+    assert hyperparameters.recompute
