@@ -237,6 +237,10 @@ def _constraint_violations(shape, value, where, problems):
         for key, item in value.items():
             _constraint_violations(shape.key, key, "%s key %r" % (where, key), problems)
             _constraint_violations(shape.value, item, "%s[%r]" % (where, key), problems)
+    elif shape.type_name in ("integer", "long") and isinstance(value, int) and not isinstance(value, bool):
+        # botocore checks the minimum only (e.g. KeepAlivePeriodInSeconds: 0 to 21600).
+        if "max" in meta and value > meta["max"]:
+            problems.append("%s: %d, at most %d allowed" % (where, value, meta["max"]))
     elif shape.type_name == "string" and isinstance(value, str):
         if "max" in meta and len(value) > meta["max"]:
             problems.append("%s: %d characters, at most %d allowed: %r" % (where, len(value), meta["max"], value))

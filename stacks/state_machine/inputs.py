@@ -52,6 +52,10 @@ def schema(settings):
         Field("instance_count", int, settings.default_instance_count, 1, MAX_INSTANCE_COUNT),
         Field("max_runtime_seconds", int, settings.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS),
         Field("spot", bool, settings.spot, help="managed spot training (checkpoints resume the job)"),
+        # CreateTrainingJob InfraCheckConfig (SageMaker API reference): the API reference neither
+        # recommends it nor states its cost, so it stays off unless asked for.
+        Field("infra_check", bool, False,
+              help="SageMaker's hardware and network health check before the training job starts"),
         Field("data_directory", str, settings.dataset_directory, prefix="/",
               help="dataset directory on the EFS file system (manifest.json and shards)"),
         Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS),

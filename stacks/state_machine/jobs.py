@@ -99,7 +99,8 @@ def job_values(kind, settings, value_at, strategy="single"):
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
         dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None,
-        init_from=value_at(INIT_FROM_PATH))
+        init_from=value_at(INIT_FROM_PATH),
+        infra_check=value_at("$.config.infra_check") if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):

@@ -161,6 +161,11 @@ class TrainingJob:
     # An S3 prefix holding a Hugging Face GPT-2 directory (or None): training starts from its weights,
     # the prepare job tokenizes with its tokenizer.
     init_from: Any = None
+    # Capacity options of CreateTrainingJob (SageMaker API reference: InfraCheckConfig, ResourceConfig);
+    # None leaves each out of the request.
+    infra_check: Any = None         # InfraCheckConfig.EnableInfraCheck: hardware and network checks first
+    keep_alive_seconds: Any = None  # ResourceConfig.KeepAlivePeriodInSeconds (0-21600): a warm pool
+    training_plan_arn: Any = None   # ResourceConfig.TrainingPlanArn: reserved capacity of a training plan
 
 
 def artifact_uri(bucket, prefix):
@@ -336,6 +341,12 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     request["OutputDataConfig"] = {"S3OutputPath": output_path(j.bucket)}
     request["ResourceConfig"] = collections.OrderedDict([
         ("InstanceType", j.instance_type), ("InstanceCount", j.instance_count), ("VolumeSizeInGB", VOLUME_SIZE_GB)])
+    if j.keep_alive_seconds is not None:
+        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = j.keep_alive_seconds
+    if j.training_plan_arn is not None:
+        request["ResourceConfig"]["TrainingPlanArn"] = j.training_plan_arn
+    if j.infra_check is not None:
+        request["InfraCheckConfig"] = {"EnableInfraCheck": j.infra_check}
     request["VpcConfig"] = vpc_config(j.security_group_ids, j.subnets)
     request["StoppingCondition"] = stopping_condition(j.max_runtime_seconds, j.spot) if stopping is None else stopping
     if j.kind == "train":
