@@ -64,6 +64,7 @@ class JobKind(collections.namedtuple("JobKind", "state token slot kind config sp
 
 RAW_S3_URI_PATH = "$.config.prepare.raw_s3_uri"  # null: the raw files are on EFS (raw_directory)
 INIT_FROM_PATH = "$.config.init_from"  # null: training starts from random weights, prepare needs a tokenizer
+TRAINING_PLAN_PATH = "$.config.training_plan_arn"  # null: on-demand (or spot) capacity
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
@@ -100,7 +101,9 @@ def job_values(kind, settings, value_at, strategy="single"):
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
         dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None,
         init_from=value_at(INIT_FROM_PATH),
-        infra_check=value_at("$.config.infra_check") if kind is TRAIN else None)
+        infra_check=value_at("$.config.infra_check") if kind is TRAIN else None,
+        keep_alive_seconds=value_at("$.config.keep_alive_seconds") if kind is TRAIN else None,
+        training_plan_arn=value_at(TRAINING_PLAN_PATH) if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -134,7 +137,7 @@ def create_request(kind, settings):
     return asl.parameters(request.create_training_job_request(
         values, hyperparameter_map=request.Path(request_slot + ".hyperparameters"),
         stopping=request.Path(request_slot + ".stopping"), channels=request.Path(request_slot + ".channels"),
-        job_tags=request.Path(request_slot + ".tags")))
+        job_tags=request.Path(request_slot + ".tags"), resources=request.Path(request_slot + ".resources")))
 
 
 def request_states(kind, settings, first, next_state):
@@ -176,10 +179,16 @@ def request_states(kind, settings, first, next_state):
         states[first + ".EFS"] = request_state("single", raw_s3_uri=None, init_from=None)
     runtime = request.Path(kind.config + ".max_runtime_seconds")
     target = kind.slot + ".request.stopping"
+    resources = "%s.Resources" % kind.state
 
     def stopping_state(spot):
-        return asl.pass_state(next_state, asl.parameters(request.stopping_condition(runtime, spot)),
+        return asl.pass_state(resources, asl.parameters(request.stopping_condition(runtime, spot)),
                               result_path=target)
+
+    def resources_state(**changes):
+        values = dataclasses.replace(job_values(kind, settings, request.Path), **changes)
+        return asl.pass_state(next_state, asl.parameters(request.resource_config(values)),
+                              result_path=kind.slot + ".request.resources")
 
     if kind.spot_path:
         states[stopping] = asl.choice(
@@ -189,6 +198,13 @@ def request_states(kind, settings, first, next_state):
         states[stopping + ".OnDemand"] = stopping_state(False)
     else:
         states[stopping] = stopping_state(False)
+    if kind is TRAIN:  # TrainingPlanArn only when the input names a training plan
+        states[resources] = asl.choice([asl.rule({"Variable": TRAINING_PLAN_PATH, "IsNull": False},
+                                                 resources + ".Plan")], resources + ".OnDemand")
+        states[resources + ".Plan"] = resources_state()
+        states[resources + ".OnDemand"] = resources_state(training_plan_arn=None)
+    else:
+        states[resources] = resources_state()
     return states
 
 

@@ -54,17 +54,32 @@ def test_options_outside_the_api_fail(options, field):
     assert problems and all(field in problem for problem in problems), problems
 
 
-def test_infra_check_input_reaches_the_request(deployment):
-    run = deployment.run({"infra_check": True, "hyperparameters": {"max_steps": 5}})
+def test_the_inputs_reach_the_request(deployment):
+    run = deployment.run({"infra_check": True, "keep_alive_seconds": 1800, "training_plan_arn": PLAN_ARN,
+                          "hyperparameters": {"max_steps": 5}})
     assert run.status == "SUCCEEDED", run.description
     (call,) = run.calls("createTrainingJob")
     assert call[2]["InfraCheckConfig"] == {"EnableInfraCheck": True}
+    assert call[2]["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 1800
+    assert call[2]["ResourceConfig"]["TrainingPlanArn"] == PLAN_ARN
     assert aws_rules.check_requests([call]) == []
 
 
-def test_infra_check_must_be_a_boolean(deployment):
-    run = deployment.run({"infra_check": "yes"})
+def test_without_a_training_plan_the_request_names_none(deployment):
+    run = deployment.run({"hyperparameters": {"max_steps": 5}})
+    assert run.status == "SUCCEEDED", run.description
+    (call,) = run.calls("createTrainingJob")
+    assert "TrainingPlanArn" not in call[2]["ResourceConfig"] and aws_rules.check_requests([call]) == []
+
+
+@pytest.mark.parametrize("execution_input, message", [
+    ({"infra_check": "yes"}, "infra_check must be true or false"),
+    ({"keep_alive_seconds": 21601}, "keep_alive_seconds must be between 0 and 21600"),
+    ({"training_plan_arn": "plan-1"}, "training_plan_arn must start with arn:aws"),
+])
+def test_the_validate_stage_refuses_bad_capacity_inputs(deployment, execution_input, message):
+    run = deployment.run(execution_input)
     assert run.status == "FAILED" and run.description["error"] == "InvalidInput", run.description
-    assert "infra_check must be true or false" in run.description["cause"]
+    assert message in run.description["cause"]
 
 
