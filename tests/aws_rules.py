@@ -264,7 +264,8 @@ def _constraint_violations(shape, value, where, problems):
             _constraint_violations(shape.key, key, "%s key %r" % (where, key), problems)
             _constraint_violations(shape.value, item, "%s[%r]" % (where, key), problems)
     elif shape.type_name in ("integer", "long") and isinstance(value, int) and not isinstance(value, bool):
-        # botocore checks an integer's minimum only (e.g. RetryStrategy.MaximumRetryAttempts: 1-30).
+        # botocore checks an integer's minimum only (e.g. RetryStrategy.MaximumRetryAttempts: 1-30,
+        # KeepAlivePeriodInSeconds: 0-21600).
         if "max" in meta and value > meta["max"]:
             problems.append("%s: %d, at most %d allowed" % (where, value, meta["max"]))
     elif shape.type_name == "string" and isinstance(value, str):

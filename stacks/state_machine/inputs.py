@@ -11,7 +11,7 @@ allowed fields and echoes the object that was given (no intrinsic can list an ob
 """
 import collections
 
-from lm import containers, contract, job, rules
+from lm import containers, contract, job, request, rules
 from lm.instances import HOSTING_INSTANCE_TYPES, INSTANCES
 from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
@@ -52,6 +52,18 @@ def schema(settings):
         Field("instance_count", int, settings.default_instance_count, 1, MAX_INSTANCE_COUNT),
         Field("max_runtime_seconds", int, settings.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS),
         Field("spot", bool, settings.spot, help="managed spot training (checkpoints resume the job)"),
+        # CreateTrainingJob InfraCheckConfig (SageMaker API reference): the API reference neither
+        # recommends it nor states its cost, so it stays off unless asked for.
+        Field("infra_check", bool, False,
+              help="SageMaker's hardware and network health check before the training job starts"),
+        # ResourceConfig.KeepAlivePeriodInSeconds (SageMaker API reference: 0 to 21600; 0, the
+        # service's default, keeps no warm pool).
+        Field("keep_alive_seconds", int, 0, 0, request.MAX_KEEP_ALIVE_SECONDS,
+              help="keep the training instances this long after the job as a warm pool for the next run"),
+        # ResourceConfig.TrainingPlanArn (SageMaker API reference; its full pattern is checked by
+        # CreateTrainingJob, the Validate stage checks the ARN's start).
+        Field("training_plan_arn", str, None, prefix="arn:aws", nullable=True,
+              help="run on the reserved capacity of this SageMaker training plan (its ARN)"),
         Field("data_directory", str, settings.dataset_directory, prefix="/",
               help="dataset directory on the EFS file system (manifest.json and shards)"),
         Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS),

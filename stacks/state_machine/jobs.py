@@ -70,6 +70,7 @@ INIT_FROM_PATH = "$.config.init_from"  # null: training starts from random weigh
 DATASET_KEY_PATH = "$.run.dataset.key"  # what the prepare job is tagged with (stacks.state_machine.training)
 # The checkpoint prefix's name below checkpoints/: resume_from, or the execution's own name.
 CHECKPOINTS_PATH = "$.run.checkpoints.name"
+TRAINING_PLAN_PATH = "$.config.training_plan_arn"  # null: on-demand (or spot) capacity
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
@@ -106,7 +107,10 @@ def job_values(kind, settings, value_at, strategy="single"):
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
         dataset_key=value_at(DATASET_KEY_PATH) if kind is PREPARE else None,
-        init_from=value_at(INIT_FROM_PATH), checkpoints=value_at(CHECKPOINTS_PATH) if kind is TRAIN else None)
+        init_from=value_at(INIT_FROM_PATH), checkpoints=value_at(CHECKPOINTS_PATH) if kind is TRAIN else None,
+        infra_check=value_at("$.config.infra_check") if kind is TRAIN else None,
+        keep_alive_seconds=value_at("$.config.keep_alive_seconds") if kind is TRAIN else None,
+        training_plan_arn=value_at(TRAINING_PLAN_PATH) if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -142,7 +146,7 @@ def create_request(kind, settings):
     return asl.parameters(request.create_training_job_request(
         values, hyperparameter_map=request.Path(request_slot + ".hyperparameters"),
         stopping=request.Path(request_slot + ".stopping"), channels=request.Path(request_slot + ".channels"),
-        job_tags=request.Path(request_slot + ".tags")))
+        job_tags=request.Path(request_slot + ".tags"), resources=request.Path(request_slot + ".resources")))
 
 
 def request_states(kind, settings, first, next_state):
@@ -184,10 +188,16 @@ def request_states(kind, settings, first, next_state):
         states[first + ".EFS"] = request_state("single", raw_s3_uri=None, init_from=None)
     runtime = request.Path(kind.config + ".max_runtime_seconds")
     target = kind.slot + ".request.stopping"
+    resources = "%s.Resources" % kind.state
 
     def stopping_state(spot):
-        return asl.pass_state(next_state, asl.parameters(request.stopping_condition(runtime, spot)),
+        return asl.pass_state(resources, asl.parameters(request.stopping_condition(runtime, spot)),
                               result_path=target)
+
+    def resources_state(**changes):
+        values = dataclasses.replace(job_values(kind, settings, request.Path), **changes)
+        return asl.pass_state(next_state, asl.parameters(request.resource_config(values)),
+                              result_path=kind.slot + ".request.resources")
 
     if kind.spot_path:
         states[stopping] = asl.choice(
@@ -197,6 +207,13 @@ def request_states(kind, settings, first, next_state):
         states[stopping + ".OnDemand"] = stopping_state(False)
     else:
         states[stopping] = stopping_state(False)
+    if kind is TRAIN:  # TrainingPlanArn only when the input names a training plan
+        states[resources] = asl.choice([asl.rule({"Variable": TRAINING_PLAN_PATH, "IsNull": False},
+                                                 resources + ".Plan")], resources + ".OnDemand")
+        states[resources + ".Plan"] = resources_state()
+        states[resources + ".OnDemand"] = resources_state(training_plan_arn=None)
+    else:
+        states[resources] = resources_state()
     return states
 
 

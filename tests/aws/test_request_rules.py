@@ -52,3 +52,15 @@ def test_endpoint_names_follow_the_api_pattern():
     (problem,) = aws_rules.api_constraints("CreateEndpoint", {"EndpointName": "lmstack.run_1",
                                                               "EndpointConfigName": "ok"})
     assert "EndpointName" in problem
+
+
+@pytest.mark.parametrize("resource, field", [
+    ({"KeepAlivePeriodInSeconds": 21601}, "KeepAlivePeriodInSeconds"),
+    ({"TrainingPlanArn": "arn:aws:sagemaker:us-east-1:123456789012:notebook-instance/" + "x" * 10},
+     "TrainingPlanArn"),
+])
+def test_capacity_options_outside_the_api_limits_fail(deployment, executed_request, resource, field):
+    """Issue 27: KeepAlivePeriodInSeconds at most 21600 and TrainingPlanArn's pattern, from botocore's model."""
+    call = _our_request(deployment, executed_request)
+    problems = aws_rules.check_requests(_wrong(call, lambda p: p["ResourceConfig"].update(resource)))
+    assert problems and all(field in problem for problem in problems), problems

@@ -84,7 +84,7 @@ def test_horovod_cannot_run_on_p5_because_its_image_predates_hopper(table):
 
 def test_cuda_versions_are_read_from_the_job_runtimes():
     assert plan.runtime_cuda("tf211") == (11, 2)
-    assert plan.runtime_cuda("tfcurrent") == (12, 5)
+    assert plan.runtime_cuda("tfcurrent") == (12, 9)
 
 
 def test_gpt_125m_fits_on_every_gpu_instance(table):
@@ -235,7 +235,9 @@ def test_estimate_for_the_execution_output():
 
 def test_every_gpu_instance_has_a_price_a_gpu_and_a_network():
     for name, inst in instances.INSTANCES.items():
-        assert prices.on_demand_price(name) > 0
+        # A price that could not be sourced is listed as such, never guessed.
+        assert (name in prices.UNPRICED) != (prices.on_demand_price(name) is not None)
+        assert name in prices.UNPRICED or prices.on_demand_price(name) > 0
         assert instances.NETWORK_GBPS[name] > 0
         if inst.gpus:
             gpu = prices.get_gpu(inst.gpu)
@@ -439,3 +441,27 @@ def test_the_plan_assumes_lm_trains_xla_default():
     assert plan.plan("gpt-125m", "ml.p4d.24xlarge", 2, "smddp")["settings"]["xla"] is job.HYPERPARAMETERS["xla"].default
     assert not _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--strategy", "smddp",
                     "--instance-count", "2", "--no-xla", "--json").returncode
+
+
+def test_botocore_training_instance_types_of_today_are_planned():
+    """Issue 27: the GPU types botocore's TrainingInstanceType lists today reach the planner."""
+    import botocore.session
+    enum = botocore.session.get_session().get_service_model("sagemaker").shape_for("TrainingInstanceType").enum
+    today = ("ml.p5.4xlarge", "ml.p5e.48xlarge", "ml.p5en.48xlarge", "ml.p6-b200.48xlarge",
+             "ml.g6.xlarge", "ml.g6.48xlarge", "ml.g6e.xlarge", "ml.g6e.48xlarge")
+    assert set(instances.INSTANCES) <= set(enum)
+    for name in today:
+        chosen = plan.plan("gpt-125m", name, 1, "auto", global_batch=8, recompute=True)["chosen"]
+        assert chosen["ok"] and chosen["time"]["hours"] > 0, (name, chosen["reason"])
+        assert chosen["time"]["cost_on_demand_usd"] is None  # no sourced price: no cost, not a guess
+    # Horovod's image (CUDA 11.2) cannot drive Blackwell; MWMS on the TF 2.21 image (CUDA 12.9) can.
+    assert "CUDA 12.8" in plan.cannot_run("horovod", "ml.p6-b200.48xlarge", 2)
+    assert plan.cannot_run("mwms", "ml.p6-b200.48xlarge", 2) is None
+    assert plan.cannot_run("smddp", "ml.p5en.48xlarge", 2)  # SMDDP keeps its library's own list
+
+
+def test_training_plan_price_replaces_the_on_demand_price():
+    priced = plan.plan("gpt-125m", "ml.p5.4xlarge", 1, "single", usd_per_instance_hour=10.0)["chosen"]["time"]
+    assert priced["cost_on_demand_usd"] == pytest.approx(priced["hours"] * 10.0)
+    table = plan.format_table(plan.plan("gpt-125m", "ml.p5.4xlarge", 1, "single"))
+    assert "$- on demand" in table

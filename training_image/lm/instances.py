@@ -25,6 +25,28 @@ _ROWS = [
     ("ml.p4d.24xlarge", 8, "A100", 40, 96, 1152, "efa"),
     ("ml.p4de.24xlarge", 8, "A100", 80, 96, 1152, "efa"),
     ("ml.p5.48xlarge", 8, "H100", 80, 192, 2048, "efa"),
+    # Added 2026-12 from botocore's TrainingInstanceType enum; sizes from the EC2 instance type
+    # pages (accelerated computing: G6, G6e, P5/P5e/P5en, P6-B200), as of 2026-12.
+    ("ml.p5.4xlarge", 1, "H100", 80, 16, 256, "efa"),  # one H100: the cheap smoke run
+    ("ml.p5e.48xlarge", 8, "H200", 141, 192, 2048, "efa"),
+    ("ml.p5en.48xlarge", 8, "H200", 141, 192, 2048, "efa"),
+    ("ml.p6-b200.48xlarge", 8, "B200", 179, 192, 2048, "efa"),
+    ("ml.g6.xlarge", 1, "L4", 24, 4, 16, "ethernet"),
+    ("ml.g6.2xlarge", 1, "L4", 24, 8, 32, "ethernet"),
+    ("ml.g6.4xlarge", 1, "L4", 24, 16, 64, "ethernet"),
+    ("ml.g6.8xlarge", 1, "L4", 24, 32, 128, "ethernet"),
+    ("ml.g6.16xlarge", 1, "L4", 24, 64, 256, "ethernet"),
+    ("ml.g6.12xlarge", 4, "L4", 24, 48, 192, "ethernet"),
+    ("ml.g6.24xlarge", 4, "L4", 24, 96, 384, "ethernet"),
+    ("ml.g6.48xlarge", 8, "L4", 24, 192, 768, "ethernet"),
+    ("ml.g6e.xlarge", 1, "L40S", 48, 4, 32, "ethernet"),
+    ("ml.g6e.2xlarge", 1, "L40S", 48, 8, 64, "ethernet"),
+    ("ml.g6e.4xlarge", 1, "L40S", 48, 16, 128, "ethernet"),
+    ("ml.g6e.8xlarge", 1, "L40S", 48, 32, 256, "ethernet"),
+    ("ml.g6e.16xlarge", 1, "L40S", 48, 64, 512, "ethernet"),
+    ("ml.g6e.12xlarge", 4, "L40S", 48, 48, 384, "ethernet"),
+    ("ml.g6e.24xlarge", 4, "L40S", 48, 96, 768, "ethernet"),
+    ("ml.g6e.48xlarge", 8, "L40S", 48, 192, 1536, "ethernet"),
 ]
 
 INSTANCES = collections.OrderedDict((row[0], Instance(*row)) for row in _ROWS)
@@ -50,4 +72,9 @@ NETWORK_GBPS = {
     "ml.g5.xlarge": 10, "ml.g5.2xlarge": 10, "ml.g5.12xlarge": 40, "ml.g5.24xlarge": 50, "ml.g5.48xlarge": 100,
     "ml.p3.2xlarge": 10, "ml.p3.8xlarge": 10, "ml.p3.16xlarge": 25, "ml.p3dn.24xlarge": 100,
     "ml.p4d.24xlarge": 400, "ml.p4de.24xlarge": 400, "ml.p5.48xlarge": 3200,
+    "ml.p5.4xlarge": 100, "ml.p5e.48xlarge": 3200, "ml.p5en.48xlarge": 3200, "ml.p6-b200.48xlarge": 3200,
+    "ml.g6.xlarge": 10, "ml.g6.2xlarge": 10, "ml.g6.4xlarge": 25, "ml.g6.8xlarge": 25, "ml.g6.16xlarge": 25,
+    "ml.g6.12xlarge": 40, "ml.g6.24xlarge": 50, "ml.g6.48xlarge": 100,
+    "ml.g6e.xlarge": 20, "ml.g6e.2xlarge": 20, "ml.g6e.4xlarge": 20, "ml.g6e.8xlarge": 25, "ml.g6e.16xlarge": 35,
+    "ml.g6e.12xlarge": 100, "ml.g6e.24xlarge": 200, "ml.g6e.48xlarge": 400,
 }

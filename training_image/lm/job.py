@@ -21,10 +21,15 @@ DLC_ACCOUNT = "763104351884"
 DLC_REPOSITORY = "tensorflow-training"
 
 # Image variants (facts page: which TF DLC carries which library). Key -> base image tag.
+# tfcurrent: the TF 2.21 training DLC (released 2026-07-10, supported to 2027-07-10; tag from
+# the AWS Deep Learning Containers release announcement): Amazon Linux 2023, CUDA 12.9, Keras 3
+# only (no tf_keras, no Horovod), so the image adds tf_keras (training_image/Dockerfile).
+# tf26 and tf211 are out of DLC support: they are kept only because SMP v1, SMDDP and Horovod
+# for TensorFlow exist nowhere newer (README, "Support matrix": each image's support window).
 RUNTIMES = collections.OrderedDict([
     ("tf26", "2.6.0-gpu-py38-cu112-ubuntu20.04"),
     ("tf211", "2.11.0-gpu-py39-cu112-ubuntu20.04-sagemaker"),
-    ("tfcurrent", "2.19.0-gpu-py312-cu125-ubuntu22.04-sagemaker"),
+    ("tfcurrent", "2.21.0-gpu-py312-cu129-amzn2023-sagemaker"),
 ])
 STRATEGY_RUNTIME = {"smp": "tf26", "smddp": "tf211", "horovod": "tf211", "mwms": "tfcurrent", "single": "tfcurrent"}
 SERVING_RUNTIME = "tfcurrent"

@@ -366,7 +366,7 @@ def allreduce_overlaps_backward(strategy, xla):
 
 
 def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, xla, tokens, mfu,
-            traffic_encryption=False):
+            traffic_encryption=False, usd_per_instance_hour=None):
     gpu = prices.get_gpu(instance.gpu) if instance.gpus else None
     if gpu is None:
         return None
@@ -390,7 +390,10 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
     overlapped = allreduce_overlaps_backward(strategy, xla)
     step_s = max(compute_s, allreduce_s) if overlapped else compute_s + allreduce_s
     hours = tokens / (step_tokens / step_s) / 3600.0
-    on_demand = hours * instance_count * prices.on_demand_price(instance.name)
+    # A training plan's reserved capacity is paid at the plan's price, not on-demand; an instance
+    # type without a sourced price (prices.UNPRICED) gets no cost.
+    price = prices.on_demand_price(instance.name) if usd_per_instance_hour is None else usd_per_instance_hour
+    on_demand = None if price is None else hours * instance_count * price
     return collections.OrderedDict([
         ("mfu", mfu), ("peak_flops_per_gpu", gpu.peak_flops[precision]), ("flops_per_token", flops),
         ("pipeline_efficiency", efficiency), ("tokens_per_second", step_tokens / step_s),
@@ -435,13 +438,14 @@ def picked_batch_warning(requested, picked, unit, with_microbatches):
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
          partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=True,
-         traffic_encryption=False):
+         traffic_encryption=False, usd_per_instance_hour=None):
     """Everything `python -m lm.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
     `global_batch` in sequences (default lm.job's), `tokens` the training budget (default 20 per
     parameter); strategy "auto" picks the cheapest strategy that fits. `xla`: whether lm.train
     compiles the step with XLA (its hyperparameter; it decides when the all-reduce runs). SMP's
     `partitions`, `microbatches` and `pipeline` are searched where not given. `traffic_encryption`:
-    the job's EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce)."""
+    the job's EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce).
+    `usd_per_instance_hour` replaces the on-demand price (a SageMaker training plan's price)."""
     config = resolve_config(model)
     instance = instances.get_instance(instance_type)
     if not isinstance(instance_count, int) or isinstance(instance_count, bool) or instance_count < 1:
@@ -497,7 +501,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         timing = None
         if layout["per_replica_batch"] >= 1:
             timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
-                             xla, tokens, mfu, traffic_encryption)
+                             xla, tokens, mfu, traffic_encryption, usd_per_instance_hour)
         if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
             needed = int(math.ceil(batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
             warnings.append(
@@ -548,6 +552,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             ("gpu", instance.gpu), ("gpu_memory_gib", instance.gpu_memory_gib),
             ("interconnect", instance.interconnect), ("network_gbps", instances.NETWORK_GBPS.get(instance_type)),
             ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
+            ("usd_per_instance_hour", usd_per_instance_hour),
             ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])),
         ("settings", collections.OrderedDict([
             ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
@@ -578,7 +583,9 @@ def learning_rate_plan(config, global_batch, learning_rate, scale_lr):
 def _cheapest(candidates):
     fitting = [c for c in candidates if c["ok"] and c["time"] is not None]
     if fitting:
-        return min(fitting, key=lambda c: (c["time"]["cost_on_demand_usd"], job.STRATEGIES.index(c["strategy"])))
+        # Without a price (prices.UNPRICED) every candidate costs None: rank those by hours.
+        return min(fitting, key=lambda c: (c["time"]["cost_on_demand_usd"] or 0.0, c["time"]["hours"],
+                                           job.STRATEGIES.index(c["strategy"])))
     ok = [c for c in candidates if c["ok"]]
     return ok[0] if ok else None
 
@@ -746,7 +753,7 @@ def format_table(result):
             _gib(m["gradients"] + m["gradient_accumulator"]), _gib(m["optimizer"]), _gib(m["checkpoint_snapshot"]),
             _gib(m["activations"]), _gib(m["activations_recompute"]), _gib(m["peak"]),
             _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
-            "%.0f" % t["cost_on_demand_usd"] if t else "-", "%.0f" % t["cost_spot_usd"] if t else "-"))
+            _usd(t.get("cost_on_demand_usd")), _usd(t.get("cost_spot_usd"))))
     lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; ckpt: a background checkpoint "
                  "save's copy of the state; acts_rc: activations with recomputation)")
     lines.extend(smp_placement_lines(result))
@@ -757,8 +764,8 @@ def format_table(result):
     t = chosen["time"]
     if t:
         cost = t["cost_spot_usd"] if s["spot"] else t["cost_on_demand_usd"]
-        lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%.0f %s" % (
-            t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], cost,
+        lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%s %s" % (
+            t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], _usd(cost),
             "spot" if s["spot"] else "on demand"))
         if t["lost_seconds_per_interruption"] is not None:
             lines.append("  expected lost work per interruption: %.1f minutes (half the checkpoint interval at "
@@ -816,6 +823,11 @@ def chart(model, instance_type, path, strategy="auto", counts=None, **settings):
     return points
 
 
+def _usd(value):
+    """A cost for the table: whole dollars, or "-" without a price (prices.UNPRICED)."""
+    return "-" if value is None else "%.0f" % value
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m lm.plan", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(PRESETS))
@@ -841,6 +853,8 @@ def build_parser():
     parser.add_argument("--traffic-encryption", action="store_true",
                         help="EnableInterContainerTrafficEncryption on (a slower all-reduce between hosts)")
     parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU")
+    parser.add_argument("--usd-per-instance-hour", type=float, default=None,
+                        help="price of a SageMaker training plan's reserved instance-hour (default: on-demand)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
     return parser
@@ -860,7 +874,8 @@ def main(argv=None):
                         tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
                         partitions=args.partitions, microbatches=args.microbatches,
                         learning_rate=args.learning_rate, scale_lr=args.scale_lr,
-                        traffic_encryption=args.traffic_encryption)
+                        traffic_encryption=args.traffic_encryption,
+                        usd_per_instance_hour=args.usd_per_instance_hour)
         result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
         if args.chart:
             chart(model, args.instance_type, args.chart, args.strategy, **settings)

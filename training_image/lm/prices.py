@@ -21,6 +21,15 @@ GPUS = collections.OrderedDict((gpu.name, gpu) for gpu in [
     GPU("A100", "ampere", {"fp32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T}, "bf16", (11, 0)),
     # Hopper (sm_90) code needs CUDA 11.8 or newer (CUDA 11.8 release notes).
     GPU("H100", "hopper", {"fp32": 494.7 * _T, "fp16": 989.4 * _T, "bf16": 989.4 * _T}, "bf16", (11, 8)),
+    # H200 SXM (H200 data sheet, 2024): the H100's tensor cores with 141 GB HBM3e.
+    GPU("H200", "hopper", {"fp32": 494.7 * _T, "fp16": 989.4 * _T, "bf16": 989.4 * _T}, "bf16", (11, 8)),
+    # Ada (sm_89) needs CUDA 11.8 (CUDA 11.8 release notes). L4 (L4 data sheet, 2023) and
+    # L40S (L40S data sheet, 2023): dense figures, half the data sheets' "with sparsity" ones.
+    GPU("L4", "ada", {"fp32": 60 * _T, "fp16": 121 * _T, "bf16": 121 * _T}, "bf16", (11, 8)),
+    GPU("L40S", "ada", {"fp32": 183 * _T, "fp16": 362 * _T, "bf16": 362 * _T}, "bf16", (11, 8)),
+    # B200 (NVIDIA HGX B200 specifications, per GPU, dense): Blackwell (sm_100) code needs
+    # CUDA 12.8 or newer (CUDA 12.8 release notes).
+    GPU("B200", "blackwell", {"fp32": 1100 * _T, "fp16": 2250 * _T, "bf16": 2250 * _T}, "bf16", (12, 8)),
 ])
 # The default precision per GPU is the one `lm.train --precision auto` picks (lm.job's help text).
 
@@ -32,11 +41,17 @@ GPUS = collections.OrderedDict((gpu.name, gpu) for gpu in [
 # - T4, A10G: no published LLM training MFU we know of; assumed equal to V100 (30 %).
 # These are tuned PyTorch/Megatron stacks; a TensorFlow GPT usually gets less, so pass the
 # MFU you measure (`lm.train` logs `mfu=`) with `--mfu`.
-DEFAULT_MFU = {"T4": 0.30, "V100": 0.30, "A10G": 0.30, "A100": 0.50, "H100": 0.35}
+# - H200, B200: assumed equal to H100 (35 %); L4, L40S: assumed equal to V100 (30 %).
+DEFAULT_MFU = {"T4": 0.30, "V100": 0.30, "A10G": 0.30, "A100": 0.50, "H100": 0.35, "H200": 0.35, "B200": 0.35,
+               "L4": 0.30, "L40S": 0.30}
 
 # SageMaker Training on-demand price per instance-hour, region us-east-1, USD, from the
-# Amazon SageMaker pricing page ("Training" tab), as of 2024-06 (not re-checked since:
-# this table was written offline). Check the page before you budget a large run.
+# Amazon SageMaker pricing page ("Training" tab), as of 2024-06. Re-checked 2026-12 for the
+# instance types added then (P5 4xlarge, P5e, P5en, P6-B200, G6, G6e): the pricing page could
+# not be reached from where this table is kept, and no copy of its SageMaker rows was found, so
+# those types carry no price here (UNPRICED): the planner then reports no cost for them unless
+# a training plan's price is given (`lm.plan --usd-per-instance-hour`). Check the page before
+# you budget a large run.
 PRICE_REGION = "us-east-1"
 PRICE_DATE = "2024-06"
 ON_DEMAND_USD_PER_HOUR = {
@@ -63,6 +78,13 @@ ON_DEMAND_USD_PER_HOUR = {
 # interruptions it brings cost no extra time (checkpoints restore on the next instance).
 SPOT_DISCOUNT = 0.70
 
+# Instance types lmstack trains on whose SageMaker price could not be sourced (see above).
+UNPRICED = ("ml.p5.4xlarge", "ml.p5e.48xlarge", "ml.p5en.48xlarge", "ml.p6-b200.48xlarge",
+            "ml.g6.xlarge", "ml.g6.2xlarge", "ml.g6.4xlarge", "ml.g6.8xlarge", "ml.g6.16xlarge",
+            "ml.g6.12xlarge", "ml.g6.24xlarge", "ml.g6.48xlarge",
+            "ml.g6e.xlarge", "ml.g6e.2xlarge", "ml.g6e.4xlarge", "ml.g6e.8xlarge", "ml.g6e.16xlarge",
+            "ml.g6e.12xlarge", "ml.g6e.24xlarge", "ml.g6e.48xlarge")
+
 
 def get_gpu(name):
     try:
@@ -72,6 +94,9 @@ def get_gpu(name):
 
 
 def on_demand_price(instance_type):
+    """USD per instance-hour, or None for an instance type in UNPRICED."""
+    if instance_type in UNPRICED:
+        return None
     try:
         return ON_DEMAND_USD_PER_HOUR[instance_type]
     except KeyError:
@@ -81,7 +106,7 @@ def on_demand_price(instance_type):
 
 def spot_cost(on_demand_usd):
     """What an on-demand cost becomes with managed spot, under the SPOT_DISCOUNT assumption."""
-    return on_demand_usd * (1.0 - SPOT_DISCOUNT)
+    return None if on_demand_usd is None else on_demand_usd * (1.0 - SPOT_DISCOUNT)
 
 
 def auto_precision(gpu=None, capability=None):

@@ -60,6 +60,7 @@ RAW_S3_INPUT_MODE = "FastFile"
 RAW_S3_DISTRIBUTION = "ShardedByS3Key"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO, the SDK's default
 MPI_STRATEGIES = ("horovod", "smp")
+MAX_KEEP_ALIVE_SECONDS = 21600  # ResourceConfig.KeepAlivePeriodInSeconds (SageMaker API reference)
 
 
 # ---- markers ----
@@ -178,6 +179,11 @@ class TrainingJob:
     # execution's name continues its checkpoints (execution input resume_from).
     checkpoints: Any = None
     traffic_encryption: Any = True  # EnableInterContainerTrafficEncryption (the stack's setting)
+    # Capacity options of CreateTrainingJob (SageMaker API reference: InfraCheckConfig, ResourceConfig);
+    # None leaves each out of the request.
+    infra_check: Any = None         # InfraCheckConfig.EnableInfraCheck: hardware and network checks first
+    keep_alive_seconds: Any = None  # ResourceConfig.KeepAlivePeriodInSeconds (0-21600): a warm pool
+    training_plan_arn: Any = None   # ResourceConfig.TrainingPlanArn: reserved capacity of a training plan
 
 
 def artifact_uri(bucket, prefix):
@@ -346,13 +352,26 @@ def tags(training_job):
     return found
 
 
+def resource_config(training_job):
+    """ResourceConfig; the capacity options only when given (SageMaker API reference: ResourceConfig)."""
+    j = training_job
+    resources = collections.OrderedDict([
+        ("InstanceType", j.instance_type), ("InstanceCount", j.instance_count), ("VolumeSizeInGB", VOLUME_SIZE_GB)])
+    if j.keep_alive_seconds is not None:
+        resources["KeepAlivePeriodInSeconds"] = j.keep_alive_seconds
+    if j.training_plan_arn is not None:
+        resources["TrainingPlanArn"] = j.training_plan_arn
+    return resources
+
+
 def create_training_job_request(training_job, *, hyperparameter_map: Optional[Any] = None,
                                 stopping: Optional[Any] = None, channels: Optional[Any] = None,
-                                job_tags: Optional[Any] = None):
-    """The CreateTrainingJob request. `hyperparameter_map`, `stopping`, `channels` and `job_tags`
-    default to `hyperparameters(job)`, `stopping_condition(...)`, `input_channels(job)` and
-    `tags(job)`; the state machine passes markers for them, since it computes them in branches of
-    its own (per strategy, per spot, per raw source, with or without init_from)."""
+                                job_tags: Optional[Any] = None, resources: Optional[Any] = None):
+    """The CreateTrainingJob request. `hyperparameter_map`, `stopping`, `channels`, `job_tags` and
+    `resources` default to `hyperparameters(job)`, `stopping_condition(...)`, `input_channels(job)`,
+    `tags(job)` and `resource_config(job)`; the state machine passes markers for them, since it
+    computes them in branches of its own (per strategy, per spot, per raw source, with or without
+    init_from, with or without a training plan)."""
     j = training_job
     algorithm = collections.OrderedDict([("TrainingImage", j.image), ("TrainingInputMode", "File")])
     if j.kind == "train":
@@ -365,8 +384,9 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     request["HyperParameters"] = hyperparameters(j) if hyperparameter_map is None else hyperparameter_map
     request["InputDataConfig"] = input_channels(j) if channels is None else channels
     request["OutputDataConfig"] = {"S3OutputPath": output_path(j.bucket)}
-    request["ResourceConfig"] = collections.OrderedDict([
-        ("InstanceType", j.instance_type), ("InstanceCount", j.instance_count), ("VolumeSizeInGB", VOLUME_SIZE_GB)])
+    request["ResourceConfig"] = resource_config(j) if resources is None else resources
+    if j.infra_check is not None:
+        request["InfraCheckConfig"] = {"EnableInfraCheck": j.infra_check}
     request["VpcConfig"] = vpc_config(j.security_group_ids, j.subnets)
     request["StoppingCondition"] = stopping_condition(j.max_runtime_seconds, j.spot) if stopping is None else stopping
     if j.kind == "train":
