@@ -91,10 +91,11 @@ class Permissions(Construct):
         stack = Stack.of(self)
         prefix = self._name_prefix
         repositories = list(dict.fromkeys(asset.repository.repository_arn for asset in images.values()))
-        # deploy.container tgi: the Hugging Face LLM DLC, pulled from AWS's account in this region
+        # deploy.container tgi and lmi: the Hugging Face LLM DLC and LMI, pulled from AWS's account in this region
         repositories += [stack.format_arn(service="ecr", account=account, resource="repository",
-                                          resource_name=containers.TGI_REPOSITORY)
-                         for account in sorted(set(containers.TGI_REGISTRIES.values()))]
+                                          resource_name=repository)
+                         for repository, _, registries, _ in containers.IMAGE_TABLES.values()
+                         for account in sorted(set(registries.values()))]
         log_group = stack.format_arn(service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)
         endpoint_log_groups = stack.format_arn(

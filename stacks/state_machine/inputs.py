@@ -76,7 +76,7 @@ def schema(settings):
             Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=instance_types),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
-                  help="lmstack (lm.serve) or tgi (Text Generation Inference on the Hugging Face export)"),
+                  help="lmstack (lm.serve), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"

@@ -1,5 +1,5 @@
 """The execution role's grants for init_from (read the Hugging Face directories under INIT_PREFIX,
-nothing else there) and deploy.container tgi (pull the Hugging Face LLM DLC), on the synthesized
+nothing else there) and deploy.container tgi and lmi (pull the Hugging Face LLM DLC, LMI), on the synthesized
 template (issue 17.3, 17.4)."""
 import json
 
@@ -17,9 +17,10 @@ def test_jobs_may_read_but_not_write_the_init_prefix(default):
     assert INIT_PREFIX + "*" in listing["Condition"]["StringLike"]["s3:prefix"]
 
 
-def test_the_role_may_pull_the_tgi_image(default):
+def test_the_role_may_pull_the_tgi_and_lmi_images(default):
     statements = _statements(default, _role_id(default, "PermissionsExecutionRole"))
     (pull,) = [s for s in statements if "ecr:BatchGetImage" in _as_list(s["Action"])]
     pulled = json.dumps(pull["Resource"])
-    for account in set(containers.TGI_REGISTRIES.values()):
-        assert ":%s:repository/%s" % (account, containers.TGI_REPOSITORY) in pulled
+    for repository in (containers.TGI_REPOSITORY, containers.LMI_REPOSITORY):
+        for account in set(containers.TGI_REGISTRIES.values()):
+            assert ":%s:repository/%s" % (account, repository) in pulled
