@@ -81,6 +81,8 @@ def schema(settings):
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
                    % contract.INIT_PREFIX),
+        Field("mlflow_experiment", str, settings.name_prefix,
+              help="MLflow experiment of the run, with the mlflow_resource_arn setting (letters, digits, - _ . /)"),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
         # The machine cannot run lm.plan (no multiplication in intrinsics, no Lambda): a client

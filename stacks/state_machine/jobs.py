@@ -51,7 +51,8 @@ THROTTLE_RETRY = [{"ErrorEquals": [THROTTLED], "IntervalSeconds": 5, "MaxAttempt
 # take no object literals).
 DESCRIBE_DEFAULTS = {
     "failed_job": {"FailureReason": "no FailureReason given"},
-    "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": []},
+    "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": [],
+                      "MlflowDetails": {"MlflowRunId": None}},
     "failed_endpoint": {"FailureReason": "no FailureReason given"},
 }
 METRIC_DEFAULTS = {"MetricName": "unnamed", "Value": None}
@@ -99,7 +100,9 @@ def job_values(kind, settings, value_at, strategy="single"):
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
         dataset_key=value_at("$.run.dataset_key") if kind is PREPARE else None,
-        init_from=value_at(INIT_FROM_PATH))
+        init_from=value_at(INIT_FROM_PATH),
+        mlflow_arn=settings.mlflow_resource_arn if kind is TRAIN else None,
+        mlflow_experiment=value_at("$.config.mlflow_experiment") if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -289,6 +292,8 @@ def job_states(kind, settings, on_success):
         "model_artifacts.$": "$.scratch.job.ModelArtifacts.S3ModelArtifacts",
         "billable_seconds.$": "$.scratch.job.BillableTimeInSeconds",
         "training_seconds.$": "$.scratch.job.TrainingTimeInSeconds",
+        # The run SageMaker reports for MlflowConfig (DescribeTrainingJob MlflowDetails), null without.
+        "mlflow_run_id.$": "$.scratch.job.MlflowDetails.MlflowRunId",
         "console_url.$": asl.fmt(
             "https://%s.console.aws.amazon.com/sagemaker/home?region=%s#/jobs/{}" % (settings.region, settings.region),
             name_path)}, result_path=slot + ".result")

@@ -53,7 +53,7 @@ import re
 import threading
 import time
 import types
-from typing import Tuple
+from typing import Optional, Tuple
 
 import boto3
 import botocore.session
@@ -99,6 +99,7 @@ class StandInSettings:
     spot: bool = False
     dataset_directory: str = "/datasets/sample"
     raw_data_prefixes: Tuple[str, ...] = ()
+    mlflow_resource_arn: Optional[str] = None
 
 
 COMPLETED_EXTRA = {"BillableTimeInSeconds": 1234, "TrainingTimeInSeconds": 1300,

@@ -161,6 +161,8 @@ class TrainingJob:
     # An S3 prefix holding a Hugging Face GPT-2 directory (or None): training starts from its weights,
     # the prepare job tokenizes with its tokenizer.
     init_from: Any = None
+    mlflow_arn: Any = None          # train: a SageMaker managed MLflow tracking server or app (or None)
+    mlflow_experiment: Any = None   # train: its experiment
 
 
 def artifact_uri(bucket, prefix):
@@ -315,6 +317,18 @@ def tags(training_job):
     return found
 
 
+def mlflow_tracking(arn, experiment, run_name):
+    """MlflowConfig (the run is named after the job) and the Environment `lm.tracking` reads:
+    MLflow's own MLFLOW_TRACKING_URI (the ARN, which the sagemaker-mlflow plugin resolves) and
+    MLFLOW_EXPERIMENT_NAME."""
+    return collections.OrderedDict([
+        ("MlflowConfig", collections.OrderedDict([
+            ("MlflowResourceArn", arn), ("MlflowExperimentName", experiment), ("MlflowRunName", run_name)])),
+        ("Environment", collections.OrderedDict([
+            ("MLFLOW_TRACKING_URI", arn), ("MLFLOW_EXPERIMENT_NAME", experiment)])),
+    ])
+
+
 def create_training_job_request(training_job, *, hyperparameter_map: Optional[Any] = None,
                                 stopping: Optional[Any] = None, channels: Optional[Any] = None,
                                 job_tags: Optional[Any] = None):
@@ -346,6 +360,8 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
         request["TensorBoardOutputConfig"] = collections.OrderedDict([
             ("LocalPath", contract.TENSORBOARD_LOCAL_PATH),
             ("S3OutputPath", text("s3://{}/%s{}" % contract.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
+        if j.mlflow_arn is not None:
+            request.update(mlflow_tracking(j.mlflow_arn, j.mlflow_experiment, j.name))
     request["EnableInterContainerTrafficEncryption"] = True
     # Debugger and Profiler are closed to new accounts (SageMaker developer guide: "Amazon
     # SageMaker Debugger availability change", "Profiler availability change"): off, as the
