@@ -73,7 +73,7 @@ def _runs(uri, experiment, run_name):
     import json
 
     output = subprocess.run([os.path.join(VENV_MLFLOW, "python"), "-c", READ_RUNS, uri, experiment, run_name],
-                            stdout=subprocess.PIPE, check=True, universal_newlines=True, timeout=120).stdout
+                            stdout=subprocess.PIPE, check=True, text=True, timeout=120).stdout
     return json.loads(output)
 
 
@@ -82,7 +82,7 @@ def _train(data_dir, tmp, uri, job_name, **hyperparameters):
                               TRAINING_JOB_NAME=job_name)
     args = [os.path.join(VENV_MLFLOW, "python"), "-m", "lm.train"] + helpers.cli_args(data_dir, tmp, **hyperparameters)
     return subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=300)
+                          text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ experiment = client.get_experiment_by_name("lmstack-test") or client.get_experim
 print(client.create_run(experiment.experiment_id, run_name="job-2").info.run_id)
 """
     opened = subprocess.run([os.path.join(VENV_MLFLOW, "python"), "-c", create, mlflow_server], check=True,
-                            stdout=subprocess.PIPE, universal_newlines=True, timeout=120).stdout.strip()
+                            stdout=subprocess.PIPE, text=True, timeout=120).stdout.strip()
     result = _train(text_dataset, str(tmp_path), mlflow_server, "job-2", max_steps=2)
     assert result.returncode == 0, result.stdout
     (run,) = _runs(mlflow_server, "lmstack-test", "job-2")
