@@ -105,9 +105,9 @@ def test_a_training_run_logs_params_metrics_and_tags_to_mlflow(mlflow_server, te
 
 
 @pytest.mark.slow
-def test_an_open_run_of_the_job_name_is_continued(mlflow_server, text_dataset, tmp_path):
-    """SageMaker opens a run for MlflowConfig (MlflowRunName = the job name); a restarted job finds
-    its own: the training logs into that run rather than a second one."""
+def test_the_run_of_the_job_name_is_continued(mlflow_server, text_dataset, tmp_path):
+    """SageMaker opens a run for MlflowConfig (MlflowRunName = the job name), and a job restarted
+    after a spot interruption keeps its name: the training logs into that run, not a second one."""
     create = """
 import sys
 from mlflow.tracking import MlflowClient
@@ -122,6 +122,13 @@ print(client.create_run(experiment.experiment_id, run_name="job-2").info.run_id)
     (run,) = _runs(mlflow_server, "lmstack-test", "job-2")
     assert run["id"] == opened
     assert [step for step, _ in run["metrics"]["train/loss"]] == [1, 2]
+    # Restarted (the first process ended the run): still the same run.
+    again = _train(text_dataset, str(tmp_path), mlflow_server, "job-2", max_steps=3)
+    assert again.returncode == 0, again.stdout
+    (run,) = _runs(mlflow_server, "lmstack-test", "job-2")
+    assert run["id"] == opened and run["status"] == "FINISHED"
+    assert [step for step, _ in run["metrics"]["train/loss"]] == [1, 2, 3]
+    assert run["params"]["max_steps"] == "2"  # a logged param keeps its first value
 
 
 def test_without_mlflow_tracking_is_off_with_a_log_line(monkeypatch):

@@ -4,9 +4,10 @@ On when MLFLOW_TRACKING_URI is set (MLflow's own variable: an http(s) server, a 
 on SageMaker the ARN of a managed MLflow tracking server or app, which needs the
 `sagemaker-mlflow` plugin). The experiment is MLFLOW_EXPERIMENT_NAME (MLflow's own variable,
 default experiment without it). The run is named after the training job (TRAINING_JOB_NAME,
-which SageMaker sets; the request's MlflowConfig.MlflowRunName is the same name): an active run
-of that name in the experiment is continued (a job restarted from its checkpoint, or a run
-SageMaker opened for MlflowConfig), otherwise one is created.
+which SageMaker sets; the request's MlflowConfig.MlflowRunName is the same name): the latest run
+of that name in the experiment is continued (the run SageMaker opened for MlflowConfig, or the
+job's own run before a spot interruption restarted it from its checkpoint; a retried job has a
+new name), otherwise one is created.
 
 Logged: every hyperparameter as a param, the training scalars (train/loss, train/learning_rate,
 train/grad_norm, train/tokens_per_s, train/mfu, train/loss_scale) and validation/loss as metrics
@@ -41,20 +42,22 @@ def start(hyperparameters, tags, say, environ=None):
     run_id = _active_run(mlflow, experiment, run_name)
     run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name)
     tracker = Tracker(mlflow, run.info.run_id, say)
-    tracker.call(mlflow.log_params, {name: str(value) for name, value in hyperparameters.items()})
+    # A param cannot change once logged (MLflow refuses it): a continued run keeps its first values.
+    logged = run.data.params if run_id else {}
+    tracker.call(mlflow.log_params, {name: str(value) for name, value in hyperparameters.items() if name not in logged})
     tracker.call(mlflow.set_tags, {name: str(value) for name, value in tags.items()})
     say("MLflow run %s (%s) at %s" % (tracker.run_id, run_name, uri))
     return tracker
 
 
 def _active_run(mlflow, experiment, run_name):
-    """The id of the active run called `run_name` in the experiment, or None."""
+    """The id of the latest run called `run_name` in the experiment, or None."""
     if not run_name:
         return None
     experiment_ids = [experiment.experiment_id] if experiment is not None else None
     found = mlflow.search_runs(experiment_ids=experiment_ids, output_format="list", max_results=1,
-                               filter_string="attributes.run_name = '%s' and attributes.status = 'RUNNING'"
-                               % run_name.replace("'", ""))
+                               filter_string="attributes.run_name = '%s'" % run_name.replace("'", ""),
+                               order_by=["attributes.start_time DESC"])
     return found[0].info.run_id if found else None
 
 
