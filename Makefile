@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 # A second environment on current TensorFlow (Keras 2 via tf_keras), for the compatibility smoke test.
 VENV_TF_CURRENT := .venv-tfcurrent
 VENV_HF := .venv-hf
+VENV_MLFLOW := .venv-mlflow
+MLFLOW_VERSION := 2.22.1
 
 # Keep the CDK CLI and jsii offline and quiet.
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -25,7 +27,8 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 
 .PHONY: setup test demo synth lint bench clean
 
-setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed $(VENV_HF)/.installed node_modules/.installed
+setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed $(VENV_HF)/.installed $(VENV_MLFLOW)/.installed \
+	node_modules/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt training_image/requirements.txt training_image/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +56,18 @@ $(VENV_HF)/.installed: $(VENV)/.installed requirements-hf.txt
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
 		"$$($(VENV_HF)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-lmstack-venv.pth"
 	$(VENV_HF)/bin/python -m pip install -q --no-deps -r requirements-hf.txt
+	touch $@
+
+# MLflow (server and client) for tests/training/test_tracking.py: the full package brings pandas,
+# scikit-learn, SQLAlchemy and a server, none of which the project's .venv needs. Installed with
+# .venv's protobuf and numpy pins first; then, as .venv-hf, it reads the rest of .venv (TensorFlow)
+# through a .pth file after its own site-packages, so `lm.train` runs there with mlflow importable.
+$(VENV_MLFLOW)/.installed: $(VENV)/.installed
+	test -x $(VENV_MLFLOW)/bin/python || $(PYTHON) -m venv $(VENV_MLFLOW)
+	$(VENV_MLFLOW)/bin/python -m pip install -q mlflow==$(MLFLOW_VERSION) \
+		"$$($(PY) -m pip freeze | grep -i '^protobuf==')" "$$($(PY) -m pip freeze | grep -i '^numpy==')"
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(VENV_MLFLOW)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-lmstack-venv.pth"
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

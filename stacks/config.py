@@ -55,6 +55,10 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _EFS_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
 _ZONE = re.compile(r"^[a-z]{2}-[a-z]+-\d[a-z]$")
 # s3://bucket/ or s3://bucket/key/prefix/ (S3 bucket naming rules; the key prefix ends with /)
+# MlflowConfig.MlflowResourceArn (SageMaker API reference, AIMlflowConfig / MlflowConfig): a managed
+# MLflow tracking server or MLflow app. Here in the stack's own region (the training jobs reach it
+# through the region's SageMaker API).
+_MLFLOW_ARN = r"^arn:aws[a-z\-]*:sagemaker:%s:[0-9]{12}:mlflow-(app|tracking-server)/[A-Za-z0-9-]+$"
 _S3_PREFIX = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([^*?]+/)?$")
 
 
@@ -94,6 +98,8 @@ class Settings:
     notification_email: Optional[str] = None
     dataset_directory: str = "/datasets"
     raw_data_prefixes: Tuple[str, ...] = ()  # S3 prefixes of raw corpora the jobs may read, besides raw/
+    # SageMaker managed MLflow: training jobs send MlflowConfig and log to it (lm.tracking).
+    mlflow_resource_arn: Optional[str] = None
 
     def __post_init__(self):
         for name in ("runtimes", "existing_subnet_ids", "availability_zones", "raw_data_prefixes",
@@ -279,6 +285,10 @@ def _check(settings):
                          "an absolute EFS path such as /datasets (letters, digits, . _ -; no trailing /)")
     if isinstance(s.dataset_directory, str) and ".." in s.dataset_directory.split("/"):
         yield "%s: must not contain '..', got %r" % (_key("dataset_directory"), s.dataset_directory)
+    if s.mlflow_resource_arn is not None and isinstance(s.region, str):
+        yield _check_pattern("mlflow_resource_arn", s.mlflow_resource_arn, re.compile(_MLFLOW_ARN % re.escape(s.region)),
+                             "the ARN of a SageMaker managed MLflow tracking server or app in region %s "
+                             "(arn:aws:sagemaker:%s:<account>:mlflow-tracking-server/<name>)" % (s.region, s.region))
     for prefix in s.raw_data_prefixes if isinstance(s.raw_data_prefixes, tuple) else ():
         yield _check_pattern("raw_data_prefixes", prefix, _S3_PREFIX,
                              "S3 prefixes such as s3://my-corpora/pile/ (bucket, optional key prefix ending in /)")

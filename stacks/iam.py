@@ -6,7 +6,7 @@ each definition makes and the kind of resource each targets), so the policies an
 definitions cannot drift apart. SageMaker ARNs carry the lower-cased resource name; the name
 prefix is lower case, so `<prefix>-*` matches every job, model and endpoint we create.
 """
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from aws_cdk import ArnFormat, Aws, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -24,6 +24,12 @@ SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
 # SageMaker writes job and endpoint logs to these fixed groups, one stream per host named after the job.
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 ENDPOINT_LOG_GROUP_PREFIX = "/aws/sagemaker/Endpoints/"
+# The MLflow REST calls of lm.tracking (and SageMaker's run for MlflowConfig), as the
+# sagemaker-mlflow actions of the Service Authorization Reference ("Actions, resources, and
+# condition keys for Amazon SageMaker with MLflow") name them, on the tracking server or app only.
+MLFLOW_ACTIONS = ["sagemaker-mlflow:CreateExperiment", "sagemaker-mlflow:GetExperimentByName",
+                  "sagemaker-mlflow:SearchRuns", "sagemaker-mlflow:CreateRun", "sagemaker-mlflow:GetRun",
+                  "sagemaker-mlflow:UpdateRun", "sagemaker-mlflow:LogBatch"]
 NO_RESOURCE_LEVEL = "the action has no resource-level permissions, so IAM only accepts Resource \"*\""
 
 
@@ -33,13 +39,16 @@ class Permissions(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str, bucket: s3.IBucket,
                  file_system: efs.IFileSystem, images: Mapping[str, ecr_assets.DockerImageAsset],
                  subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup,
-                 hosting_security_group: ec2.ISecurityGroup, raw_data_prefixes: Sequence[str] = ()) -> None:
+                 hosting_security_group: ec2.ISecurityGroup, raw_data_prefixes: Sequence[str] = (),
+                 mlflow_resource_arn: Optional[str] = None) -> None:
         super().__init__(scope, construct_id)
         self._name_prefix = name_prefix
         self.execution_role = self._sagemaker_role("ExecutionRole", "lmstack SageMaker training jobs run as this role")
         policy = iam.Policy(self, "ExecutionPolicy", roles=[self.execution_role])
         add_grants(policy, self._execution_grants(bucket, file_system, images, subnets, training_security_group,
                                                   raw_data_prefixes))
+        if mlflow_resource_arn is not None:
+            add_grants(policy, [Grant(MLFLOW_ACTIONS, [mlflow_resource_arn])])
         # An endpoint reads its model and nothing else: no write to checkpoints or outputs, no file system.
         self.endpoint_role = self._sagemaker_role(
             "EndpointRole", "lmstack SageMaker endpoints run as this role: read the model artifact, pull the image")
@@ -99,11 +108,12 @@ class Permissions(Construct):
 
     def _endpoint_grants(self, bucket, images, subnets, security_group):
         stack = Stack.of(self)
-        # deploy.container lmstack: our serving image; tgi: the Hugging Face LLM DLC, from AWS's account in this region
+        # deploy.container lmstack: our serving image; tgi and lmi: the Hugging Face LLM DLC and LMI, from AWS's
+        # account in this region
         repositories = [images[job.SERVING_RUNTIME].repository.repository_arn] + [
-            stack.format_arn(service="ecr", account=account, resource="repository",
-                             resource_name=containers.TGI_REPOSITORY)
-            for account in sorted(set(containers.TGI_REGISTRIES.values()))]
+            stack.format_arn(service="ecr", account=account, resource="repository", resource_name=repository)
+            for repository, _, registries, _ in containers.IMAGE_TABLES.values()
+            for account in sorted(set(registries.values()))]
         log_groups = stack.format_arn(
             service="logs", resource="log-group", resource_name=ENDPOINT_LOG_GROUP_PREFIX + self._name_prefix + "-*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME)

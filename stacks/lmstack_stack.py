@@ -39,7 +39,7 @@ class LmStack(Stack):
             file_system=self.storage.file_system, images=self.images.assets, subnets=self.network.subnets,
             training_security_group=self.network.training_security_group,
             hosting_security_group=self.network.hosting_security_group,
-            raw_data_prefixes=settings.raw_data_prefixes)
+            raw_data_prefixes=settings.raw_data_prefixes, mlflow_resource_arn=settings.mlflow_resource_arn)
         self.orchestration = Orchestration(
             self, "Orchestration", settings=settings, values=self._substitution_values(),
             training_role=self.permissions.training_machine_role, stop_role=self.permissions.stop_machine_role,

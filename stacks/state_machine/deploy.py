@@ -10,7 +10,8 @@
 - Container (`deploy.container`): `lmstack` runs `lm.serve` in our image on the `lm.export`
   files; `tgi` runs Text Generation Inference (`lm.containers`: this region's image) on the
   Hugging Face files `lm.train` wrote next to them (hyperparameters.export_hf), with TGI's
-  Environment for the preset and instance type. Both take the training job's model.tar.gz.
+  Environment for the preset and instance type; `lmi` runs AWS's LMI container (vLLM) on the
+  same files with LMI's Environment. All take the training job's model.tar.gz.
 - Role and network: the model runs as the endpoint role (reads the model artifact, pulls its
   image, writes its logs; nothing else) in the hosting security group (no NFS to the file system).
 - Wait: DescribeEndpoint every POLL_SECONDS, at most MAX_POLLS times, until InService with
@@ -86,7 +87,8 @@ def states(settings, first, next_state):
         "endpoint.$": asl.fmt("%s-{}" % settings.name_prefix, "$.config.deploy.endpoint_name"),
         "polls": 0}, result_path=names)
     result[d + ".Container"] = asl.choice([asl.rule(
-        {"Variable": "$.config.deploy.container", "StringEquals": containers.TGI}, d + ".Tgi")], d + ".Model")
+        {"Variable": "$.config.deploy.container", "StringEquals": container}, "%s.%s" % (d, container.title()))
+        for container in containers.SERVED_FAMILIES], d + ".Model")
 
     def create_model(name, image, environment):
         result[name] = asl.task(asl.sdk("sagemaker", "createModel"), {
@@ -100,8 +102,11 @@ def states(settings, first, next_state):
 
     create_model(d + ".Model", "${%s}" % image_placeholder(job.SERVING_RUNTIME),
                  {"Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}})
-    result.update(_tgi_environment_states(d + ".Tgi", d + ".TgiModel"))
-    create_model(d + ".TgiModel", containers.tgi_image(settings.region), {"Environment.$": "$.deploy_serving"})
+    for container in containers.SERVED_FAMILIES:
+        first = "%s.%s" % (d, container.title())
+        result.update(_environment_states(container, first, first + "Model"))
+        create_model(first + "Model", containers.image(container, settings.region),
+                     {"Environment.$": "$.deploy_serving"})
     result[d + ".Config"] = asl.task(asl.sdk("sagemaker", "createEndpointConfig"), {
         "EndpointConfigName.$": names + ".config",
         "ProductionVariants": [{
@@ -191,16 +196,16 @@ def idle_alarm(endpoint_path):
         "AlarmActions": ["${TopicArn}"]}
 
 
-def _tgi_environment_states(first, next_state):
-    """`$.deploy_serving` = TGI's Environment for this preset and deploy.instance_type, one Pass
-    state per distinct environment (`lm.containers.tgi_environment`). Pairs TGI cannot serve were
+def _environment_states(container, first, next_state):
+    """`$.deploy_serving` = `container`'s Environment for this preset and deploy.instance_type, one
+    Pass state per distinct environment (`lm.containers.environment`). Pairs it cannot serve were
     refused by the Validate stage (`lm.rules.serving_rules`)."""
     groups = collections.OrderedDict()  # environment items -> {preset: [instance types]}
     for preset, config in ALL_PRESETS.items():
         for instance_type in HOSTING_INSTANCE_TYPES:
-            shards, _ = containers.tgi_shards(config, instance_type)
+            shards, _ = containers.gpu_shards(container, config, instance_type)
             if shards is not None:
-                environment = tuple(containers.tgi_environment(config, shards).items())
+                environment = tuple(containers.environment(container, config, shards).items())
                 groups.setdefault(environment, collections.OrderedDict()).setdefault(preset, []).append(instance_type)
     states_ = collections.OrderedDict()
     choices = []
@@ -213,7 +218,7 @@ def _tgi_environment_states(first, next_state):
                                         result_path="$.deploy_serving")
     states_[first] = asl.choice(choices, first + ".None")
     states_[first + ".None"] = asl.fail(rules.INVALID, asl.fmt(
-        "deploy.container tgi cannot serve preset {} on deploy.instance_type {}", "$.config.preset",
+        "deploy.container %s cannot serve preset {} on deploy.instance_type {}" % container, "$.config.preset",
         "$.config.deploy.instance_type"))
     states_.move_to_end(first, last=False)
     return states_

@@ -88,7 +88,7 @@ def schema(settings):
             Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=HOSTING_INSTANCE_TYPES),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
-                  help="lmstack (lm.serve) or tgi (Text Generation Inference on the Hugging Face export)"),
+                  help="lmstack (lm.serve), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
@@ -96,6 +96,8 @@ def schema(settings):
         Field("resume_from", str, None, nullable=True,
               help="continue the checkpoints of an earlier execution of this stack: the name its failure "
                    "output gives (s3://<artifact bucket>/%s<name>/)" % contract.CHECKPOINT_PREFIX),
+        Field("mlflow_experiment", str, settings.name_prefix,
+              help="MLflow experiment of the run, with the mlflow_resource_arn setting (letters, digits, - _ . /)"),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
         # The machine cannot run lm.plan (no multiplication in intrinsics, no Lambda): a client

@@ -51,7 +51,8 @@ THROTTLE_RETRY = [{"ErrorEquals": [THROTTLED], "IntervalSeconds": 5, "MaxAttempt
 # take no object literals).
 DESCRIBE_DEFAULTS = {
     "failed_job": {"FailureReason": "no FailureReason given"},
-    "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": []},
+    "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": [],
+                      "MlflowDetails": {"MlflowRunId": None}},
     "failed_endpoint": {"FailureReason": "no FailureReason given"},
 }
 METRIC_DEFAULTS = {"MetricName": "unnamed", "Value": None}
@@ -110,7 +111,9 @@ def job_values(kind, settings, value_at, strategy="single"):
         init_from=value_at(INIT_FROM_PATH), checkpoints=value_at(CHECKPOINTS_PATH) if kind is TRAIN else None,
         infra_check=value_at("$.config.infra_check") if kind is TRAIN else None,
         keep_alive_seconds=value_at("$.config.keep_alive_seconds") if kind is TRAIN else None,
-        training_plan_arn=value_at(TRAINING_PLAN_PATH) if kind is TRAIN else None)
+        training_plan_arn=value_at(TRAINING_PLAN_PATH) if kind is TRAIN else None,
+        mlflow_arn=settings.mlflow_resource_arn if kind is TRAIN else None,
+        mlflow_experiment=value_at("$.config.mlflow_experiment") if kind is TRAIN else None)
 
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
@@ -318,6 +321,8 @@ def job_states(kind, settings, on_success):
         "model_artifacts.$": "$.scratch.job.ModelArtifacts.S3ModelArtifacts",
         "billable_seconds.$": "$.scratch.job.BillableTimeInSeconds",
         "training_seconds.$": "$.scratch.job.TrainingTimeInSeconds",
+        # The run SageMaker reports for MlflowConfig (DescribeTrainingJob MlflowDetails), null without.
+        "mlflow_run_id.$": "$.scratch.job.MlflowDetails.MlflowRunId",
         "console_url.$": asl.fmt(
             "https://%s.console.aws.amazon.com/sagemaker/home?region=%s#/jobs/{}" % (settings.region, settings.region),
             name_path)}, result_path=slot + ".result")

@@ -297,6 +297,7 @@ def _outputs_state():
         ("training_seconds.$", train + ".result.training_seconds"),
         ("console_url.$", train + ".result.console_url"),
         ("attempts.$", train + ".attempt"),
+        ("mlflow_run_id.$", train + ".result.mlflow_run_id"),
         ("final_metrics.$", train + ".metrics"),
         ("prepare.$", "$.prepare_result"),
         ("deploy.$", "$.deploy_result"),

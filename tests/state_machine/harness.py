@@ -56,7 +56,7 @@ import re
 import threading
 import time
 import types
-from typing import Tuple
+from typing import Optional, Tuple
 
 import boto3
 import botocore.session
@@ -103,6 +103,7 @@ class StandInSettings:
     inter_container_traffic_encryption: bool = True
     dataset_directory: str = "/datasets/sample"
     raw_data_prefixes: Tuple[str, ...] = ()
+    mlflow_resource_arn: Optional[str] = None
 
     @property
     def subnet_count(self):

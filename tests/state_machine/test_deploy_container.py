@@ -1,11 +1,12 @@
-"""deploy.container: TGI on the Hugging Face export, executed on moto (issue 17.4).
+"""deploy.container: TGI (issue 17.4) and LMI (issue 27.5) on the Hugging Face export, executed on moto.
 
 Every SageMaker request is checked by botocore's validator against the service model and by the
 strict request rules (`invalid_sagemaker_requests`). TGI's own container is not run here (no GPU,
 no image pull); what is checked is the request SageMaker would get: the image of this region from
 `lm.containers`' table, the model data of the training job, and the Environment that the TGI
 SageMaker entrypoint reads (HF_MODEL_ID, SM_NUM_GPUS) and its launcher's limits and dtype
-(MAX_INPUT_LENGTH, MAX_TOTAL_TOKENS, DTYPE).
+(MAX_INPUT_LENGTH, MAX_TOTAL_TOKENS, DTYPE). LMI likewise: its image and the OPTION_* Environment
+(model directory, vLLM engine, tensor-parallel degree, max_model_len, dtype) of `lm.containers`.
 """
 import collections
 import json
@@ -60,13 +61,40 @@ def test_the_default_container_is_still_lmstack(deployment):
     assert invalid_sagemaker_requests(run) == []
 
 
-def test_tgi_images_cover_every_deployable_region():
+@pytest.mark.slow
+def test_lmi_serves_the_hugging_face_export_with_vllm(deployment):
+    run = deployment.run(dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="lmi")), name="lmi-1")
+    assert run.status == "SUCCEEDED", _failure(run)
+    (_, _, model), = run.calls("createModel")
+    container = model["PrimaryContainer"]
+    assert container["Image"] == "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:0.38.0-lmi29.0.0-cu130"
+    assert container["ModelDataUrl"] == run.output["model_artifacts"]
+    assert container["Environment"] == {
+        "OPTION_MODEL_ID": "/opt/ml/model", "OPTION_ROLLING_BATCH": "vllm", "OPTION_TENSOR_PARALLEL_DEGREE": "1",
+        "OPTION_MAX_MODEL_LEN": "128", "OPTION_DTYPE": "fp16"}
+    assert run.output["deploy"]["status"] == "InService"
+    assert invalid_sagemaker_requests(run) == []
+
+
+@pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
+def test_images_cover_every_deployable_region(container):
     from stacks.config import REGIONS
 
     for region in REGIONS:
-        assert containers.tgi_image(region).startswith("763104351884.dkr.ecr.%s.amazonaws.com/" % region)
-    with pytest.raises(ValueError, match="no TGI image for region 'xx-east-9'"):
-        containers.tgi_image("xx-east-9")
+        assert containers.image(container, region).startswith("763104351884.dkr.ecr.%s.amazonaws.com/" % region)
+    with pytest.raises(ValueError, match="no %s image for region 'xx-east-9'" % container.upper()):
+        containers.image(container, "xx-east-9")
+
+
+def test_the_lmi_table_is_the_sagemaker_sdks():
+    """Every LMI tag and registry is what the SageMaker Python SDK (in .venv) resolves."""
+    pytest.importorskip("sagemaker")
+    from sagemaker import image_uris
+
+    for region in containers.LMI_REGISTRIES:
+        for version in containers.LMI_TAGS:
+            assert containers.image(containers.LMI, region, version) == image_uris.retrieve(
+                "djl-lmi", region=region, version=version)
 
 
 def test_shards_follow_the_gpu_memory():
@@ -74,22 +102,23 @@ def test_shards_follow_the_gpu_memory():
     2048 tokens, 2 GiB overhead per GPU. A T4 (16 GiB, 14.4 usable): on 2 GPUs 14.8 GiB each is too
     much, on 4 it is 8.4 GiB. An A100 80 GB holds it on one."""
     config = get_preset("gpt-13b")
-    assert containers.tgi_shards(config, "ml.g4dn.12xlarge") == (4, None)
-    assert containers.tgi_shards(config, "ml.p4de.24xlarge") == (1, None)
-    shards, reason = containers.tgi_shards(config, "ml.p3.2xlarge")
+    assert containers.gpu_shards(containers.TGI, config, "ml.g4dn.12xlarge") == (4, None)
+    assert containers.gpu_shards(containers.TGI, config, "ml.p4de.24xlarge") == (1, None)
+    shards, reason = containers.gpu_shards(containers.TGI, config, "ml.p3.2xlarge")
     assert shards is None and "on 1 GPUs" in reason
-    assert containers.tgi_shards(config, "ml.m5.xlarge") == (None, "TGI needs a GPU instance; ml.m5.xlarge has none")
+    assert containers.gpu_shards(containers.TGI, config, "ml.m5.xlarge") == (None, "TGI needs a GPU instance; ml.m5.xlarge has none")
     # The shard count divides n_head (tensor parallelism splits the heads): 40 heads on 8 V100s -> 4.
-    assert containers.tgi_shards(config, "ml.p3.16xlarge") == (4, None)
+    assert containers.gpu_shards(containers.TGI, config, "ml.p3.16xlarge") == (4, None)
 
 
-def test_the_environment_states_choose_what_lm_containers_computes(engine):
-    """The per-preset, per-instance-type Choice of the deploy stage, run on moto alone, for every
-    pair TGI can serve: its Environment is `lm.containers.tgi_environment` with the computed shards."""
+@pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
+def test_the_environment_states_choose_what_lm_containers_computes(engine, container):
+    """The per-preset, per-instance-type Choice of the deploy stage, run on moto alone, for pairs
+    the container can serve: its Environment is `lm.containers.environment` with the computed shards."""
     sfn = boto3.client("stepfunctions", region_name=REGION)
-    states = collections.OrderedDict(deploy._tgi_environment_states("Tgi", "Done"))
+    states = collections.OrderedDict(deploy._environment_states(container, "Tgi", "Done"))
     states["Done"] = {"Type": "Pass", "End": True}
-    machine = sfn.create_state_machine(name="tgi-env", roleArn=ROLE, definition=json.dumps(
+    machine = sfn.create_state_machine(name="%s-env" % container, roleArn=ROLE, definition=json.dumps(
         {"StartAt": "Tgi", "States": states}))["stateMachineArn"]
     cases = [("gpt-13b", "ml.g4dn.12xlarge"), ("gpt-13b", "ml.g5.12xlarge"), ("gpt-6.7b", "ml.p3.8xlarge"),
              ("gpt-125m", "ml.g5.xlarge"), ("tiny", "ml.p5.48xlarge")]
@@ -98,9 +127,9 @@ def test_the_environment_states_choose_what_lm_containers_computes(engine):
             {"config": {"preset": preset, "deploy": {"instance_type": instance_type}}}))["executionArn"]
         description = _finished(sfn, arn)
         assert description["status"] == "SUCCEEDED", description
-        shards, _ = containers.tgi_shards(get_preset(preset), instance_type)
+        shards, _ = containers.gpu_shards(container, get_preset(preset), instance_type)
         assert json.loads(description["output"])["deploy_serving"] == dict(
-            containers.tgi_environment(get_preset(preset), shards)), (preset, instance_type)
+            containers.environment(container, get_preset(preset), shards)), (preset, instance_type)
     arn = sfn.start_execution(stateMachineArn=machine, name="env-none", input=json.dumps(
         {"config": {"preset": "gpt-13b", "deploy": {"instance_type": "ml.p3.2xlarge"}}}))["executionArn"]
     assert _finished(sfn, arn)["status"] == "FAILED"
@@ -123,7 +152,11 @@ REJECTED = [
     (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, instance_type="ml.m5.xlarge")),
      "deploy.container tgi: TGI needs a GPU instance; ml.m5.xlarge has none; choose another deploy.instance_type"),
     (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="vllm")),
-     "deploy.container must be one of lmstack, tgi, got \"vllm\""),
+     "deploy.container must be one of lmstack, tgi, lmi, got \"vllm\""),
+    (dict(TINY_TGI, hyperparameters={"max_steps": 10}, deploy=dict(TGI_DEPLOY, container="lmi")),
+     "deploy.container lmi serves the Hugging Face export: set hyperparameters.export_hf to true"),
+    (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="lmi", instance_type="ml.m5.xlarge")),
+     "deploy.container lmi: LMI needs a GPU instance; ml.m5.xlarge has none; choose another deploy.instance_type"),
 ]
 
 
@@ -140,14 +173,16 @@ def test_the_validate_stage_refuses_what_tgi_cannot_serve(deployment, execution_
     assert message.replace('"', "'") in str(raised.value)  # Python's repr quotes where the ASL writes JSON
 
 
-def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint():
+@pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
+def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint(container):
     """The plan gate would reject gpt-13b on the default training instance first, so the rule is
     shown on the rule table itself (what the Validate stage and lmstack.start both read)."""
     table = rules.cross_field_rules()
     config = {"preset": "gpt-13b", "hyperparameters": {"export_hf": True, "model": "gpt"},
-              "deploy": {"enabled": True, "container": "tgi", "instance_type": "ml.p3.2xlarge"}}
+              "deploy": {"enabled": True, "container": container, "instance_type": "ml.p3.2xlarge"}}
     message = rules.broken(table, config)
-    assert message.startswith("deploy.container tgi cannot serve preset 'gpt-13b' on deploy.instance_type ml.p3.2xlarge")
+    assert message.startswith(
+        "deploy.container %s cannot serve preset 'gpt-13b' on deploy.instance_type ml.p3.2xlarge" % container)
     assert "gpt-6.7b" in message  # the other preset that does not fit one V100
     assert rules.broken(table, dict(config, deploy=dict(config["deploy"], instance_type="ml.g5.12xlarge"))) is None
     assert rules.broken(table, dict(config, deploy=dict(config["deploy"], container="lmstack"))) is None

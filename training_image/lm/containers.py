@@ -12,12 +12,31 @@ tokens, prompt + generated tokens per request) and DTYPE (TGI docs, "Text-genera
 arguments": each option's `[env: ...]`). Tensor parallelism splits the attention heads, so the
 shard count divides n_head.
 
-Image table: TGI_IMAGES, taken on TGI_IMAGES_TAKEN from the SageMaker Python SDK's
+Image table: TGI_TAGS and TGI_REGISTRIES, taken on TGI_IMAGES_TAKEN from the SageMaker Python SDK's
 `src/sagemaker/image_uri_config/huggingface-llm.json` (versions 3.0.1, added by commit
 6593c69 "add new images for HF TGI (#5005)"; 2.0.2 from the file itself) and checked against
 the Hugging Face hub-docs page "Text Generation Inference (TGI) Images" (docs/sagemaker/tgi.md,
 `2.4.0-tgi3.0.1-gpu-py311-cu124-ubuntu22.04`). The SDK builds the URI as
 `<registry>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag_prefix>-gpu-<py>-<container_version>`.
+
+- `lmi`: AWS's Large Model Inference container (repository `djl-inference`, DJL Serving with
+  vLLM as the engine), TGI's successor on SageMaker, on the same Hugging Face export. Its
+  environment (LMI docs, djl-serving `serving/docs/lmi/deployment_guide/configurations.md` and
+  `user_guides/vllm_user_guide.md`): every `option.<name>` of serving.properties may be given as
+  `OPTION_<NAME>`; OPTION_MODEL_ID the model (here SageMaker's model directory),
+  OPTION_ROLLING_BATCH `vllm` the engine, OPTION_TENSOR_PARALLEL_DEGREE the GPUs one model copy
+  is split over (a number: LMI starts as many copies as the instance's GPUs allow),
+  OPTION_DTYPE `fp16`, and vLLM's engine arguments pass through the same way
+  (OPTION_MAX_MODEL_LEN: vLLM's max_model_len, prompt + generated tokens). vLLM reserves
+  gpu_memory_utilization (0.9 by default) of each GPU and fails at start-up if one
+  max_model_len sequence does not fit: the same estimate as TGI's (`memory_per_gpu_gib`).
+
+Image table: LMI_TAGS, taken on LMI_IMAGES_TAKEN from the SageMaker Python SDK 2.257.7's
+`sagemaker/image_uri_config/djl-lmi.json` (scope inference, `latest` alias 0.38.0; registries
+763104351884 in our regions), URI `<registry>.dkr.ecr.<region>.amazonaws.com/djl-inference:<tag_prefix>`
+as `sagemaker.image_uris.retrieve("djl-lmi", region, version)` returns it.
+
+Which model families each of them can serve: SERVED_FAMILIES (until the families declare it).
 
 Pure Python 3.8, no TensorFlow: read at synth time by the state machine and `lm.rules`.
 """
@@ -27,7 +46,12 @@ from lm.instances import INSTANCES
 
 LMSTACK = "lmstack"
 TGI = "tgi"
-CONTAINERS = (LMSTACK, TGI)
+LMI = "lmi"
+CONTAINERS = (LMSTACK, TGI, LMI)
+# The containers that serve the Hugging Face export, and the model families whose export each
+# can load: the GPT-2 layout (family gpt). A Llama layout is served by both once a family
+# exports it.
+SERVED_FAMILIES = collections.OrderedDict([(TGI, ("gpt",)), (LMI, ("gpt",))])
 DEFAULT_CONTAINER = LMSTACK
 
 TGI_REPOSITORY = "huggingface-pytorch-tgi-inference"
@@ -43,9 +67,21 @@ TGI_REGISTRIES = collections.OrderedDict([
     ("eu-west-1", "763104351884"), ("ap-northeast-1", "763104351884"),
 ])
 TGI_VERSION = "3.0.1"
-TGI_IMAGES = collections.OrderedDict(
-    ((region, version), "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (account, region, TGI_REPOSITORY, tag))
-    for region, account in TGI_REGISTRIES.items() for version, tag in TGI_TAGS.items())
+
+LMI_REPOSITORY = "djl-inference"
+LMI_IMAGES_TAKEN = "2026-12-05"
+LMI_TAGS = collections.OrderedDict([
+    ("0.38.0", "0.38.0-lmi29.0.0-cu130"),
+    ("0.36.0", "0.36.0-lmi27.0.0-cu130"),
+])
+LMI_REGISTRIES = TGI_REGISTRIES  # the same account, 763104351884, in each of our regions
+LMI_VERSION = "0.38.0"
+
+# container -> (repository, version -> tag, region -> account, default version)
+IMAGE_TABLES = collections.OrderedDict([
+    (TGI, (TGI_REPOSITORY, TGI_TAGS, TGI_REGISTRIES, TGI_VERSION)),
+    (LMI, (LMI_REPOSITORY, LMI_TAGS, LMI_REGISTRIES, LMI_VERSION)),
+])
 
 # The container's own file system path of the model data (SageMaker extracts model.tar.gz there).
 MODEL_PATH = "/opt/ml/model"
@@ -59,12 +95,14 @@ OVERHEAD_GIB = 2.0
 USABLE_FRACTION = 0.9
 
 
-def tgi_image(region, version=TGI_VERSION):
-    try:
-        return TGI_IMAGES[(region, version)]
-    except KeyError:
-        raise ValueError("no TGI image for region %r version %r; the table has regions %s, versions %s" % (
-            region, version, ", ".join(TGI_REGISTRIES), ", ".join(TGI_TAGS)))
+def image(container, region, version=None):
+    """The image URI of `container` (tgi or lmi) in `region`, at `version` (default: the newest)."""
+    repository, tags, registries, default_version = IMAGE_TABLES[container]
+    version = default_version if version is None else version
+    if region not in registries or version not in tags:
+        raise ValueError("no %s image for region %r version %r; the table has regions %s, versions %s" % (
+            container.upper(), region, version, ", ".join(registries), ", ".join(tags)))
+    return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (registries[region], region, repository, tags[version])
 
 
 def token_limits(config):
@@ -87,14 +125,15 @@ def memory_per_gpu_gib(config, shards):
     return (weights + kv_cache) / shards / 2 ** 30 + OVERHEAD_GIB
 
 
-def tgi_shards(config, instance_type):
-    """(SM_NUM_GPUS, None), or (None, why TGI cannot serve `config` on `instance_type`): the
-    fewest GPUs (a divisor of n_head) whose memory holds the model."""
+def gpu_shards(container, config, instance_type):
+    """(tensor-parallel GPUs, None), or (None, why `container` (tgi or lmi) cannot serve `config`
+    on `instance_type`): the fewest GPUs (a divisor of n_head) whose memory holds the model."""
     instance = INSTANCES[instance_type]
-    if config.family != "gpt":
-        return None, "TGI serves the GPT-2 export; family %s has none" % config.family
+    if config.family not in SERVED_FAMILIES[container]:
+        return None, "%s serves the Hugging Face export of family %s; family %s has none" % (
+            container.upper(), " or ".join(SERVED_FAMILIES[container]), config.family)
     if not instance.gpus:
-        return None, "TGI needs a GPU instance; %s has none" % instance_type
+        return None, "%s needs a GPU instance; %s has none" % (container.upper(), instance_type)
     usable = instance.gpu_memory_gib * USABLE_FRACTION
     for shards in range(1, instance.gpus + 1):
         if config.n_head % shards == 0 and memory_per_gpu_gib(config, shards) <= usable:
@@ -114,3 +153,25 @@ def tgi_environment(config, shards):
         ("MAX_TOTAL_TOKENS", str(max_total)),
         ("DTYPE", TGI_DTYPE),
     ])
+
+
+LMI_DTYPE = "fp16"  # LMI's name for TGI_DTYPE
+
+
+def lmi_environment(config, shards):
+    """The Environment of the LMI model: vLLM on the export, one sequence of the whole context."""
+    _, max_total = token_limits(config)
+    return collections.OrderedDict([
+        ("OPTION_MODEL_ID", MODEL_PATH),
+        ("OPTION_ROLLING_BATCH", "vllm"),
+        ("OPTION_TENSOR_PARALLEL_DEGREE", str(shards)),
+        ("OPTION_MAX_MODEL_LEN", str(max_total)),
+        ("OPTION_DTYPE", LMI_DTYPE),
+    ])
+
+
+ENVIRONMENTS = {TGI: tgi_environment, LMI: lmi_environment}
+
+
+def environment(container, config, shards):
+    return ENVIRONMENTS[container](config, shards)

@@ -184,6 +184,8 @@ class TrainingJob:
     infra_check: Any = None         # InfraCheckConfig.EnableInfraCheck: hardware and network checks first
     keep_alive_seconds: Any = None  # ResourceConfig.KeepAlivePeriodInSeconds (0-21600): a warm pool
     training_plan_arn: Any = None   # ResourceConfig.TrainingPlanArn: reserved capacity of a training plan
+    mlflow_arn: Any = None          # train: a SageMaker managed MLflow tracking server or app (or None)
+    mlflow_experiment: Any = None   # train: its experiment
 
 
 def artifact_uri(bucket, prefix):
@@ -364,6 +366,18 @@ def resource_config(training_job):
     return resources
 
 
+def mlflow_tracking(arn, experiment, run_name):
+    """MlflowConfig (the run is named after the job) and the Environment `lm.tracking` reads:
+    MLflow's own MLFLOW_TRACKING_URI (the ARN, which the sagemaker-mlflow plugin resolves) and
+    MLFLOW_EXPERIMENT_NAME."""
+    return collections.OrderedDict([
+        ("MlflowConfig", collections.OrderedDict([
+            ("MlflowResourceArn", arn), ("MlflowExperimentName", experiment), ("MlflowRunName", run_name)])),
+        ("Environment", collections.OrderedDict([
+            ("MLFLOW_TRACKING_URI", arn), ("MLFLOW_EXPERIMENT_NAME", experiment)])),
+    ])
+
+
 def create_training_job_request(training_job, *, hyperparameter_map: Optional[Any] = None,
                                 stopping: Optional[Any] = None, channels: Optional[Any] = None,
                                 job_tags: Optional[Any] = None, resources: Optional[Any] = None):
@@ -397,6 +411,8 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
         request["TensorBoardOutputConfig"] = collections.OrderedDict([
             ("LocalPath", contract.TENSORBOARD_LOCAL_PATH),
             ("S3OutputPath", text("s3://{}/%s{}" % contract.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
+        if j.mlflow_arn is not None:
+            request.update(mlflow_tracking(j.mlflow_arn, j.mlflow_experiment, j.name))
     request["RetryStrategy"] = {"MaximumRetryAttempts": INTERNAL_ERROR_RETRIES}
     request["EnableInterContainerTrafficEncryption"] = j.traffic_encryption
     # Debugger and Profiler are closed to new accounts (SageMaker developer guide: "Amazon

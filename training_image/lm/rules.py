@@ -292,40 +292,45 @@ def export_hf_family_rule():
 
 @functools.lru_cache(maxsize=None)
 def serving_rules():
-    """`deploy.container` tgi: it serves the Hugging Face export (which needs model gpt) on an
-    instance whose GPUs hold the model (`lm.containers.tgi_shards`, grouped by instance type).
+    """`deploy.container` tgi and lmi: they serve the Hugging Face export (which needs model gpt)
+    on an instance whose GPUs hold the model (`lm.containers.gpu_shards`, grouped by instance type).
 
     A tuple, built once: it depends only on the preset, instance and container tables, and
     `lm.plan.feasibility_table` asks for the cross-field rules thousands of times."""
     from lm import containers
+
+    found = [export_hf_family_rule()]
+    for container in containers.SERVED_FAMILIES:
+        found.extend(_container_fit_rules(container))
+    return tuple(found)
+
+
+def _container_fit_rules(container):
+    from lm import containers
     from lm.config import ALL_PRESETS
     from lm.instances import HOSTING_INSTANCE_TYPES
 
-    tgi = (Is("deploy.enabled", True), Is("deploy.container", containers.TGI))
-    found = [
-        export_hf_family_rule(),
-        rule("deploy.container.tgi.export_hf", All(tgi + (Is("hyperparameters.export_hf", False),)),
-             "deploy.container tgi serves the Hugging Face export: set hyperparameters.export_hf to true"),
-    ]
+    chosen = (Is("deploy.enabled", True), Is("deploy.container", container))
+    found = [rule("deploy.container.%s.export_hf" % container, All(chosen + (Is("hyperparameters.export_hf", False),)),
+                  "deploy.container %s serves the Hugging Face export: set hyperparameters.export_hf to true" % container)]
+    exported = [preset for preset, config in ALL_PRESETS.items() if config.family == "gpt"]  # export_hf.family
     cannot = collections.OrderedDict()  # instance type -> [(preset, reason)]
-    for preset, config in ALL_PRESETS.items():
-        if config.family != "gpt":
-            continue  # export_hf.family rejects it first
+    for preset in exported:
         for instance_type in HOSTING_INSTANCE_TYPES:
-            shards, reason = containers.tgi_shards(config, instance_type)
+            shards, reason = containers.gpu_shards(container, ALL_PRESETS[preset], instance_type)
             if shards is None:
                 cannot.setdefault(instance_type, []).append((preset, reason))
     for instance_type, rows in cannot.items():
         presets = [preset for preset, _ in rows]
-        if len(presets) == len([c for c in ALL_PRESETS.values() if c.family == "gpt"]):
-            message = "deploy.container tgi: %s; choose another deploy.instance_type" % rows[0][1]
+        if len(presets) == len(exported):
+            message = "deploy.container %s: %s; choose another deploy.instance_type" % (container, rows[0][1])
         else:
-            message = "deploy.container tgi cannot serve preset {value} on deploy.instance_type %s (%s); " \
-                      "choose a larger deploy.instance_type or preset" % (instance_type, "; ".join(
+            message = "deploy.container %s cannot serve preset {value} on deploy.instance_type %s (%s); " \
+                      "choose a larger deploy.instance_type or preset" % (container, instance_type, "; ".join(
                           "%s %s" % row for row in rows))
-        found.append(rule("deploy.container.tgi.%s" % instance_type, All(tgi + (
+        found.append(rule("deploy.container.%s.%s" % (container, instance_type), All(chosen + (
             Is("deploy.instance_type", instance_type), OneOf("preset", presets))), message, subject="preset"))
-    return tuple(found)
+    return found
 
 
 def cross_field_rules(runtimes=None):

@@ -40,10 +40,12 @@ def scalar_metadata(tf):
 
 
 class Summaries:
-    """Scalars to `directory` when this process writes them (`enabled`: rank 0), else nothing."""
+    """Scalars to `directory` when this process writes them (`enabled`: rank 0), else nothing; and
+    to `tracker` (`lm.tracking.Tracker`, rank 0's MLflow run) when there is one."""
 
-    def __init__(self, directory, enabled):
+    def __init__(self, directory, enabled, tracker=None):
         self._writer = None
+        self._tracker = tracker
         if directory and enabled:
             from lm.compat import tf
 
@@ -53,6 +55,8 @@ class Summaries:
             self._metadata = scalar_metadata(tf)
 
     def _write(self, step, prefix, values):
+        if self._tracker is not None:
+            self._tracker.metrics(step, prefix, values)
         if self._writer is None:
             return
         with self._writer.as_default():
@@ -73,6 +77,8 @@ class Summaries:
         self._write(step, "validation", {"loss": loss})
 
     def close(self):
+        if self._tracker is not None:
+            self._tracker.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from lm import checkpoint, contract, data, gpu_usage, job, prices, shards, summaries
+from lm import checkpoint, contract, data, gpu_usage, job, prices, shards, summaries, tracking
 from lm.config import flops_per_token, get_preset, parameter_count, peak_learning_rate
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
@@ -329,7 +329,8 @@ class Training:
         self.checkpoints = strategy.checkpoints(paths.checkpoint_dir)
         self.fingerprint = shards.fingerprint(manifest)
         self.clock = checkpoint.SaveClock(hp.checkpoint_minutes * 60.0)
-        self.tensorboard = summaries.Summaries(paths.tensorboard_dir, self.chief)
+        self.tensorboard = summaries.Summaries(paths.tensorboard_dir, self.chief, tracker=tracking.start(
+            hp.as_dict(), {"dataset_fingerprint": self.fingerprint, "preset": hp.preset}, self.say) if self.chief else None)
         self.step = self.restore()
         self.saved_step = self.step if self.step else None
 
