@@ -147,13 +147,6 @@ def check_strategy_options(hp):
     if hp.model != "gpt":
         raise UsageError("hyperparameters.model %s is not supported with strategy smp; allowed: gpt (lm.distributed.smp "
                          "partitions the GPT's blocks)" % hp.model)
-    if hp.recompute:
-        # SMP ranks other than the tracing one import a serialized graph, in which the custom
-        # gradient tf.recompute_grad registers in the tracing process does not exist:
-        # "LookupError: No gradient defined for operation ..." (tests/smdist/test_smp_recompute.py).
-        raise UsageError("hyperparameters.recompute must be false with strategy smp (its ranks import a graph "
-                         "traced in another process, where tf.recompute_grad's gradient does not exist); allowed: "
-                         "false")
 
 
 def failure_file():
