@@ -14,7 +14,7 @@ import pytest
 
 from cdk_synth import ROOT
 from stacks.config import Settings
-from test_synth import VARIANTS
+from test_synth import VARIANT_ACCOUNTS, VARIANTS
 
 VALIDATOR = ROOT / "node_modules" / ".bin" / "asl-validator"
 ACCOUNT = "123456789012"
@@ -31,7 +31,9 @@ def stand_in(name, region):
         "ExecutionRoleArn": "arn:aws:iam::%s:role/lmstack-PermissionsExecutionRole-0A1B2C3D4E5F" % ACCOUNT,
         "ArtifactBucket": "lmstack-storageartifacts-0a1b2c3d4e5f",
         "FileSystemId": "fs-0123456789abcdef0",
+        "EndpointRoleArn": "arn:aws:iam::%s:role/lmstack-PermissionsEndpointRole-0A1B2C3D4E5F" % ACCOUNT,
         "SecurityGroupId": "sg-0123456789abcdef0",
+        "HostingSecurityGroupId": "sg-0fedcba9876543210",
         "TopicArn": "arn:aws:sns:%s:%s:lmstack-NotificationsTopic-0A1B2C3D4E5F" % (region, ACCOUNT),
     }
     if name in shapes:
@@ -76,7 +78,7 @@ def validator_findings(definitions, directory):
 
 @pytest.mark.parametrize("variant", sorted(DEFINITION_VARIANTS))
 def test_every_synthesized_definition_passes_asl_validator(synth_app, variant, tmp_path):
-    definitions = deployed_definitions(synth_app(DEFINITION_VARIANTS[variant]))
+    definitions = deployed_definitions(synth_app(DEFINITION_VARIANTS[variant], **VARIANT_ACCOUNTS.get(variant, {})))
     assert len(definitions) == 2  # the training machine and the stop machine
     assert validator_findings(definitions, tmp_path) == []
 

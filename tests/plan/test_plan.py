@@ -397,7 +397,8 @@ def test_the_seeds_run_gets_an_honest_rejection_naming_what_fits():
     assert "fits at seq_len 1024 with partitions=4, microbatches=24, pipeline=interleaved" in verdict.reason
     shorter = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024)
     assert shorter.ok and shorter.plan["chosen"]["mp_parameters"] == {
-        "partitions": 4, "microbatches": 24, "pipeline": "interleaved", "horovod": True}
+        "partitions": 4, "microbatches": 24, "pipeline": "interleaved", "horovod": True, "auto_partition": False,
+        "default_partition": 0}
     given = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024, partitions=2,
                        microbatches=12)
     assert not given.ok and "fits with partitions=4, microbatches=24, pipeline=interleaved" in given.reason

@@ -83,7 +83,9 @@ def test_the_fake_refuses_recompute_grad_on_the_ranks_that_import_the_graph(fake
 
 def test_lm_train_refuses_recompute_with_smp_before_any_job():
     from lm.train import UsageError, parse_args
-    with pytest.raises(UsageError, match="hyperparameters.recompute must be false with strategy smp"):
+    # The rule table's strategy.smp.recompute, run by validate_hyperparameters (ValueError, as every
+    # hyperparameter check; lm.train's main reports it before any work).
+    with pytest.raises(ValueError, match="hyperparameters.recompute must be false with strategy smp"):
         parse_args(["--strategy", "smp", "--recompute", "true", "--data-dir", "x"])
     with pytest.raises(UsageError, match="hyperparameters.model rnn is not supported with strategy smp"):
         parse_args(["--strategy", "smp", "--model", "rnn", "--preset", "rnn-tiny", "--data-dir", "x"])

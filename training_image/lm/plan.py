@@ -522,6 +522,10 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             if layout["data_parallel"] > 1:
                 # SMP v1 for TensorFlow averages gradients across model replicas with Horovod only.
                 result["mp_parameters"]["horovod"] = True
+            if layout["partitions"] > 1:
+                # The placement counted above is made with smp.partition, which the library keeps only
+                # under manual partitioning (lm.distributed.smp.placement_problem).
+                result["mp_parameters"].update(auto_partition=False, default_partition=0)
         result["memory_gib"] = collections.OrderedDict(
             (key, value / GIB) for key, value in layout["memory"].items() if key != "params")
         result["params_per_gpu"] = layout["memory"]["params"]
