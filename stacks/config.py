@@ -35,7 +35,10 @@ REGION_ZONE_COUNTS = {"us-east-1": 6, "us-east-2": 3, "us-west-2": 4, "eu-west-1
 ACCOUNTLESS_ZONES = 2
 
 # Interface endpoints a new VPC may get (the setting interface_endpoints; their callers: stacks/network.py).
-INTERFACE_ENDPOINT_SERVICES = ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.runtime", "sts")
+INTERFACE_ENDPOINT_SERVICES = ("ecr.api", "ecr.dkr", "logs", "sagemaker.api", "sagemaker.experiments",
+                               "sagemaker.runtime", "sts")
+# What a job that logs to SageMaker managed MLflow (mlflow_resource_arn) reaches from a new VPC without NAT.
+MLFLOW_ENDPOINT_SERVICE = "sagemaker.experiments"
 EFS_THROUGHPUT_MODES = ("elastic", "bursting")
 # The values CloudWatch Logs accepts for a log group's retention.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -345,6 +348,13 @@ def _check_interface_endpoints(s):
         yield "%s: listed twice: %r" % (_key("interface_endpoints"), s.interface_endpoints)
     if s.interface_endpoints and s.existing_vpc_id is not None:
         yield "%s: only for a new VPC; an imported VPC keeps its own endpoints" % _key("interface_endpoints")
+    # The isolated subnets reach no AWS API but through an endpoint (or NAT): lm.tracking's MLflow
+    # client would fail every call and the run would have no experiment record.
+    if (s.mlflow_resource_arn is not None and s.existing_vpc_id is None and not s.nat_gateways
+            and MLFLOW_ENDPOINT_SERVICE not in s.interface_endpoints):
+        yield "%s: with %s set, the jobs reach MLflow only through the interface endpoint %r (or NAT: %s); " \
+              "add it, got %r" % (_key("interface_endpoints"), _key("mlflow_resource_arn"), MLFLOW_ENDPOINT_SERVICE,
+                                 _key("nat_gateways"), s.interface_endpoints)
 
 
 def _check_file_system(s):

@@ -21,9 +21,12 @@ INTERFACE_ENDPOINTS = {
     "ecr.dkr": ("EcrDocker", ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER),
     # A client that writes its own log streams (watchtower, the CloudWatch agent).
     "logs": ("Logs", ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS),
-    # The SageMaker SDK or boto3's sagemaker client in a job (an MLflow client on a SageMaker tracking
-    # server calls the SageMaker API too; see its own endpoint service, aws.sagemaker.<region>.experiments).
+    # The SageMaker SDK or boto3's sagemaker client in a job.
     "sagemaker.api": ("SageMakerApi", ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API),
+    # lm.tracking's MLflow client on a SageMaker managed MLflow server (setting mlflow_resource_arn):
+    # the service aws.sagemaker.<region>.experiments ("Connecting to an MLflow tracking server through
+    # an Interface VPC Endpoint", SageMaker Developer Guide).
+    "sagemaker.experiments": ("SageMakerMlflow", ec2.InterfaceVpcEndpointAwsService("experiments", "aws.sagemaker")),
     # A job that invokes an endpoint (an evaluation step against a deployed model).
     "sagemaker.runtime": ("SageMakerRuntime", ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_RUNTIME),
     # Code that assumes another role (sts:AssumeRole); the job's own credentials come without STS.

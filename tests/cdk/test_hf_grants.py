@@ -6,7 +6,7 @@ import json
 from test_stack import _as_list, _role_id, _statements
 
 from lm import containers
-from stacks.config import Settings
+from stacks.config import MLFLOW_ENDPOINT_SERVICE, Settings
 from stacks.iam import MLFLOW_ACTIONS
 from lm.contract import INIT_PREFIX
 
@@ -32,10 +32,12 @@ def test_the_endpoint_role_may_pull_the_tgi_and_lmi_images_and_the_jobs_may_not(
 
 def test_the_role_may_log_to_the_mlflow_server_and_no_other(synth_app, default):
     arn = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/lm-experiments"
-    synthesized = synth_app(Settings(mlflow_resource_arn=arn))
+    synthesized = synth_app(Settings(mlflow_resource_arn=arn, interface_endpoints=(MLFLOW_ENDPOINT_SERVICE,)))
     statements = _statements(synthesized, _role_id(synthesized, "PermissionsExecutionRole"))
     (mlflow,) = [s for s in statements if any(a.startswith("sagemaker-mlflow:") for a in _as_list(s["Action"]))]
     assert sorted(_as_list(mlflow["Action"])) == sorted(MLFLOW_ACTIONS)
     assert _as_list(mlflow["Resource"]) == [arn]
+    endpoints = [json.dumps(e["Properties"]["ServiceName"]) for e in synthesized.resources("AWS::EC2::VPCEndpoint").values()]
+    assert [name for name in endpoints if "aws.sagemaker." in name and ".experiments" in name], endpoints
     unset = _statements(default, _role_id(default, "PermissionsExecutionRole"))
     assert not [s for s in unset if "sagemaker-mlflow" in json.dumps(s["Action"])]

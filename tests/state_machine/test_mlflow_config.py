@@ -7,7 +7,7 @@ import pytest
 from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 from state_machine.test_request import assert_equal_key_by_key, concrete_request
 
-from stacks.config import Settings, SettingsError
+from stacks.config import MLFLOW_ENDPOINT_SERVICE, Settings, SettingsError
 from stacks.state_machine import jobs
 
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/lm-experiments"
@@ -39,10 +39,19 @@ def test_without_the_setting_no_mlflow_config_is_sent(deployment):
 
 
 def test_the_setting_takes_a_managed_mlflow_arn_of_the_stack_region():
-    assert Settings(mlflow_resource_arn=ARN).mlflow_resource_arn == ARN
-    Settings(mlflow_resource_arn="arn:aws:sagemaker:us-east-1:123456789012:mlflow-app/app-abc123")
+    reachable = dict(interface_endpoints=(MLFLOW_ENDPOINT_SERVICE,))
+    assert Settings(mlflow_resource_arn=ARN, **reachable).mlflow_resource_arn == ARN
+    Settings(mlflow_resource_arn="arn:aws:sagemaker:us-east-1:123456789012:mlflow-app/app-abc123", **reachable)
     for wrong in ("arn:aws:sagemaker:eu-west-1:123456789012:mlflow-tracking-server/lm",
                   "arn:aws:sagemaker:us-east-1:123456789012:model/lm", "lm-experiments"):
         with pytest.raises(SettingsError, match="lmstack.mlflow_resource_arn: must be the ARN of a SageMaker "
                                                 "managed MLflow tracking server or app in region us-east-1"):
-            Settings(mlflow_resource_arn=wrong)
+            Settings(mlflow_resource_arn=wrong, **reachable)
+
+
+def test_a_new_vpc_without_nat_needs_the_mlflow_endpoint_naming_both_settings():
+    with pytest.raises(SettingsError, match="lmstack.interface_endpoints: with lmstack.mlflow_resource_arn set, the "
+                                            "jobs reach MLflow only through the interface endpoint "
+                                            "'sagemaker.experiments'"):
+        Settings(mlflow_resource_arn=ARN)
+    Settings(mlflow_resource_arn=ARN, nat_gateways=1)  # or through NAT
