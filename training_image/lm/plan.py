@@ -435,6 +435,21 @@ def picked_batch_warning(requested, picked, unit, with_microbatches):
                 requested, unit, " x microbatches" if with_microbatches else "", picked, picked))
 
 
+def _smp_parameters(layout):
+    """The mp_parameters that run an SMP layout as it was counted."""
+    parameters = collections.OrderedDict([
+        ("partitions", layout["partitions"]), ("microbatches", layout["microbatches"]),
+        ("pipeline", layout["pipeline"])])
+    if layout["data_parallel"] > 1:
+        # SMP v1 for TensorFlow averages gradients across model replicas with Horovod only.
+        parameters["horovod"] = True
+    if layout["partitions"] > 1:
+        # The placement counted is made with smp.partition, which the library keeps only under
+        # manual partitioning (lm.distributed.smp.placement_problem).
+        parameters.update(auto_partition=False, default_partition=0)
+    return parameters
+
+
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
          partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=True,
@@ -516,16 +531,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         result.update((key, layout[key]) for key in ("gpus_used", "data_parallel", "per_replica_batch",
                                                      "micro_batch", "fits"))
         if name == "smp":
-            result["mp_parameters"] = collections.OrderedDict([
-                ("partitions", layout["partitions"]), ("microbatches", layout["microbatches"]),
-                ("pipeline", layout["pipeline"])])
-            if layout["data_parallel"] > 1:
-                # SMP v1 for TensorFlow averages gradients across model replicas with Horovod only.
-                result["mp_parameters"]["horovod"] = True
-            if layout["partitions"] > 1:
-                # The placement counted above is made with smp.partition, which the library keeps only
-                # under manual partitioning (lm.distributed.smp.placement_problem).
-                result["mp_parameters"].update(auto_partition=False, default_partition=0)
+            result["mp_parameters"] = _smp_parameters(layout)
         result["memory_gib"] = collections.OrderedDict(
             (key, value / GIB) for key, value in layout["memory"].items() if key != "params")
         result["params_per_gpu"] = layout["memory"]["params"]
