@@ -61,7 +61,7 @@ $(VENV_HF)/.installed: $(VENV)/.installed requirements-hf.txt
 # MLflow (server and client) for tests/training/test_tracking.py: the full package brings pandas,
 # scikit-learn, SQLAlchemy and a server, none of which the project's .venv needs. Installed with
 # .venv's protobuf and numpy pins first; then, as .venv-hf, it reads the rest of .venv (TensorFlow)
-# through a .pth file after its own site-packages, so `lm.train` runs there with mlflow importable.
+# through a .pth file after its own site-packages, so `lm.training.train` runs there with mlflow importable.
 $(VENV_MLFLOW)/.installed: $(VENV)/.installed
 	test -x $(VENV_MLFLOW)/bin/python || $(PYTHON) -m venv $(VENV_MLFLOW)
 	$(VENV_MLFLOW)/bin/python -m pip install -q mlflow==$(MLFLOW_VERSION) \

@@ -1,4 +1,4 @@
-"""How long a checkpoint save stalls training: lm.checkpoint's paced writer against the unpaced one.
+"""How long a checkpoint save stalls training: lm.training.checkpoint's paced writer against the unpaced one.
 
     python bench/checkpoint.py [--layers 4] [--d-model 512] [--heads 8] [--seq-len 128] [--batch 4]
                                [--vocab 8192] [--saves 5] [--alone 3] [--noise-steps 12]
@@ -9,10 +9,10 @@ mode in turn, `--saves` rounds, the order rotated every round (a busy machine sl
 
 - `none`: no checkpoint. Its "stall" is the estimator below applied to `--noise-steps` steps
   without any write: the noise floor of this machine;
-- `sync`: `lm.checkpoint.Checkpointer(background=False)`: the write on the training thread;
-- `unpaced`: the reference, lm.checkpoint's background writer as it was before pacing
+- `sync`: `lm.training.checkpoint.Checkpointer(background=False)`: the write on the training thread;
+- `unpaced`: the reference, lm.training.checkpoint's background writer as it was before pacing
   (`writer_share=1`: lowest priority, full speed);
-- `paced`: lm.checkpoint's default: the writer sleeps so that it takes at most 2 % of one core
+- `paced`: lm.training.checkpoint's default: the writer sleeps so that it takes at most 2 % of one core
   while no core is idle.
 
 An episode: `--alone` steps without a write, one save (its call timed), then steps until the
@@ -20,7 +20,7 @@ write is on disk. The stall of a save is its call plus, for each step that ran w
 was in flight, its time beyond the median of the round's steps without a write (what the writer
 takes from training: CPU cores, memory bandwidth). Reported per save (seconds, and as a share of
 one step), per step while a write runs (the share of each step the write takes), and over one
-`--interval-minutes` time-based checkpoint interval (lm.train's `checkpoint_minutes`). Also the
+`--interval-minutes` time-based checkpoint interval (lm.training.train's `checkpoint_minutes`). Also the
 CPU time of the writer thread per save and the training's own extra CPU time per save (copies on
 write, cache misses), measured with thread CPU clocks, which the machine's other load disturbs
 less than wall times. The spread of the steps without a write (10th to 90th percentile) and the
@@ -42,13 +42,13 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
 from publish import publish  # noqa: E402
 
-from lm import checkpoint  # noqa: E402
+from lm.training import checkpoint
 from lm.compat import TF_VERSION, tf  # noqa: E402
-from lm.config import GPTConfig, parameter_count  # noqa: E402
+from lm.spec.families import GPTConfig, parameter_count
 from lm.distributed import get_strategy  # noqa: E402
-from lm.model import build_model  # noqa: E402
-from lm.optim import AdamW, learning_rate_at  # noqa: E402
-from lm.train import token_loss  # noqa: E402
+from lm.models.gpt import build_model
+from lm.training.optim import AdamW, learning_rate_at
+from lm.training.train import token_loss
 
 TARGET_FRACTION_OF_STEP = 0.02
 MODES = ("none", "sync", "unpaced", "paced")

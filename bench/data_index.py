@@ -1,4 +1,4 @@
-"""The data index at the Pile's size: start-up time and peak memory of `lm.data` on 10^8 records.
+"""The data index at the Pile's size: start-up time and peak memory of `lm.data.dataset` on 10^8 records.
 
     python bench/data_index.py [--records 100000000] [--seq-len 2048] [--baseline-records 10000000]
 
@@ -6,8 +6,8 @@ Writes a dataset whose shards are sparse files of the right size (no token is ev
 index is built from the manifest's counts) and measures, each in a fresh process (peak RSS from
 the child's rusage, wall time around it):
 
-- `dry_run`: `python -m lm.train --dry-run` on it (Horovod, 8 x ml.p4d.24xlarge: 64 data-parallel
-  ranks, the train and val streams opened as `lm.train` opens them);
+- `dry_run`: `python -m lm.training.train --dry-run` on it (Horovod, 8 x ml.p4d.24xlarge: 64 data-parallel
+  ranks, the train and val streams opened as `lm.training.train` opens them);
 - `import_only`: the same process importing what the dry run imports, without the dataset
   (the floor both figures stand on);
 - `epoch_starts`: one TokenStream of a single rank (the whole global batch: the old index's worst
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
 from publish import publish  # noqa: E402
 
-from lm import shards  # noqa: E402
+from lm.spec import shards
 
 EPOCH_STARTS = """
 import sys, time
@@ -109,13 +109,13 @@ def main(argv=None):
         started = time.perf_counter()
         manifest = sparse_dataset(big, args.records, args.seq_len)
         written = time.perf_counter() - started
-        dry = [python, "-m", "lm.train", "--dry-run", "--strategy", "horovod", "--preset", "gpt-125m",
+        dry = [python, "-m", "lm.training.train", "--dry-run", "--strategy", "horovod", "--preset", "gpt-125m",
                "--global_batch_size", "512", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "8"]
         for name, command in (("import_only", dry), ("dry_run", dry + ["--data-dir", big])):
             wall, rss, out = measured(command, env)
             results[name] = {"wall_s": wall, "peak_rss_mib": rss, "records": args.records if name == "dry_run" else 0,
                              "output": out.strip()}
-        wall, rss, _ = epoch_starts(python, os.path.join(ROOT, "training_image"), "lm.data", NEW_FIRST_CHUNK, big, env)
+        wall, rss, _ = epoch_starts(python, os.path.join(ROOT, "training_image"), "lm.data.dataset", NEW_FIRST_CHUNK, big, env)
         results["epoch_starts"] = {"wall_s": wall, "peak_rss_mib": rss, "records": args.records}
         if args.baseline_records:
             small = os.path.join(work, "baseline")
@@ -130,7 +130,7 @@ def main(argv=None):
             wall, rss, _ = epoch_starts(python, old, "whole_epoch_data", OLD_FIRST_CHUNK, small, env)
             results["baseline_epoch_starts"] = {"wall_s": wall, "peak_rss_mib": rss, "records": args.baseline_records,
                                                 "revision": args.baseline_rev}
-            wall, rss, _ = epoch_starts(python, os.path.join(ROOT, "training_image"), "lm.data", NEW_FIRST_CHUNK, small, env)
+            wall, rss, _ = epoch_starts(python, os.path.join(ROOT, "training_image"), "lm.data.dataset", NEW_FIRST_CHUNK, small, env)
             results["epoch_starts_at_baseline_size"] = {"wall_s": wall, "peak_rss_mib": rss,
                                                         "records": args.baseline_records}
     finally:

@@ -3,7 +3,7 @@
     python bench/generate.py [--lengths 64 256 1024] [--batch 1] [--prompt 16]
 
 For `tiny` and a small GPT (4 layers, d_model 256), both with a context of 1024 + 64 tokens
-so 1024 new tokens fit, `lm.generate.generate_tokens` produces N new tokens greedily (no stop
+so 1024 new tokens fit, `lm.serving.generate.generate_tokens` produces N new tokens greedily (no stop
 token, so every run makes exactly N) from the same prompt, once with the cache and once
 recomputing the whole sequence per token (the reference). Each path is traced and warmed up
 first. Reports new tokens per second per path and the factor cache / recomputation at each
@@ -24,9 +24,9 @@ from publish import publish  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lm.compat import TF_VERSION, keras, tf  # noqa: E402
-from lm.config import GPTConfig, get_preset, parameter_count  # noqa: E402
-from lm.generate import generate_tokens  # noqa: E402
-from lm.model import build_model  # noqa: E402
+from lm.spec.families import GPTConfig, get_preset, parameter_count
+from lm.serving.generate import generate_tokens
+from lm.models.gpt import build_model
 
 CONTEXT = 1024 + 64
 CONFIGS = {

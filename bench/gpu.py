@@ -14,7 +14,7 @@ of memory (or reaches `--max-batch`), then one bisection step tries the midpoint
 last batch that fit and the first that did not. Every tried batch is reported; the largest
 that fit is timed (`--repeats` x `--steps` steps after `--warmup`, the median repeat).
 
-MFU = tokens/s x (6 N + 12 L d T) / peak (`lm.config.flops_per_token`), the peak being the
+MFU = tokens/s x (6 N + 12 L d T) / peak (`lm.spec.families.flops_per_token`), the peak being the
 chip's dense (no structured sparsity) tensor FLOP/s at that precision, looked up from the GPU's
 name in PEAK_TFLOPS, or `--peak-tflops`. On a CPU, or an unknown GPU without `--peak-tflops`,
 MFU is not computed. Prints a table and JSON; writes bench/results/gpu.json. The goal is
@@ -111,11 +111,11 @@ def search_batch(fits, max_batch, fixed=0):
 def measure(preset, xla, args):
     """JSON-ready results of one (preset, xla) configuration, timed in this process."""
     from lm.compat import TF_VERSION, keras, tf
-    from lm.config import flops_per_token, get_preset, parameter_count
+    from lm.spec.families import flops_per_token, get_preset, parameter_count
     from lm.distributed import get_strategy
-    from lm.model import build_model
-    from lm.optim import AdamW, DynamicLossScale, learning_rate_at
-    from lm.train import token_loss
+    from lm.models.gpt import build_model
+    from lm.training.optim import AdamW, DynamicLossScale, learning_rate_at
+    from lm.training.train import token_loss
     from train_step import time_train_step
 
     gpus = tf.config.list_physical_devices("GPU")

@@ -5,15 +5,15 @@
         [--train-xla off on] [--repeats 3]
 
 Run with .venv-hf's interpreter (transformers 4.46.3; `make setup` builds it). Our model gets
-random weights, is written by `lm.export --format hf` and loaded by TFGPT2LMHeadModel.
+random weights, is written by `lm.hf --format hf` and loaded by TFGPT2LMHeadModel.
 
-- generation: new tokens/s of `lm.generate.generate_tokens` (greedy, key/value cache) and of
+- generation: new tokens/s of `lm.serving.generate.generate_tokens` (greedy, key/value cache) and of
   `model.generate(do_sample=False, use_cache=True)`, both without an end token (all
   `--new-tokens` are generated), per batch size (`--batch-sizes` with no value: none); the
   ratio ours / theirs (goal >= 1.0);
-- training: tokens/s of the same train step (`lm.distributed` single strategy: lm.optim.AdamW,
+- training: tokens/s of the same train step (`lm.distributed` single strategy: lm.training.optim.AdamW,
   clipping at 1.0, token_loss) on our GPT and on TFGPT2LMHeadModel (its logits), without and
-  with XLA (`jit_compile` of the forward and backward pass; `lm.train`'s default is on); the
+  with XLA (`jit_compile` of the forward and backward pass; `lm.training.train`'s default is on); the
   ratio in each mode (goal >= 1.3). Timed in the same rounds: a float32 [tokens, d] @ [d, 4d]
   matmul (bench/train_step.py's), the rate this CPU reaches; each side's model FLOP/s (6N +
   12 L d T + 6 d V per token) as a share of it, and the ceiling: the ratio a step at that rate
@@ -37,16 +37,16 @@ import numpy as np  # noqa: E402
 
 from publish import publish  # noqa: E402
 
-from lm import export as lm_export  # noqa: E402
+from lm.serving import export as lm_export
 from lm import hf  # noqa: E402
 from lm.compat import tf  # noqa: E402
-from lm.config import get_preset  # noqa: E402
+from lm.spec.families import get_preset
 from lm.distributed import get_strategy  # noqa: E402
-from lm.generate import generate_tokens  # noqa: E402
-from lm.model import build_model  # noqa: E402
-from lm.optim import AdamW  # noqa: E402
-from lm.tokenizer import save, train_bpe  # noqa: E402
-from lm.train import token_loss  # noqa: E402
+from lm.serving.generate import generate_tokens
+from lm.models.gpt import build_model
+from lm.training.optim import AdamW
+from lm.data.tokenizer import save, train_bpe
+from lm.training.train import token_loss
 from train_step import make_matmul, time_matmul  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def compare(work, ours_seconds, theirs_seconds):
 
 
 def useful_flops_per_token(config, seq_len):
-    """Training FLOPs of a token on either model: 6N + 12 L d T (lm.config) plus the tied output
+    """Training FLOPs of a token on either model: 6N + 12 L d T (lm.spec.families) plus the tied output
     projection over the real vocabulary (6 d V), which at gpt-125m is a third of the work."""
     return config.flops_per_token(seq_len) + 6 * config.d_model * config.vocab_size
 

@@ -1,18 +1,18 @@
-"""Tokens per second `lm.data` delivers from shards on one CPU core, against two references.
+"""Tokens per second `lm.data.dataset` delivers from shards on one CPU core, against two references.
 
     python bench/input_pipeline.py [--seq-len 2048] [--batch 8] [--mib 512] [--dp-size 1]
 
 Writes a synthetic dataset (random uint16 tokens, `--mib` MiB in 64 MiB shards) to a temporary
 directory, pins this process to one core, and reads it three ways in one run:
 
-- `lm.data`: `TokenStream.dataset` for one epoch (shuffled blocks, this rank's slices),
+- `lm.data.dataset`: `TokenStream.dataset` for one epoch (shuffled blocks, this rank's slices),
   the int32 (inputs, labels) batches the train step receives;
 - `fixed_length_records`: `tf.data.FixedLengthRecordDataset` over the shards in file order,
   batched and decoded the same way (sequential: no shuffling, no rank slicing);
 - `numpy_sequential`: `np.fromfile` of every shard (the page cache's ceiling).
 
 The shards are read once before timing, so all three read from the page cache. Target:
-`lm.data` >= 20 M tokens/s. Prints a table and JSON; writes bench/results/input_pipeline.json.
+`lm.data.dataset` >= 20 M tokens/s. Prints a table and JSON; writes bench/results/input_pipeline.json.
 """
 import argparse
 import os
@@ -27,9 +27,9 @@ from publish import publish  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from lm import shards  # noqa: E402
+from lm.spec import shards
 from lm.compat import tf  # noqa: E402
-from lm.data import TokenStream  # noqa: E402
+from lm.data.dataset import TokenStream
 
 SHARD_MIB = 64
 TARGET_TOKENS_PER_S = 20e6
@@ -101,7 +101,7 @@ def main(argv=None):
         stream = TokenStream(directory, "train", global_batch_size=args.batch * args.dp_size,
                              dp_size=args.dp_size, seed=1)
         results = {}
-        for name, batches in (("lm.data", lambda: stream.dataset(0)),
+        for name, batches in (("lm.data.dataset", lambda: stream.dataset(0)),
                               ("fixed_length_records", lambda: fixed_length_records(directory, manifest, args.batch)),
                               ("numpy_sequential", lambda: numpy_sequential(directory, manifest))):
             tokens, seconds = timed(batches())
@@ -109,7 +109,7 @@ def main(argv=None):
 
     report = {"seq_len": args.seq_len, "batch": args.batch, "dp_size": args.dp_size, "mib": args.mib,
               "cores": 1, "target_tokens_per_s": TARGET_TOKENS_PER_S, "results": results,
-              "meets_target": results["lm.data"]["tokens_per_s"] >= TARGET_TOKENS_PER_S}
+              "meets_target": results["lm.data.dataset"]["tokens_per_s"] >= TARGET_TOKENS_PER_S}
     print("%-22s %14s %10s %16s" % ("reader", "tokens", "seconds", "M tokens/s"))
     for name, row in results.items():
         print("%-22s %14d %10.3f %16.1f" % (name, row["tokens"], row["seconds"], row["tokens_per_s"] / 1e6))

@@ -1,10 +1,10 @@
-"""Benchmark `lm.prepare` against the raw `tokenizers` ceiling on the same texts, in one run.
+"""Benchmark `lm.data.prepare` against the raw `tokenizers` ceiling on the same texts, in one run.
 
     python bench/prepare.py [--text-bytes N] [--files N] [--tokenizer FILE] [--repeats N]
 
-Measures, on one sample corpus (`lm.sample_corpus`, split into --files files):
+Measures, on one sample corpus (`lmstack.sample_corpus`, split into --files files):
   raw:        `Tokenizer.encode_batch_fast` on all the texts, one thread, in this process (the ceiling);
-  ours x1:    `python -m lm.prepare --workers 1 --threads 1`, end to end (read, tokenize, write, checksum);
+  ours x1:    `python -m lm.data.prepare --workers 1 --threads 1`, end to end (read, tokenize, write, checksum);
   ours x2:    the same with `--workers 2`;
 and the bytes ratio (shard bytes / text bytes). Throughputs are MB of text per second, from wall
 time and from CPU time (the machine may be shared: CPU time is what one core spends). The fixed
@@ -26,8 +26,10 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
 from publish import publish  # noqa: E402
 
-from lm import pile, sample_corpus, shards  # noqa: E402
-from lm import tokenizer as tokenizers_lib  # noqa: E402
+from lm.data import pile
+from lmstack import sample_corpus
+from lm.spec import shards
+from lm.data import tokenizer as tokenizers_lib
 
 
 def children_cpu():
@@ -37,7 +39,7 @@ def children_cpu():
 
 def run_prepare(raw, output, tokenizer_file, workers, seq_len):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "training_image"))
-    command = [sys.executable, "-m", "lm.prepare", raw, "--output", output, "--tokenizer", tokenizer_file,
+    command = [sys.executable, "-m", "lm.data.prepare", raw, "--output", output, "--tokenizer", tokenizer_file,
                "--seq-len", str(seq_len), "--workers", str(workers), "--threads", "1"]
     cpu, wall = children_cpu(), time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -13,7 +13,7 @@ busy machine slows every candidate alike):
 - `seed_style`: the same train step on the seed's block at the same shapes: post-LN, ReLU,
   every head d_model wide (key_dim = d_model).
 
-Model FLOP/s = tokens/s x (6 N + 12 L d T), N without embeddings (lm.config.flops_per_token,
+Model FLOP/s = tokens/s x (6 N + 12 L d T), N without embeddings (lm.spec.families.flops_per_token,
 which counts the seed's wider heads in N). Targets: ours >= 50 % of the matmul FLOP/s, and
 >= 1.3 x the seed style's tokens/s. Prints a table and JSON; writes bench/results/train_step.json.
 """
@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 from publish import publish  # noqa: E402
 
 from lm.compat import TF_VERSION, tf  # noqa: E402
-from lm.config import GPTConfig, flops_per_token, parameter_count  # noqa: E402
+from lm.spec.families import GPTConfig, flops_per_token, parameter_count
 from lm.distributed import get_strategy  # noqa: E402
-from lm.model import build_model  # noqa: E402
-from lm.optim import AdamW, learning_rate_at  # noqa: E402
-from lm.train import token_loss  # noqa: E402
+from lm.models.gpt import build_model
+from lm.training.optim import AdamW, learning_rate_at
+from lm.training.train import token_loss
 
 
 def make_step(config, jit_compile):

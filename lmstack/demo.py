@@ -1,12 +1,12 @@
 """`make demo` (`python -m lmstack.demo`): the whole pipeline on this machine, no AWS.
 
-1. corpus: a small Pile-format corpus (`lm.sample_corpus`);
-2. prepare: `lm.prepare` with a byte-level BPE trained on it, sized for the preset;
+1. corpus: a small Pile-format corpus (`lmstack.sample_corpus`);
+2. prepare: `lm.data.prepare` with a byte-level BPE trained on it, sized for the preset;
 3. state machine: the deployed definition executed on moto's engine with the demo's input;
    its CreateTrainingJob request drives step 4 (`lmstack.demo_sfn`);
 4. train: that job on two local hosts through the real SageMaker training toolkit, with a
    spot interruption and a resume from the checkpoint (`lmstack.demo_train`);
-5. serve: `lm.serve` on 127.0.0.1 with the exported model, a few prompts;
+5. serve: `lm.serving.server` on 127.0.0.1 with the exported model, a few prompts;
 6. synth: `npx cdk synth` offline and what `cdk deploy` would create;
 7. report: `report.md` with the loss curve (`lmstack.demo_report`).
 
@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from lm import shards
-from lm.config import get_preset
+from lm.spec import shards
+from lm.spec.families import get_preset
 from lmstack import demo_report, demo_sfn, demo_train
 from lmstack.demo_run import ROOT, StepError, bar, cdk_environment, environment, run_logged, tail
 
@@ -73,8 +73,8 @@ def build_corpus(settings, results):
     corpus = path(settings, "corpus")
     if os.path.exists(corpus):
         shutil.rmtree(corpus)
-    run_logged([sys.executable, "-m", "lm.sample_corpus", corpus, "--max-bytes", str(settings.corpus_bytes)],
-               path(settings, "logs", "corpus.log"), "lm.sample_corpus")
+    run_logged([sys.executable, "-m", "lmstack.sample_corpus", corpus, "--max-bytes", str(settings.corpus_bytes)],
+               path(settings, "logs", "corpus.log"), "lmstack.sample_corpus")
     files = sorted(os.listdir(corpus))
     print("  %s: %s (%d bytes compressed)" % (corpus, ", ".join(files),
                                              sum(os.path.getsize(os.path.join(corpus, name)) for name in files)))
@@ -82,15 +82,15 @@ def build_corpus(settings, results):
 
 
 def prepare(settings, results):
-    """tokenize it with lm.prepare (a BPE trained on it) into token shards"""
+    """tokenize it with lm.data.prepare (a BPE trained on it) into token shards"""
     config = get_preset(settings.preset)
     dataset = path(settings, "dataset")
     if os.path.exists(dataset):
         shutil.rmtree(dataset)
-    command = [sys.executable, "-m", "lm.prepare", results["corpus"]["corpus"], "--output", dataset,
+    command = [sys.executable, "-m", "lm.data.prepare", results["corpus"]["corpus"], "--output", dataset,
                "--train-tokenizer", "--vocab-size", str(config.vocab_size), "--seq-len", str(config.block_size),
                "--val-fraction", "0.05", "--workers", "1"]
-    log = run_logged(command, path(settings, "logs", "prepare.log"), "lm.prepare")
+    log = run_logged(command, path(settings, "logs", "prepare.log"), "lm.data.prepare")
     records = shards.load_manifest(dataset).records("train")
     if records < settings.global_batch_size:
         raise StepError("%s has %d training records of %d tokens, fewer than one global batch (%d); "
@@ -104,7 +104,7 @@ def prepare(settings, results):
 
 def run_state_machine(settings, results):
     """execute the training state machine on moto and take its CreateTrainingJob request"""
-    from stacks.config import Settings
+    from stacks.settings import Settings
 
     data_directory = "/datasets/demo"
     execution_input = settings.execution_input(data_directory)
@@ -162,18 +162,18 @@ def serve(settings, results):
     log_path = path(settings, "logs", "serve.log")
     with open(log_path, "w") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "lm.serve", "--model-dir", results["train"]["model_dir"], "--host", "127.0.0.1",
+            [sys.executable, "-m", "lm.serving.server", "--model-dir", results["train"]["model_dir"], "--host", "127.0.0.1",
              "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, env=environment(),
             cwd=ROOT, start_new_session=True)
     try:
-        with bar("starting lm.serve on %s" % url) as progress:
+        with bar("starting lm.serving.server on %s" % url) as progress:
             deadline = time.monotonic() + SERVER_START_SECONDS
             while True:
                 if server.poll() is not None:
-                    raise StepError("lm.serve exited with status %d; last lines of %s:\n%s"
+                    raise StepError("lm.serving.server exited with status %d; last lines of %s:\n%s"
                                     % (server.returncode, log_path, tail(log_path)))
                 if time.monotonic() > deadline:
-                    raise StepError("lm.serve not ready after %d s (log: %s)" % (SERVER_START_SECONDS, log_path))
+                    raise StepError("lm.serving.server not ready after %d s (log: %s)" % (SERVER_START_SECONDS, log_path))
                 try:
                     if requests.get(url + "/ping", timeout=5).status_code == 200:
                         break

@@ -4,7 +4,8 @@ import os
 import re
 import statistics
 
-from lm import job, shards
+from lm.spec import job
+from lm.spec import shards
 
 STEP = re.compile(r"\bstep=(\d+)\b")
 

@@ -35,7 +35,7 @@ def execute(settings, execution_input):
             values = local_sfn.stand_in_values(settings, topic["TopicArn"])
         except ValueError as error:
             raise StepError(str(error))
-        # The dataset lm.prepare made on this machine stands for a prepare job of an earlier execution:
+        # The dataset lm.data.prepare made on this machine stands for a prepare job of an earlier execution:
         # the machine refuses to train on a data directory no completed prepare job made.
         local_sfn.record_prepared_dataset(boto3.client("sagemaker", region_name=local_sfn.REGION), settings, values,
                                           execution_input["data_directory"], "%s-prep-local" % settings.name_prefix)

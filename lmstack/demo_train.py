@@ -35,7 +35,8 @@ import time
 
 import psutil
 
-from lm import checkpoint, job
+from lm.training import checkpoint
+from lm.spec import job
 from lmstack.demo_run import POLL_SECONDS, StepError, TRAINING_IMAGE, bar, environment, tail
 
 SAGEMAKER_ROOT = "/opt/ml/"

@@ -7,7 +7,7 @@ exactly this text, so the picture cannot drift from the definition.
 """
 import collections
 
-from stacks.config import Settings
+from stacks.settings import Settings
 from stacks.state_machine import build_training_definition
 
 FENCE = "```mermaid"

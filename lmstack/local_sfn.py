@@ -51,11 +51,12 @@ def record_prepared_dataset(sagemaker, settings, values, data_directory, job_nam
     """Create in moto's SageMaker (which stores a new job as Completed) the prepare job an earlier
     execution would have left for `data_directory`, with the default raw source and settings: the
     state machine's check that a training run's dataset was prepared finds it by its tags. The request is the builder's own
-    (`lm.request`), its placeholders filled with `values`."""
-    from lm import request, rules
+    (`controlplane.request`), its placeholders filled with `values`."""
+    from lm.spec import fields
+    from controlplane import request
     from stacks.state_machine import inputs, jobs, render, training
 
-    config = rules.with_defaults(inputs.schema(settings), {"data_directory": data_directory})
+    config = fields.with_defaults(inputs.schema(settings), {"data_directory": data_directory})
     prepare = jobs.concrete_values(jobs.PREPARE, settings, config, job_name=job_name, execution_name=job_name,
                                    dataset_key=training.concrete_dataset_key(config))
     sagemaker.create_training_job(**json.loads(render(request.create_training_job_request(prepare), values)))

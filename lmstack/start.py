@@ -4,7 +4,7 @@ With your own AWS credentials (boto3's default chain: environment, profile, SSO,
 role; `--profile` picks a named profile) it reads the state machine ARN from the stack's
 CloudFormation outputs, builds the execution input from a preset and flags, checks it
 locally against the state machine's own input schema and rules (`stacks.state_machine.inputs`,
-`lm.rules`) so a mistake starts nothing, starts the execution, prints its
+`controlplane.rules`) so a mistake starts nothing, starts the execution, prints its
 console URL and, with `--watch`, follows
 it with a one-line status until it ends. Exit status 0 only when the execution succeeded
 (or, without `--watch`, was started).
@@ -32,11 +32,16 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lm import contract, plan, request, rules
-from lm.pile import INPUT_SUFFIXES
-from lm.config import ALL_PRESETS, PRESETS
-from lm.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
-from stacks.config import CONTEXT_KEY, Settings, SettingsError
+from controlplane import planner
+from controlplane import rules
+from lm.spec.fields import check_object, with_defaults
+from lm.spec import conditions
+from lm.spec import contract
+from controlplane import request
+from lm.data.pile import INPUT_SUFFIXES
+from lm.spec.families import ALL_PRESETS, PRESETS
+from lm.spec.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
+from stacks.settings import CONTEXT_KEY, Settings, SettingsError
 from stacks.state_machine import inputs, jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +52,7 @@ BUCKET_PLACEHOLDER = "<%s>" % BUCKET_OUTPUT
 CORPUS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # An uploaded corpus is prepared into UPLOADED_DATASETS/<its name> unless a data_directory is given.
 UPLOADED_DATASETS = "/corpora/"
-# The execution name's rule (lm.rules.name_rules): it becomes a tag value and part of S3 keys.
+# The execution name's rule (controlplane.rules.name_rules): it becomes a tag value and part of S3 keys.
 EXECUTION_NAME_RULE = next(found for found in rules.name_rules("") if found.path == rules.EXECUTION_NAME)
 EXECUTION_NAME = re.compile(r"^[%s]{1,%d}$" % (re.escape(EXECUTION_NAME_RULE.alphabet), EXECUTION_NAME_RULE.max_length))
 FINAL_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
@@ -145,7 +150,7 @@ def corpus_files(path):
     else:
         raise StartError("--upload-corpus: %s: no such file or directory" % path)
     if not any(key.endswith(INPUT_SUFFIXES) for _, key in found):
-        raise StartError("--upload-corpus: %s holds no %s files (the Pile format lm.prepare reads)"
+        raise StartError("--upload-corpus: %s holds no %s files (the Pile format lm.data.prepare reads)"
                          % (path, " / ".join(INPUT_SUFFIXES)))
     return found
 
@@ -170,22 +175,22 @@ def upload_corpus(s3, bucket, path, name, out):
 
 def validate_input(execution_input, settings):
     """Raise StartError naming the first bad field: the state machine's own schema
-    (`stacks.state_machine.inputs`) and rules (`lm.rules`: the plan gate's, then the others, in the
+    (`stacks.state_machine.inputs`) and rules (`controlplane.rules`: the plan gate's, then the others, in the
     order of its validation states), checked here before anything starts."""
     fields = inputs.schema(settings)
     try:
-        rules.check_object(fields, execution_input)
-        config = rules.with_defaults(fields, execution_input)
+        check_object(fields, execution_input)
+        config = with_defaults(fields, execution_input)
         validate_hyperparameters(dict(execution_input.get("hyperparameters", {}), preset=config["preset"],
                                       strategy=config["strategy"]))
     except ValueError as error:
         raise StartError(str(error))
-    message = rules.broken(rules.plan_rules() + rules.cross_field_rules(settings.runtimes), config)
+    message = conditions.broken(rules.plan_rules() + rules.cross_field_rules(settings.runtimes), config)
     if message:
         raise StartError(message)
     for found in rules.name_rules(settings.name_prefix):
         message = None if found.path == rules.EXECUTION_NAME else rules.name_problem(
-            found, rules.value_at(config, found.path))
+            found, conditions.value_at(config, found.path))
         if message:
             raise StartError(message)
     message = batch_problem(config)
@@ -194,7 +199,7 @@ def validate_input(execution_input, settings):
 
 
 def batch_problem(config):
-    """lm.plan's word when the runtime would refuse the global batch (not a multiple of the
+    """controlplane.planner's word when the runtime would refuse the global batch (not a multiple of the
     data-parallel size): the state machine cannot check it (intrinsics do not multiply)."""
     if config["preset"] not in PRESETS:
         return None
@@ -202,26 +207,26 @@ def batch_problem(config):
         dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
     mp_parameters = config["mp_parameters"] if config["strategy"] == "smp" else {}
     batch = hyperparameters["global_batch_size"]
-    chosen = plan.plan(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
+    chosen = planner.plan(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
                        global_batch=batch, seq_len=hyperparameters["seq_len"] or None,
                        recompute=hyperparameters["recompute"], partitions=mp_parameters.get("partitions"),
                        microbatches=mp_parameters.get("microbatches"))["chosen"]
     if chosen["global_batch"] == batch:
         return None
-    return "lm.plan: %s" % next(warning for warning in chosen["warnings"] if "nearest valid" in warning)
+    return "controlplane.planner: %s" % next(warning for warning in chosen["warnings"] if "nearest valid" in warning)
 
 
 def plan_estimate(execution_input, settings):
-    """`lm.plan.estimate` of this run, for the execution output (the state machine cannot compute
+    """`controlplane.planner.estimate` of this run, for the execution output (the state machine cannot compute
     it: intrinsic functions have no arithmetic). None for a model family the planner does not know."""
-    config = rules.with_defaults(inputs.schema(settings), execution_input)
+    config = with_defaults(inputs.schema(settings), execution_input)
     if config["preset"] not in PRESETS:
         return None
     hyperparameters = validate_hyperparameters(
         dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
     seq_len = hyperparameters["seq_len"] or PRESETS[config["preset"]].block_size
     batch = hyperparameters["global_batch_size"]
-    return plan.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
+    return planner.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
                          global_batch=batch, seq_len=seq_len, tokens=hyperparameters["max_steps"] * batch * seq_len,
                          recompute=hyperparameters["recompute"], xla=hyperparameters["xla"], spot=config["spot"],
                          traffic_encryption=settings.inter_container_traffic_encryption)
@@ -229,10 +234,10 @@ def plan_estimate(execution_input, settings):
 
 def training_request(execution_input, settings, name):
     """The CreateTrainingJob request of the execution's first training attempt, from the same
-    builder the state machine is generated from (`lm.request`), with this input's values.
+    builder the state machine is generated from (`controlplane.request`), with this input's values.
     `${Name}` stands for a resource of the deployed stack; the job name's middle part is the MD5 of
     the execution ARN, which only Step Functions knows."""
-    config = rules.with_defaults(inputs.schema(settings), execution_input)
+    config = with_defaults(inputs.schema(settings), execution_input)
     values = jobs.concrete_values(jobs.TRAIN, settings, config, execution_name=name,
                                   job_name="%s-train-<md5 of the execution ARN>-1" % settings.name_prefix)
     return request.create_training_job_request(values)

@@ -4,7 +4,7 @@ from typing import Optional
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from stacks.config import Settings
+from stacks.settings import Settings
 from stacks.lmstack_stack import LmStack
 
 

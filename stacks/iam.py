@@ -16,15 +16,16 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lm import containers, job
-from lm.contract import ARTIFACT_PREFIXES, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
+from controlplane import containers
+from lm.spec import job
+from lm.spec.contract import ARTIFACT_PREFIXES, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
 # SageMaker writes job and endpoint logs to these fixed groups, one stream per host named after the job.
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 ENDPOINT_LOG_GROUP_PREFIX = "/aws/sagemaker/Endpoints/"
-# The MLflow REST calls of lm.tracking (and SageMaker's run for MlflowConfig), as the
+# The MLflow REST calls of lm.training.tracking (and SageMaker's run for MlflowConfig), as the
 # sagemaker-mlflow actions of the Service Authorization Reference ("Actions, resources, and
 # condition keys for Amazon SageMaker with MLflow") name them, on the tracking server or app only.
 MLFLOW_ACTIONS = ["sagemaker-mlflow:CreateExperiment", "sagemaker-mlflow:GetExperimentByName",

@@ -7,8 +7,8 @@ from aws_cdk import Aws, CfnOutput, Fn, Stack
 from constructs import Construct
 
 from stacks import state_machine
-from lm import contract
-from stacks.config import Settings
+from lm.spec import contract
+from stacks.settings import Settings
 from stacks.encryption import EncryptionKey
 from stacks.iam import Permissions
 from stacks.images import TrainingImages

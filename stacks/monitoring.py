@@ -21,7 +21,7 @@ PERIOD = Duration.minutes(1)
 # Metrics Insights query", CloudWatch User Guide: the query must return one time series, so no GROUP BY).
 # MIN over the hosts: one idle host in a distributed job is enough to warn. Per GPU: SageMaker's
 # GPUUtilization is summed over a host's GPUs (0-800 % on 8), so the alarm reads the mean per GPU that
-# lm.gpu_usage logs on every host (metric definition gpu:utilization_per_gpu), 0-100 on every type. Metrics
+# lm.training.gpu_usage logs on every host (metric definition gpu:utilization_per_gpu), 0-100 on every type. Metrics
 # Insights cannot filter on a name prefix; only our jobs log that metric.
 LOW_GPU_UTILIZATION_PERCENT = 20
 LOW_GPU_MINUTES = 15

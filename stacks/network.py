@@ -5,14 +5,14 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks.common import log_group
-from stacks.config import ACCOUNTLESS_ZONES, MAX_AZ_COUNT, Settings, SettingsError
+from stacks.settings import ACCOUNTLESS_ZONES, MAX_AZ_COUNT, Settings, SettingsError
 
 # What calls AWS from inside the VPC. SageMaker pulls a job's image and ships its logs and
 # metrics on its own side, not through the job's network interfaces ("Give SageMaker AI Training
 # Jobs Access to Resources in Your Amazon VPC", SageMaker Developer Guide); what the containers
 # themselves reach is S3 (input channels, checkpoints, TensorBoard events, model artifacts:
 # SageMaker's transfers through the job's ENIs), through the free S3 gateway endpoint. Neither
-# lm.train / lm.prepare nor lm.serve call an AWS API (no boto3 in training_image/lm), so no
+# lm.training.train / lm.data.prepare nor lm.serving.server call an AWS API (no boto3 in training_image/lm), so no
 # interface endpoint ($0.01 an hour per zone each, about $88 a month for all six in two zones) is
 # made by default; each is a setting (interface_endpoints) for code that calls it:
 INTERFACE_ENDPOINTS = {
@@ -23,7 +23,7 @@ INTERFACE_ENDPOINTS = {
     "logs": ("Logs", ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS),
     # The SageMaker SDK or boto3's sagemaker client in a job.
     "sagemaker.api": ("SageMakerApi", ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API),
-    # lm.tracking's MLflow client on a SageMaker managed MLflow server (setting mlflow_resource_arn):
+    # lm.training.tracking's MLflow client on a SageMaker managed MLflow server (setting mlflow_resource_arn):
     # the service aws.sagemaker.<region>.experiments ("Connecting to an MLflow tracking server through
     # an Interface VPC Endpoint", SageMaker Developer Guide).
     "sagemaker.experiments": ("SageMakerMlflow", ec2.InterfaceVpcEndpointAwsService("experiments", "aws.sagemaker")),

@@ -17,7 +17,7 @@ from constructs import Construct
 from stacks import state_machine
 from stacks.state_machine.names import placeholders
 from stacks.common import log_group
-from stacks.config import Settings
+from stacks.settings import Settings
 from stacks.nag import acknowledge
 
 # A failed execution can also leave a job running (e.g. a describe call that kept failing).

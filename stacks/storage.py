@@ -7,8 +7,8 @@ from aws_cdk import aws_efs as efs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lm.contract import CHECKPOINT_PREFIX
-from stacks.config import Settings
+from lm.spec.contract import CHECKPOINT_PREFIX
+from stacks.settings import Settings
 from stacks.nag import acknowledge
 
 INCOMPLETE_UPLOAD_DAYS = 7
@@ -19,7 +19,7 @@ class Storage(Construct):
 
     No access point: a training job's FileSystemDataSource mounts a DirectoryPath from the file
     system's root and cannot name one, so the prepare job mounts the root and makes the dataset
-    directory itself (lm.request.input_channels)."""
+    directory itself (controlplane.request.input_channels)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, vpc: ec2.IVpc,
                  subnets: Sequence[ec2.ISubnet], training_security_group: ec2.ISecurityGroup) -> None:

@@ -341,7 +341,7 @@ class FileSystem:
     fails the job then, after its instances were provisioned (SageMaker Developer Guide, "Setting up training
     jobs to access datasets", Amazon EFS). A fresh file system holds only its root; nothing else makes
     directories on it but a job that mounts it read-write and creates them. Here that is a prepare job (tag
-    lmstack:kind = prepare) with a read-write channel on the root: lm.prepare creates the directory named by
+    lmstack:kind = prepare) with a read-write channel on the root: lm.data.prepare creates the directory named by
     its `dataset_directory` argument first thing, so the directory exists from its creation on (the state
     machine starts a training job only after that prepare job completed)."""
 

@@ -15,7 +15,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lm import job, request
+from lm.spec import job
+from controlplane import request
 
 pytest.importorskip("sagemaker")
 from sagemaker.session import Session  # noqa: E402
@@ -88,7 +89,7 @@ def test_definition_hyperparameters_equal_the_sdk(strategy, deployment, tmp_path
 
 @pytest.mark.slow
 def test_lm_job_matches_the_sdk_for_every_strategy(tmp_path):
-    """The builder's own `lm.request.sdk_hyperparameters` with concrete values (what the toolkit tests use)."""
+    """The builder's own `controlplane.request.sdk_hyperparameters` with concrete values (what the toolkit tests use)."""
     for strategy in job.STRATEGIES:
         name = "lmstack-train-%s" % strategy
         user = collections.OrderedDict((key, spec.default) for key, spec in job.HYPERPARAMETERS.items())

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from lm import job
+from lm.spec import job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.path.join(ROOT, "training_image")
 DOCKERFILE = os.path.join(IMAGE, "Dockerfile")
 TF_MODULES = ("tensorflow", "tf_keras", "keras")
-TF_FREE_MODULES = ("lm", "lm.config", "lm.contract", "lm.job", "lm.request", "lm.rules", "lm.shards", "lm.instances",
-                   "lm.plan")
+TF_FREE_MODULES = ("lm", "lm.spec.families", "lm.spec.contract", "lm.spec.job", "controlplane.request", "controlplane.rules", "lm.spec.shards", "lm.spec.hardware",
+                   "lmstack.plan")
 
 
 def _is_python_script(path):

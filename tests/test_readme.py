@@ -5,10 +5,11 @@ import re
 
 import pytest
 
-from lm import plan, train
-from lm.config import PRESETS
+from controlplane import planner
+from lm.training import train
+from lm.spec.families import PRESETS
 from lmstack import diagram, start
-from stacks.config import Settings
+from stacks.settings import Settings
 from stacks.state_machine import build_training_definition
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -71,7 +72,7 @@ def test_each_readme_example_passes_every_check_and_reaches_the_training_job(ind
     hyperparameters, _ = train.parse_args(argv + ["--dry-run"])
     if hyperparameters.preset in PRESETS:
         mp = json.loads(environ.get("SM_HP_MP_PARAMETERS", "{}"))
-        verdict = plan.check(hyperparameters.preset, resources["InstanceType"], resources["InstanceCount"],
+        verdict = planner.check(hyperparameters.preset, resources["InstanceType"], resources["InstanceCount"],
                              hyperparameters.strategy, global_batch=hyperparameters.global_batch_size,
                              seq_len=hyperparameters.seq_len or None, recompute=hyperparameters.recompute,
                              xla=hyperparameters.xla, partitions=mp.get("partitions"),

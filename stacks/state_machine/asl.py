@@ -2,7 +2,8 @@
 import collections
 import re
 
-from lm import request, rules
+from lm.spec import conditions
+from controlplane import request
 
 
 _RESERVED = re.compile(r"['{}\\\\]")
@@ -125,7 +126,7 @@ def _next(next_state):
 
 
 def expression(marker):
-    """The JSONPath or intrinsic that evaluates an `lm.request` marker."""
+    """The JSONPath or intrinsic that evaluates an `controlplane.request` marker."""
     if isinstance(marker, request.Path):
         return marker.path
     if isinstance(marker, request.Format):
@@ -134,11 +135,11 @@ def expression(marker):
         return to_json(expression(marker.value))
     if isinstance(marker, request.Sum):
         return "States.MathAdd(%s, %s)" % (expression(marker.left), expression(marker.right))
-    raise TypeError("not an lm.request marker: %r" % (marker,))
+    raise TypeError("not an controlplane.request marker: %r" % (marker,))
 
 
 def parameters(value):
-    """A request built by `lm.request` as Parameters: each marker under key K becomes `K.$`."""
+    """A request built by `controlplane.request` as Parameters: each marker under key K becomes `K.$`."""
     if isinstance(value, dict):
         result = collections.OrderedDict()
         for key, item in value.items():
@@ -155,17 +156,17 @@ def parameters(value):
 
 
 def condition(when):
-    """An `lm.rules` condition as a Choice condition on `$.config` (the checked input)."""
-    if isinstance(when, rules.Not):
+    """An `controlplane.rules` condition as a Choice condition on `$.config` (the checked input)."""
+    if isinstance(when, conditions.Not):
         return negate(condition(when.condition))
-    if isinstance(when, rules.All):
+    if isinstance(when, conditions.All):
         return all_of(*[condition(part) for part in when.conditions])
     path = "$.config.%s" % when.path
-    if isinstance(when, rules.Is):
+    if isinstance(when, conditions.Is):
         if when.value is None:
             return {"Variable": path, "IsNull": True}
         test = "BooleanEquals" if isinstance(when.value, bool) else "StringEquals"
         return {"Variable": path, test: when.value}
-    if isinstance(when, rules.OneOf):
+    if isinstance(when, conditions.OneOf):
         return string_in(path, when.values)
     return {"Variable": path, "NumericGreaterThan": when.limit}

@@ -7,9 +7,9 @@
 - Names: model and endpoint config `<prefix>-<md5 of the execution ARN>` (one per
   execution), endpoint `<prefix>-<deploy.endpoint_name>`. An endpoint that exists (and is
   not failed) is updated to the new config, otherwise created.
-- Container (`deploy.container`): `lmstack` runs `lm.serve` in our image on the `lm.export`
-  files; `tgi` runs Text Generation Inference (`lm.containers`: this region's image) on the
-  Hugging Face files `lm.train` wrote next to them (hyperparameters.export_hf), with TGI's
+- Container (`deploy.container`): `lmstack` runs `lm.serving.server` in our image on the `lm.serving.export`
+  files; `tgi` runs Text Generation Inference (`controlplane.containers`: this region's image) on the
+  Hugging Face files `lm.training.train` wrote next to them (hyperparameters.export_hf), with TGI's
   Environment for the preset and instance type; `lmi` runs AWS's LMI container (vLLM) on the
   same files with LMI's Environment. All take the training job's model.tar.gz.
 - Role and network: the model runs as the endpoint role (reads the model artifact, pulls its
@@ -27,9 +27,11 @@
 """
 import collections
 
-from lm import containers, job, rules
-from lm.config import ALL_PRESETS
-from lm.instances import HOSTING_INSTANCE_TYPES
+from lm.spec import conditions
+from controlplane import containers
+from lm.spec import job
+from lm.spec.families import ALL_PRESETS
+from lm.spec.hardware import HOSTING_INSTANCE_TYPES
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
 from stacks.state_machine.names import image_placeholder
@@ -198,8 +200,8 @@ def idle_alarm(endpoint_path):
 
 def _environment_states(container, first, next_state):
     """`$.deploy_serving` = `container`'s Environment for this preset and deploy.instance_type, one
-    Pass state per distinct environment (`lm.containers.environment`). Pairs it cannot serve were
-    refused by the Validate stage (`lm.rules.serving_rules`)."""
+    Pass state per distinct environment (`controlplane.containers.environment`). Pairs it cannot serve were
+    refused by the Validate stage (`controlplane.rules.serving_rules`)."""
     groups = collections.OrderedDict()  # environment items -> {preset: [instance types]}
     for preset, config in ALL_PRESETS.items():
         for instance_type in HOSTING_INSTANCE_TYPES:
@@ -217,7 +219,7 @@ def _environment_states(container, first, next_state):
         states_[state] = asl.pass_state(next_state, result=collections.OrderedDict(environment),
                                         result_path="$.deploy_serving")
     states_[first] = asl.choice(choices, first + ".None")
-    states_[first + ".None"] = asl.fail(rules.INVALID, asl.fmt(
+    states_[first + ".None"] = asl.fail(conditions.INVALID, asl.fmt(
         "deploy.container %s cannot serve preset {} on deploy.instance_type {}" % container, "$.config.preset",
         "$.config.deploy.instance_type"))
     states_.move_to_end(first, last=False)

@@ -2,7 +2,7 @@
 
 Every value is checked in Choice states before any job exists; a bad value ends the
 execution with error `InvalidInput` and a cause that names the field, what it allows and
-what it got. Defaults come from the app settings and the `lm.job` tables.
+what it got. Defaults come from the app settings and the `lm.spec.job` tables.
 
 An unknown field is found by comparing the input object, merged over the object rebuilt from
 the known fields, with the rebuilt object (`States.JsonToString` of both): the merge keeps the
@@ -11,16 +11,21 @@ allowed fields and echoes the object that was given (no intrinsic can list an ob
 """
 import collections
 
-from lm import containers, contract, job, request, rules
-from lm.instances import HOSTING_INSTANCE_TYPES, INSTANCES
-from stacks.config import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
+from controlplane import rules
+from lm.spec.fields import Field, choice_message, prefix_message, range_message, type_message, unknown_message
+from lm.spec import conditions
+from controlplane import containers
+from lm.spec import contract
+from lm.spec import job
+from controlplane import request
+from lm.spec.hardware import HOSTING_INSTANCE_TYPES, INSTANCES
+from stacks.settings import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from stacks.state_machine import asl, plan_gate
 
-ERROR = rules.INVALID
+ERROR = conditions.INVALID
 TOP = "top"
 
 
-Field = rules.Field
 
 
 def _from_table(table, skip=()):
@@ -67,10 +72,10 @@ def schema(settings):
         Field("data_directory", str, settings.dataset_directory, prefix="/",
               help="dataset directory on the EFS file system (manifest.json and shards)"),
         Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS),
-              help="overrides of lm.train's hyperparameters"),
+              help="overrides of lm.training.train's hyperparameters"),
         Field("mp_parameters", dict, fields=_mp_fields(), help="SMP v1 parameters (strategy smp)"),
         Field("prepare", dict, fields=(
-            Field("enabled", bool, False, help="run lm.prepare into data_directory before training"),
+            Field("enabled", bool, False, help="run lm.data.prepare into data_directory before training"),
             Field("force", bool, False, help="run it even when a prepare job already completed for this dataset"),
             Field("raw_s3_uri", str, None, prefix="s3://", nullable=True,
                   help="raw Pile files under this S3 prefix (null: raw_directory on EFS)"),
@@ -88,7 +93,7 @@ def schema(settings):
             Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=HOSTING_INSTANCE_TYPES),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
-                  help="lmstack (lm.serve), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
+                  help="lmstack (lm.serving.server), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
@@ -100,10 +105,10 @@ def schema(settings):
               help="MLflow experiment of the run, with the mlflow_resource_arn setting (letters, digits, - _ . /)"),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
-        # The machine cannot run lm.plan (no multiplication in intrinsics, no Lambda): a client
+        # The machine cannot run controlplane.planner (no multiplication in intrinsics, no Lambda): a client
         # that did (python -m lmstack.start) passes its estimate, which the output shows
         # next to the job's billable seconds.
-        Field("plan_estimate", object, None, help="lm.plan.estimate(...) of this run, echoed in the output"),
+        Field("plan_estimate", object, None, help="controlplane.planner.estimate(...) of this run, echoed in the output"),
     )
 
 
@@ -150,8 +155,8 @@ def states(settings, first, next_state):
             name = "Invalid.%s" % ".".join(path)
             choices.append(asl.rule(asl.any_of(*[{"Variable": value, test: True} for test in (
                 "IsString", "IsNumeric", "IsBoolean", "IsNull")]), name))
-            result[name] = asl.fail(ERROR, asl.fmt("%s %s, got {}" % (".".join(path), rules.type_message(
-                rules.Field(path[-1], dict))), asl.to_json(value)))
+            result[name] = asl.fail(ERROR, asl.fmt("%s %s, got {}" % (".".join(path), type_message(
+                Field(path[-1], dict))), asl.to_json(value)))
         result["%s.Objects%d" % (first, depth)] = asl.choice(choices, "%s.Merge%d" % (first, depth))
         merged = {"%s.$" % _key(path): "$.merged.%s" % _key(path) for path, _ in paths if len(path) < depth}
         for path, _ in level:
@@ -188,7 +193,7 @@ def states(settings, first, next_state):
                                           "StringEqualsPath": "$.checks.known_%s" % _key(path)}), name))
         given = "$.merged.%s" % _key(path) if path else "$.merged.%s" % TOP
         result[name] = asl.fail(ERROR, asl.fmt(
-            "%s; got {}" % rules.unknown_message(label, [field.name for field in object_fields]), asl.to_json(given)))
+            "%s; got {}" % unknown_message(label, [field.name for field in object_fields]), asl.to_json(given)))
     for path, object_fields in paths:
         for field in object_fields:
             if field.type is not dict:
@@ -223,37 +228,37 @@ def _field_rules(path, field):
     if field.type is object:
         return found
     if field.type is bool:
-        found.append((asl.negate({"Variable": value, "IsBoolean": True}), rules.type_message(field), "type"))
+        found.append((asl.negate({"Variable": value, "IsBoolean": True}), type_message(field), "type"))
     elif field.type is str:
-        found.append((when_set(asl.negate({"Variable": value, "IsString": True})), rules.type_message(field), "type"))
+        found.append((when_set(asl.negate({"Variable": value, "IsString": True})), type_message(field), "type"))
         if field.choices:
-            found.append((when_set(asl.negate(asl.string_in(value, field.choices))), rules.choice_message(field),
+            found.append((when_set(asl.negate(asl.string_in(value, field.choices))), choice_message(field),
                           "choice"))
         if field.prefix:
             found.append((when_set(asl.negate({"Variable": value, "StringMatches": field.prefix + "*"})),
-                          rules.prefix_message(field), "prefix"))
+                          prefix_message(field), "prefix"))
     else:
-        found.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), rules.type_message(field), "type"))
+        found.append((when_set(asl.negate({"Variable": value, "IsNumeric": True})), type_message(field), "type"))
         if field.type is int:
             text = "$.checks.int_%s_%s" % (_key(path), field.name)
-            # Integral numbers written as floats (2.0) pass, as in `lm.rules.check`.
+            # Integral numbers written as floats (2.0) pass, as in `controlplane.rules.check`.
             found.append((asl.any_of(
                 asl.all_of({"Variable": text, "StringMatches": "*.*"},
                            asl.negate({"Variable": text, "StringMatches": "*.0"})),
                 {"Variable": text, "StringMatches": "*e-*"}, {"Variable": text, "StringMatches": "*E-*"}),
-                rules.type_message(field), "integer"))
+                type_message(field), "integer"))
         bounds = []
         if field.minimum is not None:
             bounds.append({"Variable": value, "NumericLessThan": field.minimum})
         if field.maximum is not None:
             bounds.append({"Variable": value, "NumericGreaterThan": field.maximum})
         if bounds:
-            found.append((when_set(asl.any_of(*bounds)), rules.range_message(field), "range"))
+            found.append((when_set(asl.any_of(*bounds)), range_message(field), "range"))
     return found
 
 
 def _cross_field_states(settings, name, next_state):
-    """`lm.rules.cross_field_rules`: one Choice rule and one Fail state per rule."""
+    """`controlplane.rules.cross_field_rules`: one Choice rule and one Fail state per rule."""
     states_ = collections.OrderedDict()
     choices = []
     for found in rules.cross_field_rules(settings.runtimes):
@@ -272,7 +277,7 @@ def _name_path(found):
 
 
 def _name_states(settings, first, next_state):
-    """`lm.rules.name_rules`, before any job exists.
+    """`controlplane.rules.name_rules`, before any job exists.
 
     Intrinsics have no regular expressions nor a string length. `States.StringSplit(value, chars)`
     splits at every character of `chars` and drops the empty pieces (the Step Functions developer
@@ -336,8 +341,8 @@ def _quotient(value, step):
 
 
 def _batch_states(first, next_state):
-    """The global batch against the data-parallel size, the runtime's rule (lm.data.TokenStream;
-    `lm.plan.batch_unit`): a multiple of instance_count x the data-parallel ranks per host (the GPUs,
+    """The global batch against the data-parallel size, the runtime's rule (lm.data.dataset.TokenStream;
+    `controlplane.planner.batch_unit`): a multiple of instance_count x the data-parallel ranks per host (the GPUs,
     divided by mp_parameters.partitions under SMP), and under SMP each replica's share a multiple
     of mp_parameters.microbatches.
 
@@ -345,7 +350,7 @@ def _batch_states(first, next_state):
     divides n, and has floor(n / k) + 1 items. It returns at most ARRAY_RANGE_MAX_ITEMS items, so the
     batch is first divided by the ranks per host (a number from the instance table: each possible
     value gets its own literal bound) and then by instance_count; a batch of more than 999 sequences
-    per GPU is not checked here (lm.plan, lmstack.start and lm.train --dry-run check it)."""
+    per GPU is not checked here (controlplane.planner, lmstack.start and lm.training.train --dry-run check it)."""
     states = collections.OrderedDict()
     gpus, partitions = "$.hosts.processes_per_host", "$.config.mp_parameters.partitions"
     per_host = "$.batch.per_host"
@@ -391,7 +396,7 @@ def _batch_states(first, next_state):
                  "Invalid.hyperparameters.global_batch_size.microbatches")], next_state)
     states["Invalid.hyperparameters.global_batch_size.replicas"] = asl.fail(ERROR, asl.fmt(
         "hyperparameters.global_batch_size must be a multiple of the data-parallel size (instance_count {} x {} "
-        "ranks per host), which the runtime requires, got {} (python -m lm.plan names the nearest valid one)",
+        "ranks per host), which the runtime requires, got {} (python -m lmstack.plan names the nearest valid one)",
         asl.to_json("$.config.instance_count"), asl.to_json(per_host), asl.to_json(BATCH)))
     states["Invalid.hyperparameters.global_batch_size.microbatches"] = asl.fail(ERROR, asl.fmt(
         "hyperparameters.global_batch_size gives each model replica {} sequences, which do not split into "

@@ -1,6 +1,6 @@
 """A SageMaker training job as states: name, request, create, monitor loop, outcome.
 
-Used twice by the main machine: the "prepare" job (lm.prepare) and the training job.
+Used twice by the main machine: the "prepare" job (lm.data.prepare) and the training job.
 
 - Name per attempt: `<prefix>-<token>-<md5 of the execution ARN>-<attempt>` ([a-z0-9-],
   <= 57 chars with a 16-char prefix); the stop machine finds an execution's jobs by the hash.
@@ -23,8 +23,9 @@ Used twice by the main machine: the "prepare" job (lm.prepare) and the training 
 import collections
 import dataclasses
 
-from lm import job, request
-from lm.instances import INSTANCES
+from lm.spec import job
+from controlplane import request
+from lm.spec.hardware import INSTANCES
 from stacks.state_machine import asl
 from stacks.state_machine.inputs import TOP_LEVEL_HYPERPARAMETERS
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
@@ -63,7 +64,7 @@ RESUME_HINT = ("Its checkpoints are kept: to continue from the newest, start a n
 
 class JobKind(collections.namedtuple("JobKind", "state token slot kind config spot_path")):
     """state: state-name prefix; token: in the job name; slot: where its state lives;
-    kind: lm.job.JOB_KINDS key; config: its settings in $.config; spot_path: or None."""
+    kind: lm.spec.job.JOB_KINDS key; config: its settings in $.config; spot_path: or None."""
 
 
 RAW_S3_URI_PATH = "$.config.prepare.raw_s3_uri"  # null: the raw files are on EFS (raw_directory)
@@ -77,11 +78,11 @@ PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare",
 
 
 def job_values(kind, settings, value_at, strategy="single"):
-    """The `lm.request.TrainingJob` of one attempt of `kind` with `strategy`.
+    """The `controlplane.request.TrainingJob` of one attempt of `kind` with `strategy`.
 
-    `value_at(path)` gives what the execution holds at a JSONPath: `lm.request.Path` when the
+    `value_at(path)` gives what the execution holds at a JSONPath: `controlplane.request.Path` when the
     definition is generated, the concrete value when a test builds the request itself
-    (`lm.request.values_at`). `${Name}` placeholders are filled by the CDK at deploy time.
+    (`controlplane.request.values_at`). `${Name}` placeholders are filled by the CDK at deploy time.
     """
     if kind is TRAIN:
         hyperparameters = collections.OrderedDict(
@@ -118,7 +119,7 @@ def job_values(kind, settings, value_at, strategy="single"):
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
     """`job_values` for one attempt of a concrete execution: `config` is the input with its
-    defaults (`lm.rules.with_defaults`), as the Validate stage leaves it in `$.config`."""
+    defaults (`controlplane.rules.with_defaults`), as the Validate stage leaves it in `$.config`."""
     state = {
         "config": config,
         "hosts": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus)},

@@ -1,6 +1,6 @@
-"""The plan gate: reject what `lm.plan` says cannot fit or run, before any job exists.
+"""The plan gate: reject what `controlplane.planner` says cannot fit or run, before any job exists.
 
-The rules are `lm.rules.plan_rules()` (made from `lm.plan.feasibility_table()`), turned into
+The rules are `controlplane.rules.plan_rules()` (made from `controlplane.planner.feasibility_table()`), turned into
 Choice rules at synth. Rejections name the reason and the planner's suggested strategy. The
 gate runs before the other cross-field rules, so a strategy on an instance type outside its
 support list gets the planner's suggestion too. A combination that fits only with activation
@@ -8,12 +8,12 @@ recomputation is rejected while `hyperparameters.recompute` is false.
 """
 import collections
 
-from lm import rules
+from controlplane import rules
 from stacks.state_machine import asl
 
 
 def states(first, next_state):
-    """One Choice rule and one Fail state (error PlanRejected) per `lm.rules.plan_rules()` entry."""
+    """One Choice rule and one Fail state (error PlanRejected) per `controlplane.rules.plan_rules()` entry."""
     result = collections.OrderedDict()
     choices = []
     for found in rules.plan_rules():

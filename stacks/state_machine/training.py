@@ -7,22 +7,25 @@ The prepare stage runs when `prepare.enabled`. It looks for the completed prepar
 stack's file system (tag `lmstack:file-system`) that made data_directory (tag
 `lmstack:dataset-directory`) with SageMaker Search. None: the job runs. One with the same dataset
 key (tag `lmstack:dataset-key`: the MD5 of data_directory, the raw source, every prepare setting
-that decides the shards, `lm.job.PREPARE_OUTPUT_HYPERPARAMETERS`, and init_from, whose tokenizer
+that decides the shards, `lm.spec.job.PREPARE_OUTPUT_HYPERPARAMETERS`, and init_from, whose tokenizer
 the prepare job then uses): the job is skipped, or run again with `prepare.force` (the machine
 cannot look into EFS itself, e.g. after the directory was emptied). One with another key: the
-directory holds another dataset, which lm.prepare would mix with this one, so the run is refused
+directory holds another dataset, which lm.data.prepare would mix with this one, so the run is refused
 before any job, naming both sources (tag `lmstack:raw-source`).
 
 `resume_from` (the name of an earlier execution's checkpoint prefix) makes the training job's
 CheckpointConfig point at that prefix: SageMaker copies it to /opt/ml/checkpoints when the job
-starts, lm.train resumes from the newest checkpoint there (refusing one of another model or
+starts, lm.training.train resumes from the newest checkpoint there (refusing one of another model or
 dataset) and the new checkpoints go on under the same prefix, which a failed run's cause names.
 """
 import collections
 import hashlib
 import json
 
-from lm import contract, job, request, rules
+from controlplane import rules
+from lm.spec import contract
+from lm.spec import job
+from controlplane import request
 from stacks.state_machine import asl, deploy, inputs, jobs
 
 VALIDATE = "Validate"
@@ -143,9 +146,9 @@ def _dataset_check_states(first, next_state):
 def _init_from_states(first, next_state):
     """init_from is read by the job role, which may read only the artifact bucket's INIT_PREFIX:
     another prefix is refused here, before any job starts (the bucket name is filled in at deploy),
-    and so is strategy smp, whose partitioned model lm.train cannot load a checkpoint into.
+    and so is strategy smp, whose partitioned model lm.training.train cannot load a checkpoint into.
 
-    The checkpoint brings its tokenizer: a prepare stage tokenizes with it (lm.prepare reads the
+    The checkpoint brings its tokenizer: a prepare stage tokenizes with it (lm.data.prepare reads the
     init channel), so a tokenizer of prepare's own (`tokenizer`, `train_tokenizer`) is refused, and
     the dataset key includes init_from. Characters a tag value cannot hold are refused too
     (`States.StringSplit` at every allowed character leaves nothing exactly when there is no other)."""
@@ -191,7 +194,7 @@ def _init_from_states(first, next_state):
 def _resume_states(first, next_state):
     """resume_from must name a checkpoint prefix a training job of this stack wrote (tag lmstack:checkpoints
     on this file system's jobs), and no job may be writing to it now. Whether its checkpoints fit this
-    run's model and dataset only lm.train can tell: it refuses them, naming both."""
+    run's model and dataset only lm.training.train can tell: it refuses them, naming both."""
     checkpoints = {"Name": "Tags.%s" % request.CHECKPOINTS_TAG, "Operator": "Equals", "Value.$": RESUME_FROM_PATH}
     prefix = "s3://${ArtifactBucket}/%s{}/" % contract.CHECKPOINT_PREFIX
     return collections.OrderedDict([

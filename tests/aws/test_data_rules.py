@@ -6,7 +6,7 @@ system fail."""
 import copy
 
 import aws_rules
-from lm import request
+from controlplane import request
 
 FILE_SYSTEM = "fs-0123456789abcdef0"
 

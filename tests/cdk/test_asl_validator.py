@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from cdk_synth import ROOT
-from stacks.config import Settings
+from stacks.settings import Settings
 from test_synth import VARIANT_ACCOUNTS, VARIANTS
 
 VALIDATOR = ROOT / "node_modules" / ".bin" / "asl-validator"

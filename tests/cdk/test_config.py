@@ -5,9 +5,9 @@ import pathlib
 
 import pytest
 
-from lm.instances import INSTANCES
-from lm.job import RUNTIMES, SMDDP_INSTANCE_TYPES, STRATEGIES
-from stacks.config import LOG_RETENTION_DAYS, Settings, SettingsError
+from lm.spec.hardware import INSTANCES
+from lm.spec.job import RUNTIMES, SMDDP_INSTANCE_TYPES, STRATEGIES
+from stacks.settings import LOG_RETENTION_DAYS, Settings, SettingsError
 
 CDK_JSON = pathlib.Path(__file__).resolve().parents[2] / "cdk.json"
 

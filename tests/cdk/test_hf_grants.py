@@ -5,10 +5,10 @@ import json
 
 from test_stack import _as_list, _role_id, _statements
 
-from lm import containers
-from stacks.config import MLFLOW_ENDPOINT_SERVICE, Settings
+from controlplane import containers
+from stacks.settings import MLFLOW_ENDPOINT_SERVICE, Settings
 from stacks.iam import MLFLOW_ACTIONS
-from lm.contract import INIT_PREFIX
+from lm.spec.contract import INIT_PREFIX
 
 
 def test_jobs_may_read_but_not_write_the_init_prefix(default):

@@ -6,10 +6,10 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 
-from lm.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
-from lm.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
+from lm.spec.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
+from lm.spec.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
 from stacks import state_machine
-from stacks.config import INTERFACE_ENDPOINT_SERVICES, Settings, SettingsError
+from stacks.settings import INTERFACE_ENDPOINT_SERVICES, Settings, SettingsError
 from stacks.nag import Grant, add_grants
 from stacks.network import INTERFACE_ENDPOINTS
 
@@ -413,7 +413,7 @@ def test_alarm_on_failed_executions_notifies_the_topic(default, alarm, machine_n
 def test_low_gpu_utilization_alarm_watches_every_training_host_and_notifies_the_topic(default):
     props = _alarm(default, "MonitoringLowGpuUtilization")["Properties"]
     (query,) = props["Metrics"]
-    # Per GPU: lm.gpu_usage's metric, not SageMaker's GPUUtilization (the sum over a host's GPUs).
+    # Per GPU: lm.training.gpu_usage's metric, not SageMaker's GPUUtilization (the sum over a host's GPUs).
     assert query["Expression"] == 'SELECT MIN("gpu:utilization_per_gpu") FROM SCHEMA("/aws/sagemaker/TrainingJobs", Host)'
     assert "gpu:utilization_per_gpu" in [definition["Name"] for definition in METRIC_DEFINITIONS]
     assert (props["ComparisonOperator"], props["Threshold"]) == ("LessThanThreshold", 20)
@@ -435,7 +435,7 @@ def test_dashboard_shows_training_metrics_per_host_and_executions(default):
     for name in ("train:loss", "train:tokens_per_second", "train:mfu", "GPUUtilization", "GPUMemoryUtilization",
                  "CPUUtilization", "DiskUtilization"):
         assert name in shown, (name, shown)
-    assert {name for name in shown if ":" in name} <= metric_names, "dashboard metrics are ones lm.train logs"
+    assert {name for name in shown if ":" in name} <= metric_names, "dashboard metrics are ones lm.training.train logs"
     assert "{/aws/sagemaker/TrainingJobs,Host}" in body
     for metric in ("ExecutionsStarted", "ExecutionsSucceeded", "ExecutionsFailed"):
         assert metric in body

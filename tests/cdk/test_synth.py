@@ -14,7 +14,7 @@ from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
 from lmstack.demo_run import cdk_environment
-from stacks.config import Settings
+from stacks.settings import Settings
 from stacks.nag import Grant, add_grants, wildcard_findings
 
 from cdk_synth import ROOT, Synth, cdk_json_context

@@ -1,5 +1,5 @@
 """Smoke test on current TensorFlow (>= 2.16, Keras 2 through tf_keras), in `.venv-tfcurrent`:
-the sample corpus is prepared into tiny shards, `python -m lm.train` trains `tiny` a few
+the sample corpus is prepared into tiny shards, `python -m lm.training.train` trains `tiny` a few
 single-device steps, exports, and the export is reloaded and run. The main test environment
 runs TF 2.15; together they measure the claim that one code base runs on both sides of the
 Keras 3 switch."""
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from lm import job
+from lm.spec import job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = os.path.join(ROOT, ".venv-tfcurrent", "bin", "python")
@@ -26,7 +26,7 @@ RELOAD = """
 import json, sys
 import numpy as np
 from lm.compat import TF_VERSION, keras, tf
-from lm.export import load_exported
+from lm.serving.export import load_exported
 model, config, tokenizer = load_exported(sys.argv[1])
 ids = tokenizer.encode("The quick brown fox jumps over the lazy dog.").ids[:16]
 logits = model(tf.constant([ids], tf.int32)).numpy()
@@ -50,10 +50,10 @@ def _run(args, **kwargs):
 
 def test_prepare_train_export_reload_on_current_tf(tmp_path):
     corpus, data, out = str(tmp_path / "raw.jsonl"), str(tmp_path / "data"), str(tmp_path / "run")
-    _run(["-m", "lm.sample_corpus", corpus, "--max-bytes", "400000"])
-    _run(["-m", "lm.prepare", corpus, "--output", data, "--train-tokenizer", "--vocab-size", "512",
+    _run(["-m", "lmstack.sample_corpus", corpus, "--max-bytes", "400000"])
+    _run(["-m", "lm.data.prepare", corpus, "--output", data, "--train-tokenizer", "--vocab-size", "512",
           "--seq-len", "64", "--val-fraction", "0.05", "--workers", "1", "--threads", "1"])
-    output = _run(["-m", "lm.train", "--data-dir", data, "--checkpoint-dir", os.path.join(out, "ckpt"),
+    output = _run(["-m", "lm.training.train", "--data-dir", data, "--checkpoint-dir", os.path.join(out, "ckpt"),
                    "--export-dir", os.path.join(out, "model"), "--strategy", "single", "--preset", "tiny",
                    "--global_batch_size", "8", "--max_steps", str(STEPS), "--warmup_steps", "2",
                    "--learning_rate", "0.02", "--log_every", "1", "--eval_every", "0", "--eval_batches", "1",

@@ -1,8 +1,8 @@
 """Fixtures for the data-preparation tests: a small BPE tokenizer and small Pile-format corpora."""
 import pytest
 
-from lm import sample_corpus
-from lm import tokenizer as tokenizers_lib
+from lmstack import sample_corpus
+from lm.data import tokenizer as tokenizers_lib
 from prepare_helpers import read_records
 
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import zstandard
 
-from lm import shards
+from lm.spec import shards
 
 
 def read_records(directory):

@@ -1,4 +1,4 @@
-"""lm.prepare output: round trip, record layout, dtype, workers, settings checks, multi-instance merge."""
+"""lm.data.prepare output: round trip, record layout, dtype, workers, settings checks, multi-instance merge."""
 import json
 import os
 
@@ -7,7 +7,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from prepare_helpers import split_tokens, tree_bytes
-from lm import prepare, sample_corpus, shards
+from lm.data import prepare
+from lmstack import sample_corpus
+from lm.spec import shards
 
 SEQ_LEN = 64
 VAL_FRACTION = 0.2

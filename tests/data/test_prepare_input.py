@@ -7,7 +7,10 @@ import zstandard
 from tokenizers import Tokenizer
 
 from prepare_helpers import split_tokens
-from lm import pile, prepare, sample_corpus, shards
+from lm.data import pile
+from lm.data import prepare
+from lmstack import sample_corpus
+from lm.spec import shards
 
 
 def good(index):

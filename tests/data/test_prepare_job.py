@@ -1,7 +1,7 @@
 """The "prepare" SageMaker job, run locally by the real container toolkit (sagemaker-training).
 
 The toolkit reads an /opt/ml-shaped tree (SAGEMAKER_BASE_DIR), turns the hyperparameters
-lm.job encodes into `--name value` arguments and runs `prepare.py`, as in the training image.
+lm.spec.job encodes into `--name value` arguments and runs `prepare.py`, as in the training image.
 """
 import json
 import os
@@ -11,7 +11,10 @@ import sys
 
 import pytest
 
-from lm import job, request, sample_corpus, shards
+from lm.spec import job
+from controlplane import request
+from lmstack import sample_corpus
+from lm.spec import shards
 
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "training_image")
 
@@ -24,7 +27,7 @@ def test_prepare_hyperparameters_validate_like_the_train_table():
 
 
 def _run_toolkit_job(tmp_path, values, raw_files=()):
-    """Run the prepare job through the toolkit as SageMaker would, with lm.prepare's own `values` (the
+    """Run the prepare job through the toolkit as SageMaker would, with lm.data.prepare's own `values` (the
     builder adds the dataset directory /datasets/pile for an EFS raw channel) and `raw_files` copied into
     the raw channel next to the sample corpus. Returns (toolkit result, dataset directory, file system root)."""
     base = tmp_path / "ml"
@@ -59,7 +62,7 @@ def _run_toolkit_job(tmp_path, values, raw_files=()):
 
 
 def test_every_prepare_hyperparameter_is_in_the_dataset_key_or_changes_only_the_speed():
-    """A new lm.prepare setting must say whether it changes the shards: then it belongs in the state
+    """A new lm.data.prepare setting must say whether it changes the shards: then it belongs in the state
     machine's dataset key (stacks.state_machine.training), or a new setting would reuse an old dataset."""
     speed = {"workers", "threads", "shard_index", "num_shards"}  # how the work is split, not its result
     assert set(job.PREPARE_HYPERPARAMETERS) - set(job.PREPARE_OUTPUT_HYPERPARAMETERS) == speed
@@ -83,7 +86,7 @@ def test_toolkit_runs_the_prepare_job_from_the_raw_channel_to_the_dataset_channe
 @pytest.mark.slow
 def test_the_prepare_job_with_its_default_hyperparameters_trains_a_tokenizer(tmp_path):
     """Issue 24.5: what `python -m lmstack.start --upload-corpus DIR` sends (every prepare hyperparameter
-    at its default: no tokenizer, train_tokenizer false, no init channel) was refused by lm.prepare, after
+    at its default: no tokenizer, train_tokenizer false, no init channel) was refused by lm.data.prepare, after
     the instance was provisioned. It now trains a byte-level BPE on the corpus."""
     defaults = job.validate_hyperparameters({}, job.PREPARE_HYPERPARAMETERS)
     result, dataset, _ = _run_toolkit_job(tmp_path, defaults)
@@ -122,7 +125,7 @@ def test_the_prepare_request_mounts_the_root_and_reads_s3_sharded():
 def test_sharded_raw_input_takes_every_file_and_the_merge_counts_all_parts(tokenizer_file, tmp_path):
     """Two instances, each with its own share of the files (as ShardedByS3Key hands them out): each part
     takes all it sees; the last one merges a manifest of every input."""
-    from lm import prepare
+    from lm.data import prepare
     root = tmp_path / "root"
     root.mkdir()
     shares = []
@@ -150,7 +153,7 @@ def test_sharded_raw_input_takes_every_file_and_the_merge_counts_all_parts(token
 
 def test_a_tokenizer_among_sharded_raw_files_is_refused_and_one_on_the_file_system_is_found(tokenizer_file, tmp_path,
                                                                                            monkeypatch, capsys):
-    from lm import prepare
+    from lm.data import prepare
     share = tmp_path / "share"
     sample_corpus.write_sample_corpus(str(share), max_bytes=20000, files=1)
     shutil.copy(tokenizer_file, str(share / "tokenizer.json"))

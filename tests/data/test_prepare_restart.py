@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from prepare_helpers import tree_bytes
-from lm import sample_corpus, shards
+from lmstack import sample_corpus
+from lm.spec import shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INPUTS = 6
@@ -18,7 +19,7 @@ RECORD_BYTES = (32 + 1) * 2
 
 
 def command(raw, output, tokenizer_file, workers):
-    return [sys.executable, "-m", "lm.prepare", raw, "--output", output, "--tokenizer", tokenizer_file,
+    return [sys.executable, "-m", "lm.data.prepare", raw, "--output", output, "--tokenizer", tokenizer_file,
             "--seq-len", "32", "--shard-size", "2KiB", "--val-fraction", "0.1", "--workers", str(workers),
             "--threads", "1"]
 

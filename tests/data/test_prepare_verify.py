@@ -1,4 +1,4 @@
-"""`python -m lm.prepare verify`: the one place every byte is hashed (training checks sizes only).
+"""`python -m lm.data.prepare verify`: the one place every byte is hashed (training checks sizes only).
 
 Exit status 0 when every shard and the tokenizer match the manifest, 1 with each problem named
 when one does not, 2 when there is no manifest to verify against."""
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from lm import prepare, shards
+from lm.data import prepare
+from lm.spec import shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,6 +63,6 @@ def test_the_start_up_check_reads_sizes_not_bytes(dataset):
 
 def test_no_manifest_is_status_2_and_runs_as_a_module(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "training_image"))
-    result = subprocess.run([sys.executable, "-m", "lm.prepare", "verify", str(tmp_path)], env=env,
+    result = subprocess.run([sys.executable, "-m", "lm.data.prepare", "verify", str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert result.returncode == 2 and "manifest.json" in result.stdout, result.stdout

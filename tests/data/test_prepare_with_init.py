@@ -1,5 +1,5 @@
-"""lm.prepare with a Hugging Face GPT-2 checkpoint (init_from, issue 17.3): the prepare job gets the
-`init` channel and tokenizes with the checkpoint's tokenizer.json, so lm.train --init-from accepts
+"""lm.data.prepare with a Hugging Face GPT-2 checkpoint (init_from, issue 17.3): the prepare job gets the
+`init` channel and tokenizes with the checkpoint's tokenizer.json, so lm.training.train --init-from accepts
 the dataset it makes.
 
 The checkpoints here are written by lm.hf (our writer of the format transformers loads, checked
@@ -14,11 +14,17 @@ import sys
 
 import pytest
 
-from lm import contract, hf, job, prepare, request, sample_corpus, shards
-from lm import tokenizer as tokenizers_lib
+from lm.spec import contract
+from lm.spec import job
+from lm.data import prepare
+from controlplane import request
+from lmstack import sample_corpus
+from lm.spec import shards
+from lm import hf
+from lm.data import tokenizer as tokenizers_lib
 
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "training_image")
-EOS_TOKEN = "</s>"  # the checkpoint's eos (config.json eos_token_id), not lm.prepare's default <|endoftext|>
+EOS_TOKEN = "</s>"  # the checkpoint's eos (config.json eos_token_id), not lm.data.prepare's default <|endoftext|>
 INIT_FROM = "s3://lmstack-artifacts/%sgpt2-small-vocab/" % contract.INIT_PREFIX
 SEQ_LEN = 32
 
@@ -41,13 +47,13 @@ def _set_config(hf_dir, **values):
 
 
 def _model_config(vocab_size):
-    from lm.config import get_preset
+    from lm.spec.families import get_preset
     return get_preset("tiny").replace(vocab_size=vocab_size, pad_vocab_to=1)
 
 
 @pytest.fixture(scope="module")
 def tokenizer_checkpoint(tmp_path_factory):
-    """A GPT-2 directory with config.json and tokenizer.json only: all lm.prepare reads of it."""
+    """A GPT-2 directory with config.json and tokenizer.json only: all lm.data.prepare reads of it."""
     hf_dir = str(tmp_path_factory.mktemp("tokenizer-checkpoint"))
     tokenizer = _checkpoint_tokenizer(os.path.join(hf_dir, "tokenizer.json"))
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
@@ -58,7 +64,7 @@ def tokenizer_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A whole GPT-2 directory (random tiny weights), as lm.train --init-from reads it."""
+    """A whole GPT-2 directory (random tiny weights), as lm.training.train --init-from reads it."""
     from lm import models
 
     root = tmp_path_factory.mktemp("checkpoint")
@@ -144,7 +150,7 @@ def _train_arguments(data_dir, hf_dir, tmp_path):
 def test_the_prepare_job_with_init_from_makes_a_dataset_lm_train_starts_from_the_checkpoint_on(checkpoint, tmp_path):
     """The real container toolkit (sagemaker-training) runs prepare.py with the channels and
     hyperparameters of the builder's request for a prepare job with init_from (no tokenizer given,
-    none trained: the execution's defaults); lm.train --init-from then accepts the dataset."""
+    none trained: the execution's defaults); lm.training.train --init-from then accepts the dataset."""
     hf_dir, eos_id = checkpoint
     values = {name: spec.default for name, spec in job.PREPARE_HYPERPARAMETERS.items()}
     values.update(seq_len=SEQ_LEN, shard_size=4096, val_fraction=0.1, workers=1, threads=1)
@@ -189,7 +195,7 @@ def test_the_prepare_job_with_init_from_makes_a_dataset_lm_train_starts_from_the
     assert manifest.tokenizer_sha256 == shards.sha256_file(os.path.join(hf_dir, "tokenizer.json"))
     assert manifest.eod_token_id == eos_id
 
-    from lm import train
+    from lm.training import train
     training = train.Training(*train.parse_args(_train_arguments(dataset, hf_dir, tmp_path)))
     assert training.config.vocab_size == 300
     # What the prepare job made before it had the init channel, a tokenizer of its own, is refused

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from lm import job
-from lm.export import load_exported
+from lm.spec import job
+from lm.serving.export import load_exported
 from lmstack import demo, demo_report, demo_train
 
 SMALL = dict(corpus_bytes=600000, max_steps=40, interrupt_at=15, checkpoint_every=10, synth=False,

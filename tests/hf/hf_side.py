@@ -1,5 +1,5 @@
 """Run by tests/hf with .venv-hf's interpreter (transformers 4.46, TensorFlow): loads what
-`lm.export --format hf` wrote with transformers' own classes and prints JSON results."""
+`lm.hf --format hf` wrote with transformers' own classes and prints JSON results."""
 import json
 import sys
 
@@ -12,7 +12,7 @@ def export_check(hf_dir, inputs_file):
     inputs = np.load(inputs_file)
     model, info = TFGPT2LMHeadModel.from_pretrained(hf_dir, output_loading_info=True)
     logits = model(inputs["batch"]).logits.numpy()
-    model.generation_config.eos_token_id = None  # 32 tokens on both sides, as lm.generate without stops
+    model.generation_config.eos_token_id = None  # 32 tokens on both sides, as lm.serving.generate without stops
     generated = model.generate(inputs["prompts"], max_new_tokens=32, do_sample=False, use_cache=True,
                                pad_token_id=0).numpy()[:, inputs["prompts"].shape[1]:]
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)

@@ -1,4 +1,4 @@
-"""`lm.export --format hf` and `--from-hf` against transformers' own TFGPT2LMHeadModel, run in
+"""`lm.hf --format hf` and `--from-hf` against transformers' own TFGPT2LMHeadModel, run in
 .venv-hf (transformers 4.46.3 needs tokenizers 0.20; the project's environment has 0.23).
 No fake here: the other side is the real library."""
 import json
@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from lm import export as lm_export
+from lm.serving import export as lm_export
 from lm import hf, models
 from lm.compat import keras, tf
-from lm.config import get_preset
-from lm.generate import generate_tokens
-from lm.tokenizer import EOD_TOKEN, save, train_bpe
+from lm.spec.families import get_preset
+from lm.serving.generate import generate_tokens
+from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HF_PYTHON = os.path.join(ROOT, ".venv-hf", "bin", "python")
@@ -58,7 +58,7 @@ def exported(tmp_path_factory):
 
 def test_cli_help_and_bad_arguments(tmp_path):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "lm.export"] + list(args), capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "lm.hf"] + list(args), capture_output=True, text=True,
                               cwd=os.path.join(ROOT, "training_image"))
     assert cli("--help").returncode == 0 and "--from-hf" in cli("--help").stdout
     bad_format = cli("--format", "onnx", str(tmp_path), str(tmp_path / "o"))
@@ -129,7 +129,7 @@ def test_safetensors_round_trip_and_bad_file(tmp_path):
 def test_transformers_loads_the_export_with_the_same_logits_and_greedy_tokens(exported, tmp_path):
     model, config, export_dir, root = exported
     out = str(tmp_path / "hf")
-    subprocess.run([sys.executable, "-m", "lm.export", "--format", "hf", export_dir, out], check=True,
+    subprocess.run([sys.executable, "-m", "lm.hf", "--format", "hf", export_dir, out], check=True,
                    cwd=os.path.join(ROOT, "training_image"))
     rng = np.random.default_rng(1)
     batch = rng.integers(0, config.vocab_size, [4, 24]).astype(np.int32)
@@ -151,7 +151,7 @@ def test_transformers_loads_the_export_with_the_same_logits_and_greedy_tokens(ex
 
 @requires_hf_venv
 def test_import_of_a_transformers_checkpoint_gives_transformers_loss(exported, tmp_path):
-    from lm.train import token_loss
+    from lm.training.train import token_loss
 
     _, _, export_dir, _ = exported
     hf_dir, ours = str(tmp_path / "hf"), str(tmp_path / "export")
@@ -159,7 +159,7 @@ def test_import_of_a_transformers_checkpoint_gives_transformers_loss(exported, t
     inputs = str(tmp_path / "inputs.npz")
     np.savez(inputs, batch=batch)
     theirs = run_hf_side("make_random", hf_dir, os.path.join(export_dir, "tokenizer.json"), inputs)["loss"]
-    subprocess.run([sys.executable, "-m", "lm.export", "--from-hf", hf_dir, ours], check=True,
+    subprocess.run([sys.executable, "-m", "lm.hf", "--from-hf", hf_dir, ours], check=True,
                    cwd=os.path.join(ROOT, "training_image"))
     model, config, tokenizer = lm_export.load_exported(ours)
     assert (config.n_layer, config.d_model, config.n_head, config.block_size) == (2, 32, 4, 64)

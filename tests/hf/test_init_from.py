@@ -1,9 +1,9 @@
-"""lm.train from a Hugging Face GPT-2 (init_from, issue 17.3) and with the Hugging Face export
+"""lm.training.train from a Hugging Face GPT-2 (init_from, issue 17.3) and with the Hugging Face export
 as a training-job option (export_hf, issue 17.1).
 
 The other side is the real library: a random GPT-2 built and saved by transformers' own
 TFGPT2LMHeadModel in .venv-hf (tests/hf/hf_side.py), no download. Its tokenizer (the
-tokenizer.json in the directory) is what lm.prepare tokenizes the dataset with; the first
+tokenizer.json in the directory) is what lm.data.prepare tokenizes the dataset with; the first
 training step's loss must be the loss transformers computes on that very batch.
 """
 import json
@@ -15,9 +15,14 @@ import numpy as np
 import pytest
 from test_hf_export import ROOT, requires_hf_venv, run_hf_side
 
-from lm import data, hf, prepare, sample_corpus, shards, train
-from lm import export as lm_export
-from lm.tokenizer import EOD_TOKEN, save, train_bpe
+from lm.data import dataset
+from lm.data import prepare
+from lmstack import sample_corpus
+from lm.spec import shards
+from lm.training import train
+from lm import hf
+from lm.serving import export as lm_export
+from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
 
 TRAINING_IMAGE = os.path.join(ROOT, "training_image")
 # The tiny preset's shape (2 layers, width 64, 4 heads); vocabulary and context are the checkpoint's.
@@ -62,8 +67,8 @@ def transformers_gpt2(corpus):
     os.makedirs(hf_dir)
     data_dir = prepared(raw, tokenizer_file, str(root / "dataset"))
     manifest = shards.load_manifest(data_dir)
-    # The batch lm.train's first step takes (same stream, same seed), as one record per row.
-    stream = data.TokenStream(data_dir, "train", global_batch_size=BATCH, dp_rank=0, dp_size=1, seed=7,
+    # The batch lm.training.train's first step takes (same stream, same seed), as one record per row.
+    stream = dataset.TokenStream(data_dir, "train", global_batch_size=BATCH, dp_rank=0, dp_size=1, seed=7,
                               seq_len=manifest.seq_len, vocab_size=300)
     batches = stream.batches(0)
     inputs, labels = next(batches)
@@ -98,7 +103,7 @@ def test_init_from_comes_from_the_init_channel_and_the_run_exports(transformers_
     hf_dir, data_dir, _ = transformers_gpt2
     env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
     env.update(SM_CHANNEL_INIT=hf_dir, PYTHONPATH=TRAINING_IMAGE, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-m", "lm.train"] + train_arguments(data_dir, str(tmp_path), max_steps=2),
+    result = subprocess.run([sys.executable, "-m", "lm.training.train"] + train_arguments(data_dir, str(tmp_path), max_steps=2),
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "initialized the weights from the Hugging Face checkpoint in %s" % hf_dir in result.stdout
@@ -111,7 +116,7 @@ def test_init_from_comes_from_the_init_channel_and_the_run_exports(transformers_
 def _our_gpt2(tmp_path, preset="tiny"):
     """An HF directory written by lm.hf (no transformers): enough for the refusals below."""
     from lm import models
-    from lm.config import get_preset
+    from lm.spec.families import get_preset
 
     config = get_preset(preset).replace(vocab_size=300, pad_vocab_to=1)
     tokenizer_file = str(tmp_path / "tok.json")
@@ -138,7 +143,7 @@ def test_a_checkpoint_of_another_shape_than_the_preset_is_refused(corpus, tmp_pa
     hf_dir = _our_gpt2(tmp_path)
     with open(os.path.join(hf_dir, "config.json")) as f:
         values = json.load(f)
-    from lm.config import get_preset
+    from lm.spec.families import get_preset
     with pytest.raises(hf.HFError, match=r"the checkpoint is not preset gpt-125m: n_layer 2 \(checkpoint\) vs 12; "
                                          r"d_model 64 \(checkpoint\) vs 768; n_head 4 \(checkpoint\) vs 12"):
         hf.init_config(hf_dir, get_preset("gpt-125m"), "preset gpt-125m")
@@ -150,7 +155,7 @@ BLOCK_TRANSFORMERS = "raise ImportError('transformers is not in the training ima
 
 @requires_hf_venv
 def test_export_hf_in_the_training_job_loads_in_transformers_without_it_in_the_image(corpus, tmp_path):
-    """lm.train with export_hf runs where importing transformers or safetensors fails (as in the
+    """lm.training.train with export_hf runs where importing transformers or safetensors fails (as in the
     training image); transformers then loads /opt/ml/model itself, with our logits."""
     root, raw, tokenizer_file = corpus
     data_dir = prepared(raw, tokenizer_file, str(tmp_path / "dataset"))
@@ -160,12 +165,12 @@ def test_export_hf_in_the_training_job_loads_in_transformers_without_it_in_the_i
         (blocked / ("%s.py" % name)).write_text(BLOCK_TRANSFORMERS)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
     env.update(PYTHONPATH=os.pathsep.join([str(blocked), TRAINING_IMAGE]), TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-m", "lm.train"] + train_arguments(
+    result = subprocess.run([sys.executable, "-m", "lm.training.train"] + train_arguments(
         data_dir, str(tmp_path), max_steps=3, export_hf=True), capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     model_dir = str(tmp_path / "model")
     assert sorted(os.listdir(model_dir)) == sorted([
-        "model.json", "weights.npz", "tokenizer.json",  # ours, for lm.serve
+        "model.json", "weights.npz", "tokenizer.json",  # ours, for lm.serving.server
         "config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json"])  # transformers'
     model, config, _ = lm_export.load_exported(model_dir)
     batch = np.random.default_rng(5).integers(0, config.vocab_size, [2, 12]).astype(np.int32)

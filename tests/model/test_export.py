@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from lm import export as lm_export
+from lm.serving import export as lm_export
 from lm import models
 from lm.compat import keras, tf
-from lm.config import get_preset
-from lm.tokenizer import save, train_bpe
+from lm.spec.families import get_preset
+from lm.data.tokenizer import save, train_bpe
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
 import numpy as np
 import pytest
 
-from lm import config as lm_config
-from lm import generate as lm_generate
-from lm import job, models
+from lm.spec import families as lm_config
+from lm.serving import generate as lm_generate
+from lm.spec import job
+from lm import models
 from lm.compat import keras, tf
-from lm.rnn import RNNLM
+from lm.models.rnn import RNNLM
 
 RNN_TINY = lm_config.get_preset("rnn-tiny")
 

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from lm import generate as lm_generate
-from lm import model as lm_model
+from lm.serving import generate as lm_generate
+from lm.models import gpt as lm_model
 from lm.compat import keras, tf
-from lm.config import get_preset
-from lm.tokenizer import EOD_TOKEN, train_bpe
+from lm.spec.families import get_preset
+from lm.data.tokenizer import EOD_TOKEN, train_bpe
 
 TINY = get_preset("tiny")
 PROMPTS = [[5, 17, 3, 99, 42, 7], [11, 2], [300, 301, 302, 303]]

@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from lm import model as lm_model
+from lm.models import gpt as lm_model
 from lm.compat import keras, tf
-from lm.config import GPTConfig, get_preset, non_embedding_parameter_count, parameter_count
+from lm.spec.families import GPTConfig, get_preset, non_embedding_parameter_count, parameter_count
 
 TINY = get_preset("tiny")
 IMAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "training_image")
@@ -24,7 +24,7 @@ def tokens(config, batch=2, length=12, seed=0):
 
 
 def test_presets_are_reexported_with_the_gpt3_shapes():
-    assert lm_model.PRESETS is __import__("lm.config", fromlist=["PRESETS"]).PRESETS
+    assert lm_model.PRESETS is __import__("lm.spec.families", fromlist=["PRESETS"]).PRESETS
     shapes = {name: (c.n_layer, c.d_model, c.n_head, c.block_size) for name, c in lm_model.PRESETS.items()}
     assert shapes["gpt-125m"] == (12, 768, 12, 2048)
     assert shapes["gpt-1.3b"] == (24, 2048, 16, 2048)
@@ -177,7 +177,7 @@ def test_config_round_trip():
 @pytest.mark.slow
 def test_cli_prints_the_size_of_a_big_preset_without_building_it():
     env = dict(os.environ, PYTHONPATH=IMAGE_DIR)
-    out = subprocess.run([sys.executable, "-m", "lm.model", "--preset", "gpt-1.3b"], env=env,
+    out = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", "gpt-1.3b"], env=env,
                          capture_output=True, text=True, check=True).stdout
     info = json.loads(out)
     config = get_preset("gpt-1.3b")
@@ -190,7 +190,7 @@ def test_cli_prints_the_size_of_a_big_preset_without_building_it():
 @pytest.mark.slow
 def test_cli_describes_other_families_too():
     env = dict(os.environ, PYTHONPATH=IMAGE_DIR)
-    out = subprocess.run([sys.executable, "-m", "lm.model", "--preset", "rnn-small"], env=env,
+    out = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", "rnn-small"], env=env,
                          capture_output=True, text=True, check=True).stdout
     info = json.loads(out)
     assert info["family"] == "rnn" and info["params"] == parameter_count(get_preset("rnn-small"))
@@ -199,7 +199,7 @@ def test_cli_describes_other_families_too():
 @pytest.mark.slow
 def test_cli_names_the_allowed_presets_for_an_unknown_one():
     env = dict(os.environ, PYTHONPATH=IMAGE_DIR)
-    result = subprocess.run([sys.executable, "-m", "lm.model", "--preset", "gpt-9"], env=env,
+    result = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", "gpt-9"], env=env,
                             capture_output=True, text=True)
     assert result.returncode != 0 and "gpt-125m" in result.stderr and "gpt-9" in result.stderr
 

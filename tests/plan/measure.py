@@ -16,7 +16,7 @@ Prints one JSON line. How it measures:
   traced and every MatMul, BatchMatMulV2 and Einsum op is counted from its static shapes
   (2 x the product of all distinct dimension sizes of a two-operand einsum).
 - parameters: the built model's trainable variables, summed.
-- with "snapshot": lm.checkpoint.Checkpointer's snapshot of the state (weights, m, v) is taken
+- with "snapshot": lm.training.checkpoint.Checkpointer's snapshot of the state (weights, m, v) is taken
   after the warm-up step and held, as a background save holds it until its writer has copied it
   to host memory; one step runs (its updates copy the held buffers), then the measured one.
 """
@@ -26,12 +26,12 @@ import sys
 
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 
-from lm import checkpoint  # noqa: E402
+from lm.training import checkpoint
 from lm.compat import tf  # noqa: E402
-from lm.config import GPTConfig  # noqa: E402
+from lm.spec.families import GPTConfig
 from lm.distributed.base import apply_update, compute_gradients  # noqa: E402
-from lm.model import build_model  # noqa: E402
-from lm.optim import AdamW  # noqa: E402
+from lm.models.gpt import build_model
+from lm.training.optim import AdamW
 
 
 def loss_fn(labels, logits):

@@ -1,4 +1,4 @@
-"""Rules, arithmetic and the CLI of `lm.plan` (no TensorFlow)."""
+"""Rules, arithmetic and the CLI of `controlplane.planner` (no TensorFlow)."""
 import json
 import os
 import subprocess
@@ -6,8 +6,12 @@ import sys
 
 import pytest
 
-from lm import instances, job, plan, prices
-from lm.config import PRESETS, flops_per_token, get_preset, parameter_count
+from lmstack import plan
+from controlplane import planner
+from controlplane import prices
+from lm.spec import hardware
+from lm.spec import job
+from lm.spec.families import PRESETS, flops_per_token, get_preset, parameter_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA_PARALLEL = ("mwms", "horovod", "smddp")
@@ -15,7 +19,7 @@ DATA_PARALLEL = ("mwms", "horovod", "smddp")
 
 @pytest.fixture(scope="module")
 def table():
-    return plan.feasibility_table()
+    return planner.feasibility_table()
 
 
 def _row(table, preset, instance_type, strategy):
@@ -30,7 +34,7 @@ def _env():
 
 
 def test_imports_without_tensorflow():
-    code = "import sys, lm.plan; lm.plan.feasibility_table(); assert 'tensorflow' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, controlplane.planner; controlplane.planner.feasibility_table(); assert 'tensorflow' not in sys.modules, sorted(sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, universal_newlines=True)
     assert result.returncode == 0, result.stdout
@@ -39,7 +43,7 @@ def test_imports_without_tensorflow():
 # ---- the rules the state machine gets ----
 
 def test_table_covers_every_preset_gpu_instance_and_strategy(table):
-    gpu_types = [name for name, inst in instances.INSTANCES.items() if inst.gpus]
+    gpu_types = [name for name, inst in hardware.INSTANCES.items() if inst.gpus]
     assert len(table) == len(PRESETS) * len(gpu_types) * len(job.STRATEGIES)
     assert {r["instance_type"] for r in table} == set(gpu_types)
     for row in table:
@@ -61,8 +65,8 @@ def test_1_3b_plain_data_parallel_on_v100_16gb_does_not_fit_and_smp_is_suggested
 def test_1_3b_does_not_fit_even_one_sequence_per_gpu_on_v100_with_data_parallel():
     # weights + gradients + AdamW alone are 16 bytes a parameter: more than a 16 GB V100 holds
     state = 16 * parameter_count(get_preset("gpt-1.3b"))
-    assert state > plan.usable_bytes(instances.get_instance("ml.p3.16xlarge"))
-    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 2, "horovod", global_batch=4, seq_len=2048, recompute=True)
+    assert state > planner.usable_bytes(hardware.get_instance("ml.p3.16xlarge"))
+    verdict = planner.check("gpt-1.3b", "ml.p3.16xlarge", 2, "horovod", global_batch=4, seq_len=2048, recompute=True)
     assert not verdict.ok and verdict.suggested_strategy == "smp"  # 2 sequences per replica of 8 partitions
 
 
@@ -83,24 +87,24 @@ def test_horovod_cannot_run_on_p5_because_its_image_predates_hopper(table):
 
 
 def test_cuda_versions_are_read_from_the_job_runtimes():
-    assert plan.runtime_cuda("tf211") == (11, 2)
-    assert plan.runtime_cuda("tfcurrent") == (12, 9)
+    assert planner.runtime_cuda("tf211") == (11, 2)
+    assert planner.runtime_cuda("tfcurrent") == (12, 9)
 
 
 def test_gpt_125m_fits_on_every_gpu_instance(table):
     for row in table:
         if row["preset"] != "gpt-125m":
             continue
-        runs = plan.cannot_run(row["strategy"], row["instance_type"]) is None
+        runs = planner.cannot_run(row["strategy"], row["instance_type"]) is None
         assert row["ok"] == runs, row
         assert not row["recompute_required"], row
 
 
 def test_support_lists_come_from_lm_job(monkeypatch):
-    assert not plan.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
+    assert not planner.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
     monkeypatch.setitem(job.STRATEGY_INSTANCE_TYPES, "smddp", job.SMDDP_INSTANCE_TYPES + ("ml.p5.48xlarge",))
     monkeypatch.setitem(job.STRATEGY_RUNTIME, "smddp", "tfcurrent")
-    assert plan.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
+    assert planner.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
 
 
 def test_too_big_for_any_strategy_names_no_strategy(table):
@@ -110,12 +114,12 @@ def test_too_big_for_any_strategy_names_no_strategy(table):
 
 
 def test_single_runs_on_one_instance_only():
-    verdict = plan.check("gpt-125m", "ml.g5.xlarge", 2, "single", global_batch=4)
+    verdict = planner.check("gpt-125m", "ml.g5.xlarge", 2, "single", global_batch=4)
     assert not verdict.ok and "instance_count=2" in verdict.reason
 
 
 def test_a_global_batch_smaller_than_the_data_parallel_size_is_raised_to_it_saying_so():
-    chosen = plan.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=8).plan["chosen"]
+    chosen = planner.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=8).plan["chosen"]
     assert chosen["global_batch"] == 16 and chosen["per_replica_batch"] == 1
     assert "global_batch 8 is not a multiple of 16 (the data-parallel size)" in chosen["warnings"][0]
     assert "set hyperparameters.global_batch_size to 16" in chosen["warnings"][0]
@@ -123,14 +127,14 @@ def test_a_global_batch_smaller_than_the_data_parallel_size_is_raised_to_it_sayi
 
 @pytest.mark.parametrize("requested, picked", [(100, 96), (104, 112), (96, 96), (1, 16), (23, 16), (24, 32)])
 def test_the_plan_picks_the_nearest_multiple_of_the_data_parallel_size(requested, picked):
-    chosen = plan.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=requested).plan["chosen"]
+    chosen = planner.check("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=requested).plan["chosen"]
     assert chosen["global_batch"] == picked
     assert any("planned with the nearest valid one, %d" % picked in w for w in chosen["warnings"]) == (
         requested != picked)
 
 
 def test_auto_picks_the_cheapest_strategy_that_fits():
-    result = plan.plan("gpt-125m", "ml.p4d.24xlarge", 1, "auto", global_batch=64)
+    result = planner.plan("gpt-125m", "ml.p4d.24xlarge", 1, "auto", global_batch=64)
     fitting = [c for c in result["candidates"] if c["ok"]]
     assert result["chosen"]["ok"]
     assert result["chosen"]["time"]["cost_on_demand_usd"] == min(c["time"]["cost_on_demand_usd"] for c in fitting)
@@ -141,31 +145,31 @@ def test_auto_picks_the_cheapest_strategy_that_fits():
 def test_state_bytes_per_parameter():
     config = get_preset("gpt-350m")
     p = parameter_count(config)
-    fp32 = plan.memory(config, 1, 2048, "fp32")
+    fp32 = planner.memory(config, 1, 2048, "fp32")
     assert (fp32["weights"], fp32["gradients"], fp32["optimizer"], fp32["compute_copies"]) == (4 * p, 4 * p, 8 * p, 0)
-    assert plan.memory(config, 1, 2048, "bf16")["compute_copies"] == 2 * p
+    assert planner.memory(config, 1, 2048, "bf16")["compute_copies"] == 2 * p
 
 
 def test_activations_grow_linearly_in_batch_and_attention_quadratically_in_length():
     config = get_preset("gpt-125m")
-    one = plan.layer_activation_bytes(config, 1, 1024, 2)
-    assert plan.layer_activation_bytes(config, 4, 1024, 2) == 4 * one
+    one = planner.layer_activation_bytes(config, 1, 1024, 2)
+    assert planner.layer_activation_bytes(config, 4, 1024, 2) == 4 * one
     u, w = 1024 * config.d_model, config.n_head * 1024 ** 2
-    assert one == plan.MEASURED_U_ELEMENTS["graph"] * u * 2 + (4 + 2) * w
-    assert plan.layer_activation_bytes(config, 1, 2048, 2) == 2 * plan.MEASURED_U_ELEMENTS["graph"] * u * 2 + 4 * 6 * w
+    assert one == planner.MEASURED_U_ELEMENTS["graph"] * u * 2 + (4 + 2) * w
+    assert planner.layer_activation_bytes(config, 1, 2048, 2) == 2 * planner.MEASURED_U_ELEMENTS["graph"] * u * 2 + 4 * 6 * w
 
 
 def test_recomputation_keeps_one_block_plus_block_inputs():
     config = get_preset("gpt-760m")
-    full = plan.memory(config, 2, 2048, "bf16")
-    recomputed = plan.memory(config, 2, 2048, "bf16", recompute=True)
+    full = planner.memory(config, 2, 2048, "bf16")
+    recomputed = planner.memory(config, 2, 2048, "bf16", recompute=True)
     assert recomputed["peak"] < full["peak"]
     u = 2 * 2048 * config.d_model
-    assert recomputed["activations_recompute"] == config.n_layer * u * 2 + plan.layer_activation_bytes(config, 2, 2048, 2)
+    assert recomputed["activations_recompute"] == config.n_layer * u * 2 + planner.layer_activation_bytes(config, 2, 2048, 2)
 
 
 def test_smp_partitions_split_parameters_and_microbatches_split_activations():
-    result = plan.plan("gpt-2.7b", "ml.p4d.24xlarge", 1, "smp", global_batch=32, partitions=4, microbatches=8)
+    result = planner.plan("gpt-2.7b", "ml.p4d.24xlarge", 1, "smp", global_batch=32, partitions=4, microbatches=8)
     smp = result["chosen"]
     config = get_preset("gpt-2.7b")
     assert smp["mp_parameters"]["partitions"] == 4 and smp["mp_parameters"]["microbatches"] == 8
@@ -176,7 +180,7 @@ def test_smp_partitions_split_parameters_and_microbatches_split_activations():
 
 
 def test_smp_microbatches_must_divide_the_replica_batch():
-    verdict = plan.check("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=12, partitions=2, microbatches=4)
+    verdict = planner.check("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=12, partitions=2, microbatches=4)
     chosen = verdict.plan["chosen"]
     assert verdict.ok and chosen["global_batch"] == 16 and chosen["per_replica_batch"] == 4
     assert "not a multiple of 16 (the data-parallel size x microbatches)" in chosen["warnings"][0]
@@ -186,9 +190,9 @@ def test_smp_microbatches_must_divide_the_replica_batch():
 
 def test_tokens_per_second_follow_peak_times_mfu_over_flops_per_token():
     config = get_preset("gpt-350m")
-    result = plan.plan("gpt-350m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64, mfu=0.4)
+    result = planner.plan("gpt-350m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64, mfu=0.4)
     timing = result["chosen"]["time"]
-    expected = 8 * prices.GPUS["A100"].peak_flops["bf16"] * 0.4 / flops_per_token(config, 2048)
+    expected = 8 * hardware.GPUS["A100"].peak_flops["bf16"] * 0.4 / flops_per_token(config, 2048)
     assert timing["tokens_per_second"] == pytest.approx(expected)
     tokens = result["settings"]["tokens"]
     assert tokens == 20 * parameter_count(config)
@@ -198,14 +202,14 @@ def test_tokens_per_second_follow_peak_times_mfu_over_flops_per_token():
 
 
 def test_default_mfu_is_per_gpu():
-    timing = plan.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=8)["chosen"]["time"]
-    assert timing["mfu"] == prices.DEFAULT_MFU["V100"]
-    assert timing["peak_flops_per_gpu"] == prices.GPUS["V100"].peak_flops["fp16"]
+    timing = planner.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=8)["chosen"]["time"]
+    assert timing["mfu"] == hardware.DEFAULT_MFU["V100"]
+    assert timing["peak_flops_per_gpu"] == hardware.GPUS["V100"].peak_flops["fp16"]
 
 
 def test_twice_the_instances_halve_the_compute_and_the_all_reduce_comes_on_top():
-    one = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 2, "mwms", global_batch=1024)["chosen"]["time"]
-    two = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 4, "mwms", global_batch=1024)["chosen"]["time"]
+    one = planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 2, "mwms", global_batch=1024)["chosen"]["time"]
+    two = planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 4, "mwms", global_batch=1024)["chosen"]["time"]
     assert two["compute_seconds"] == pytest.approx(one["compute_seconds"] / 2)
     for timing in (one, two):
         assert timing["step_seconds"] == pytest.approx(timing["compute_seconds"] + timing["allreduce_seconds"])
@@ -213,35 +217,35 @@ def test_twice_the_instances_halve_the_compute_and_the_all_reduce_comes_on_top()
 
 
 def test_warns_when_the_global_batch_is_too_small_for_the_data_parallel_size():
-    small = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32)["chosen"]
+    small = planner.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32)["chosen"]
     assert any("global batch too small" in w for w in small["warnings"])
     assert small["time"]["allreduce_seconds"] > small["time"]["compute_seconds"]
-    large = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=4096)["chosen"]
+    large = planner.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=4096)["chosen"]
     assert not any("global batch too small" in w for w in large["warnings"])
 
 
 def test_recomputation_costs_time():
-    plain = plan.plan("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]
-    recomputed = plan.plan("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64, recompute=True)["chosen"]["time"]
+    plain = planner.plan("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]
+    recomputed = planner.plan("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64, recompute=True)["chosen"]["time"]
     assert recomputed["hours"] > plain["hours"]
 
 
 def test_estimate_for_the_execution_output():
-    estimate = plan.estimate("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=64)
+    estimate = planner.estimate("gpt-125m", "ml.p4d.24xlarge", 2, "horovod", global_batch=64)
     assert estimate["strategy"] == "horovod" and estimate["ok"]
     assert estimate["billable_instance_seconds"] == pytest.approx(2 * estimate["hours"] * 3600)
     assert estimate["cost_spot_usd"] < estimate["cost_on_demand_usd"]
 
 
 def test_every_gpu_instance_has_a_price_a_gpu_and_a_network():
-    for name, inst in instances.INSTANCES.items():
+    for name, inst in hardware.INSTANCES.items():
         # A price that could not be sourced is listed as such, never guessed.
         assert (name in prices.UNPRICED) != (prices.on_demand_price(name) is not None)
         assert name in prices.UNPRICED or prices.on_demand_price(name) > 0
-        assert instances.NETWORK_GBPS[name] > 0
+        assert hardware.NETWORK_GBPS[name] > 0
         if inst.gpus:
-            gpu = prices.get_gpu(inst.gpu)
-            assert gpu.default_precision in gpu.peak_flops and inst.gpu in prices.DEFAULT_MFU
+            gpu = hardware.get_gpu(inst.gpu)
+            assert gpu.default_precision in gpu.peak_flops and inst.gpu in hardware.DEFAULT_MFU
 
 
 # ---- bad input ----
@@ -260,7 +264,7 @@ def test_bad_input_names_the_field(kwargs, message):
     args = dict(model="gpt-125m", instance_type="ml.g5.xlarge", instance_count=1, strategy="auto")
     args.update(kwargs)
     with pytest.raises(ValueError) as error:
-        plan.plan(args.pop("model"), args.pop("instance_type"), args.pop("instance_count"), args.pop("strategy"),
+        planner.plan(args.pop("model"), args.pop("instance_type"), args.pop("instance_count"), args.pop("strategy"),
                   **args)
     assert message in str(error.value)
 
@@ -277,7 +281,7 @@ def test_global_batch_in_tokens_or_sequences():
 # ---- the CLI ----
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "lm.plan"] + list(args), cwd=ROOT, env=_env(),
+    return subprocess.run([sys.executable, "-m", "lmstack.plan"] + list(args), cwd=ROOT, env=_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
 
 
@@ -325,13 +329,13 @@ def test_cli_writes_the_chart(tmp_path):
 
 def test_inter_container_traffic_encryption_slows_the_all_reduce_between_hosts_only():
     """SageMaker's train-encrypt page: slower for distributed deep learning, no effect on one host."""
-    plain = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32)["chosen"]["time"]
-    encrypted = plan.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32,
+    plain = planner.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32)["chosen"]["time"]
+    encrypted = planner.plan("gpt-125m", "ml.p3.16xlarge", 4, "horovod", global_batch=32,
                           traffic_encryption=True)["chosen"]["time"]
-    assert encrypted["allreduce_seconds"] == pytest.approx(plain["allreduce_seconds"] * plan.ENCRYPTED_ALLREDUCE_SLOWDOWN)
+    assert encrypted["allreduce_seconds"] == pytest.approx(plain["allreduce_seconds"] * planner.ENCRYPTED_ALLREDUCE_SLOWDOWN)
     assert encrypted["compute_seconds"] == plain["compute_seconds"]
     assert encrypted["cost_on_demand_usd"] > plain["cost_on_demand_usd"]  # all-reduce bound at this batch
-    one_host = [plan.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=32, traffic_encryption=on)
+    one_host = [planner.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=32, traffic_encryption=on)
                 ["chosen"]["time"] for on in (False, True)]
     assert one_host[0] == one_host[1]
 
@@ -353,7 +357,7 @@ def test_smp_counts_the_accumulator_and_one_microbatchs_gradients_beside_the_oth
     # gpt-1.3b on ml.p3.16xlarge, 2 partitions, 16 microbatches: the step sums the microbatches'
     # gradients into one accumulator, and a microbatch's own gradients are made while the other
     # microbatch in flight (interleaved: min(16, 2)) keeps its activations.
-    chosen = plan.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=640, partitions=2,
+    chosen = planner.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=640, partitions=2,
                        microbatches=16)["chosen"]
     memory = chosen["memory_gib"]
     partition = chosen["params_per_gpu"] / 2 ** 30
@@ -365,20 +369,20 @@ def test_smp_counts_the_accumulator_and_one_microbatchs_gradients_beside_the_oth
     assert memory["peak"] == pytest.approx(fixed + max(memory["activations"] + memory["loss"],
                                                        one_microbatch + memory["gradients"]))
     assert not chosen["ok"]
-    one = plan.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=640, partitions=2,
+    one = planner.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=640, partitions=2,
                     microbatches=1)["chosen"]["memory_gib"]
     assert one["gradient_accumulator"] == 0  # one microbatch: its gradients are the step's
 
 
 def test_the_simple_pipeline_keeps_every_microbatch_in_flight_the_interleaved_one_at_most_partitions():
     def activations(pipeline):
-        return plan.plan("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=16, partitions=2, microbatches=8,
+        return planner.plan("gpt-350m", "ml.p4d.24xlarge", 1, "smp", global_batch=16, partitions=2, microbatches=8,
                          pipeline=pipeline)["chosen"]["memory_gib"]["activations"]
     assert activations("simple") == pytest.approx(4 * activations("interleaved"))
 
 
 def test_smp_with_recompute_is_refused_with_the_rule_and_the_plan_says_what_fits_without():
-    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 2, "smp", global_batch=2, recompute=True)
+    verdict = planner.check("gpt-1.3b", "ml.p3.16xlarge", 2, "smp", global_batch=2, recompute=True)
     assert not verdict.ok and "hyperparameters.recompute must be false with strategy smp" in verdict.reason
     assert verdict.suggested_strategy == "smp" and "set recompute=false" in verdict.suggestion
     assert not verdict.plan["fits_with_recompute"]
@@ -392,14 +396,14 @@ def test_no_feasibility_row_makes_smp_need_recomputation(table):
 
 def test_the_seeds_run_gets_an_honest_rejection_naming_what_fits():
     # gpt-1.3b with SMP on 10 x ml.p3.16xlarge, 480 sequences of 2,048 tokens, no recomputation.
-    verdict = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480)
+    verdict = planner.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480)
     assert not verdict.ok
     assert "fits at seq_len 1024 with partitions=4, microbatches=24, pipeline=interleaved" in verdict.reason
-    shorter = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024)
+    shorter = planner.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024)
     assert shorter.ok and shorter.plan["chosen"]["mp_parameters"] == {
         "partitions": 4, "microbatches": 24, "pipeline": "interleaved", "horovod": True, "auto_partition": False,
         "default_partition": 0}
-    given = plan.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024, partitions=2,
+    given = planner.check("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", global_batch=480, seq_len=1024, partitions=2,
                        microbatches=12)
     assert not given.ok and "fits with partitions=4, microbatches=24, pipeline=interleaved" in given.reason
 
@@ -410,16 +414,16 @@ def test_the_seeds_run_gets_an_honest_rejection_naming_what_fits():
 def test_a_background_checkpoints_copy_of_the_state_is_counted(strategy):
     config = get_preset("gpt-1.3b")
     batch = 1 if strategy == "single" else 8
-    chosen = plan.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, strategy, global_batch=batch, recompute=True)["chosen"]
+    chosen = planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, strategy, global_batch=batch, recompute=True)["chosen"]
     assert chosen["memory_gib"]["checkpoint_snapshot"] == pytest.approx(12 * parameter_count(config) / 2 ** 30)
     assert not chosen["ok"]  # 16 + 12 bytes a parameter leave no room on a 40 GB A100 (approved before)
-    assert not plan.check("gpt-760m", "ml.p3dn.24xlarge", 1, strategy, global_batch=batch).ok
+    assert not planner.check("gpt-760m", "ml.p3dn.24xlarge", 1, strategy, global_batch=batch).ok
 
 
 def test_the_snapshot_adds_to_the_peak():
     config = get_preset("gpt-350m")
-    without = plan.memory(config, 1, 2048, "bf16")
-    held = plan.memory(config, 1, 2048, "bf16", snapshot=True)
+    without = planner.memory(config, 1, 2048, "bf16")
+    held = planner.memory(config, 1, 2048, "bf16", snapshot=True)
     assert held["peak"] - without["peak"] == 12 * parameter_count(config) == held["checkpoint_snapshot"]
 
 
@@ -431,7 +435,7 @@ def test_the_snapshot_adds_to_the_peak():
 def test_the_all_reduce_follows_the_backward_pass_unless_the_code_path_overlaps_them(strategy, xla, overlapped):
     preset, instance_type = ("gpt-125m", "ml.p4d.24xlarge")
     settings = dict(global_batch=256, xla=xla, partitions=2 if strategy == "smp" else None)
-    timing = plan.plan(preset, instance_type, 4, strategy, **settings)["chosen"]["time"]
+    timing = planner.plan(preset, instance_type, 4, strategy, **settings)["chosen"]["time"]
     assert timing["allreduce_overlaps_backward"] is overlapped
     compute, allreduce = timing["compute_seconds"], timing["allreduce_seconds"]
     assert allreduce > 0
@@ -439,7 +443,7 @@ def test_the_all_reduce_follows_the_backward_pass_unless_the_code_path_overlaps_
 
 
 def test_the_plan_assumes_lm_trains_xla_default():
-    assert plan.plan("gpt-125m", "ml.p4d.24xlarge", 2, "smddp")["settings"]["xla"] is job.HYPERPARAMETERS["xla"].default
+    assert planner.plan("gpt-125m", "ml.p4d.24xlarge", 2, "smddp")["settings"]["xla"] is job.HYPERPARAMETERS["xla"].default
     assert not _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--strategy", "smddp",
                     "--instance-count", "2", "--no-xla", "--json").returncode
 
@@ -450,19 +454,19 @@ def test_botocore_training_instance_types_of_today_are_planned():
     enum = botocore.session.get_session().get_service_model("sagemaker").shape_for("TrainingInstanceType").enum
     today = ("ml.p5.4xlarge", "ml.p5e.48xlarge", "ml.p5en.48xlarge", "ml.p6-b200.48xlarge",
              "ml.g6.xlarge", "ml.g6.48xlarge", "ml.g6e.xlarge", "ml.g6e.48xlarge")
-    assert set(instances.INSTANCES) <= set(enum)
+    assert set(hardware.INSTANCES) <= set(enum)
     for name in today:
-        chosen = plan.plan("gpt-125m", name, 1, "auto", global_batch=8, recompute=True)["chosen"]
+        chosen = planner.plan("gpt-125m", name, 1, "auto", global_batch=8, recompute=True)["chosen"]
         assert chosen["ok"] and chosen["time"]["hours"] > 0, (name, chosen["reason"])
         assert chosen["time"]["cost_on_demand_usd"] is None  # no sourced price: no cost, not a guess
     # Horovod's image (CUDA 11.2) cannot drive Blackwell; MWMS on the TF 2.21 image (CUDA 12.9) can.
-    assert "CUDA 12.8" in plan.cannot_run("horovod", "ml.p6-b200.48xlarge", 2)
-    assert plan.cannot_run("mwms", "ml.p6-b200.48xlarge", 2) is None
-    assert plan.cannot_run("smddp", "ml.p5en.48xlarge", 2)  # SMDDP keeps its library's own list
+    assert "CUDA 12.8" in planner.cannot_run("horovod", "ml.p6-b200.48xlarge", 2)
+    assert planner.cannot_run("mwms", "ml.p6-b200.48xlarge", 2) is None
+    assert planner.cannot_run("smddp", "ml.p5en.48xlarge", 2)  # SMDDP keeps its library's own list
 
 
 def test_training_plan_price_replaces_the_on_demand_price():
-    priced = plan.plan("gpt-125m", "ml.p5.4xlarge", 1, "single", usd_per_instance_hour=10.0)["chosen"]["time"]
+    priced = planner.plan("gpt-125m", "ml.p5.4xlarge", 1, "single", usd_per_instance_hour=10.0)["chosen"]["time"]
     assert priced["cost_on_demand_usd"] == pytest.approx(priced["hours"] * 10.0)
-    table = plan.format_table(plan.plan("gpt-125m", "ml.p5.4xlarge", 1, "single"))
+    table = plan.format_table(planner.plan("gpt-125m", "ml.p5.4xlarge", 1, "single"))
     assert "$- on demand" in table

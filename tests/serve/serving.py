@@ -1,5 +1,5 @@
-"""Helpers of the server tests: a `tiny` model exported by `lm.export.export_model`, and the real
-server (`python -m lm.serve`, gunicorn) started on 127.0.0.1 in a subprocess."""
+"""Helpers of the server tests: a `tiny` model exported by `lm.serving.export.export_model`, and the real
+server (`python -m lm.serving.server`, gunicorn) started on 127.0.0.1 in a subprocess."""
 import os
 import signal
 import socket
@@ -12,7 +12,7 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE = os.path.join(ROOT, "training_image")
 STARTUP_LIMIT_S = 300
-# What `lm.serve.load_into` logs when a worker's model is loaded and warmed up.
+# What `lm.serving.server.load_into` logs when a worker's model is loaded and warmed up.
 READY_LINE = " ready: context "
 
 
@@ -25,10 +25,10 @@ def tokenizer_texts():
 def export_tiny(out_dir, seed=0):
     """An untrained `tiny` GPT (seeded weights) and a BPE tokenizer trained on pydoc text."""
     from lm.compat import keras
-    from lm.config import get_preset
-    from lm.export import export_model
-    from lm.model import build_model
-    from lm.tokenizer import save, train_bpe
+    from lm.spec.families import get_preset
+    from lm.serving.export import export_model
+    from lm.models.gpt import build_model
+    from lm.data.tokenizer import save, train_bpe
 
     config = get_preset("tiny")
     os.makedirs(out_dir, exist_ok=True)
@@ -46,7 +46,7 @@ def free_port():
 
 
 class Server(object):
-    """`python -m lm.serve` on a free loopback port; its log goes to a file."""
+    """`python -m lm.serving.server` on a free loopback port; its log goes to a file."""
 
     def __init__(self, model_dir, log_path, workers=1, env=None):
         self.port = free_port()
@@ -56,7 +56,7 @@ class Server(object):
                        **(env or {}))
         self._log = open(log_path, "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lm.serve", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-m", "lm.serving.server", "--host", "127.0.0.1", "--port", str(self.port),
              "--model-dir", model_dir, "--workers", str(workers)],
             env=environ, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
 

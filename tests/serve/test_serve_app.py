@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from lm import serve, serve_app
+from lm.serving import server, wsgi
 
 
 class FakeEngine(object):
-    """A fake of `lm.serve.ExportedModel`: one token per character, echoes the prompt reversed."""
+    """A fake of `lm.serving.server.ExportedModel`: one token per character, echoes the prompt reversed."""
 
     context_length = 64
     vocab_size = 100
@@ -45,25 +45,25 @@ def call(app, method, path, body=b"", content_type="application/json"):
 
 
 def test_ping_and_invocations_answer_503_until_the_model_is_ready():
-    state = serve_app.ServingState()
-    app = serve_app.make_app(state, request_timeout=0.1)
+    state = wsgi.ServingState()
+    app = wsgi.make_app(state, request_timeout=0.1)
     assert call(app, "GET", "/ping") == (503, {"status": "loading"})
     status, body = call(app, "POST", "/invocations", b'{"inputs": "abc"}')
     assert status == 503 and body["error"]["code"] == "loading"
 
     engine = FakeEngine()
-    state.ready(engine, serve_app.Limits.from_env({}, engine.context_length))
+    state.ready(engine, wsgi.Limits.from_env({}, engine.context_length))
     assert call(app, "GET", "/ping") == (200, {"status": "ready", "context_length": 64})
     assert call(app, "POST", "/invocations", b'{"inputs": "abc"}') == (200, [{"generated_text": "cba"}])
 
 
 def test_an_invocation_on_a_loading_worker_waits_for_its_model():
-    state = serve_app.ServingState()
+    state = wsgi.ServingState()
     engine = FakeEngine()
-    loader = threading.Timer(0.2, state.ready, (engine, serve_app.Limits.from_env({}, engine.context_length)))
+    loader = threading.Timer(0.2, state.ready, (engine, wsgi.Limits.from_env({}, engine.context_length)))
     loader.start()
     try:
-        assert call(serve_app.make_app(state, request_timeout=60), "POST", "/invocations",
+        assert call(wsgi.make_app(state, request_timeout=60), "POST", "/invocations",
                     b'{"inputs": "abc"}') == (200, [{"generated_text": "cba"}])
     finally:
         loader.join()
@@ -85,9 +85,9 @@ class BlockingEngine(FakeEngine):
 
 def test_ping_answers_during_a_generation_and_a_second_one_waits_its_turn_or_times_out():
     engine = BlockingEngine()
-    state = serve_app.ServingState()
-    state.ready(engine, serve_app.Limits.from_env({}, engine.context_length))
-    app = serve_app.make_app(state, request_timeout=0.2)
+    state = wsgi.ServingState()
+    state.ready(engine, wsgi.Limits.from_env({}, engine.context_length))
+    app = wsgi.make_app(state, request_timeout=0.2)
     results = []
     first = threading.Thread(target=lambda: results.append(call(app, "POST", "/invocations", b'{"inputs": "ab"}')))
     first.start()
@@ -106,18 +106,18 @@ def test_ping_answers_during_a_generation_and_a_second_one_waits_its_turn_or_tim
 
 def test_defaults_reach_the_engine():
     engine = FakeEngine()
-    state = serve_app.ServingState()
-    state.ready(engine, serve_app.Limits.from_env({"LM_SERVE_MAX_NEW_TOKENS": "10"}, engine.context_length))
-    call(serve_app.make_app(state), "POST", "/invocations", b'{"inputs": ["ab", "cd"], "parameters": {"stop": "x"}}')
+    state = wsgi.ServingState()
+    state.ready(engine, wsgi.Limits.from_env({"LM_SERVE_MAX_NEW_TOKENS": "10"}, engine.context_length))
+    call(wsgi.make_app(state), "POST", "/invocations", b'{"inputs": ["ab", "cd"], "parameters": {"stop": "x"}}')
     assert engine.calls == [(["ab", "cd"], {"max_new_tokens": 10, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
                                             "seed": None, "stop": ["x"]})]
 
 
 def test_an_engine_failure_is_a_500_and_the_app_keeps_serving():
     engine = FakeEngine(fail=True)
-    state = serve_app.ServingState()
-    state.ready(engine, serve_app.Limits.from_env({}, engine.context_length))
-    app = serve_app.make_app(state)
+    state = wsgi.ServingState()
+    state.ready(engine, wsgi.Limits.from_env({}, engine.context_length))
+    app = wsgi.make_app(state)
     status, body = call(app, "POST", "/invocations", b'{"inputs": "abc"}')
     assert status == 500 and body["error"]["code"] == "internal_error"
     engine.fail = False
@@ -131,28 +131,28 @@ def test_an_engine_failure_is_a_500_and_the_app_keeps_serving():
 ])
 def test_limit_variables_are_checked(variable, value, message):
     with pytest.raises(ValueError, match=message):
-        serve_app.Limits.from_env({variable: value}, 64)
+        wsgi.Limits.from_env({variable: value}, 64)
 
 
 def test_limits_default_to_the_context():
-    assert serve_app.Limits.from_env({}, 128) == serve_app.Limits(127, 127, 16, 1024 * 1024)
+    assert wsgi.Limits.from_env({}, 128) == wsgi.Limits(127, 127, 16, 1024 * 1024)
 
 
 def test_server_settings_come_from_the_sagemaker_variables(tmp_path):
     environ = {"SM_MODEL_DIR": str(tmp_path), "SAGEMAKER_BIND_TO_PORT": "9001",
                "SAGEMAKER_MODEL_SERVER_WORKERS": "3", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "120"}
-    args, options = serve.parse_args(["serve"], environ)
+    args, options = server.parse_args(["serve"], environ)
     assert args.model_dir == str(tmp_path)
     assert options["bind"] == "0.0.0.0:9001"
     assert (options["workers"], options["timeout"], options["worker_class"], options["threads"]) == (
         3, 120, "gthread", 8)
-    args, options = serve.parse_args(["--port", "8555", "--workers", "1", "--host", "127.0.0.1"],
+    args, options = server.parse_args(["--port", "8555", "--workers", "1", "--host", "127.0.0.1"],
                                      dict(environ, LM_SERVE_THREADS="4"))
     assert (options["bind"], options["workers"], options["threads"]) == ("127.0.0.1:8555", 1, 4)
 
 
 def test_server_defaults_are_the_sagemaker_contract(tmp_path):
-    _, options = serve.parse_args(["--model-dir", str(tmp_path)], {})
+    _, options = server.parse_args(["--model-dir", str(tmp_path)], {})
     assert options["bind"] == "0.0.0.0:8080"
     assert (options["workers"], options["timeout"]) == (1, 60)
 
@@ -167,6 +167,6 @@ def test_server_defaults_are_the_sagemaker_contract(tmp_path):
 def test_bad_server_settings_stop_before_starting(tmp_path, capsys, environ, message):
     environ = dict({"SM_MODEL_DIR": str(tmp_path)}, **environ)
     with pytest.raises(SystemExit) as exited:
-        serve.parse_args([], environ)
+        server.parse_args([], environ)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err

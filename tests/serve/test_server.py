@@ -1,4 +1,4 @@
-"""The real server (gunicorn, 2 workers) on 127.0.0.1 with a `tiny` model from `lm.export`."""
+"""The real server (gunicorn, 2 workers) on 127.0.0.1 with a `tiny` model from `lm.serving.export`."""
 import concurrent.futures
 import json
 import random
@@ -64,8 +64,8 @@ def test_greedy_needs_no_seed(server):
 
 def test_served_tokens_equal_full_recomputation(server, tiny_model_dir):
     """The server generates with the KV cache; the reference recomputes every prefix in-process."""
-    from lm.export import load_exported
-    from lm.generate import Generator
+    from lm.serving.export import load_exported
+    from lm.serving.generate import Generator
 
     model, config, tokenizer = load_exported(tiny_model_dir)
     reference = Generator(model, config, tokenizer)

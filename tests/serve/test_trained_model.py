@@ -1,4 +1,4 @@
-"""Serve what `python -m lm.train` exported: sample corpus -> `lm.prepare` -> `lm.train` (tiny,
+"""Serve what `python -m lm.training.train` exported: sample corpus -> `lm.data.prepare` -> `lm.training.train` (tiny,
 a few steps) -> the real server on 127.0.0.1."""
 import json
 import os
@@ -27,10 +27,10 @@ def run(args, cwd):
 @pytest.fixture(scope="module")
 def trained_model_dir(tmp_path_factory):
     work = str(tmp_path_factory.mktemp("trained"))
-    run(["lm.sample_corpus", "raw/sample.jsonl.zst", "--max-bytes", "400000"], work)
-    run(["lm.prepare", "raw", "--output", "data", "--train-tokenizer", "--vocab-size", "512", "--seq-len", "64",
+    run(["lmstack.sample_corpus", "raw/sample.jsonl.zst", "--max-bytes", "400000"], work)
+    run(["lm.data.prepare", "raw", "--output", "data", "--train-tokenizer", "--vocab-size", "512", "--seq-len", "64",
          "--workers", "1", "--val-fraction", "0.1"], work)
-    args = ["lm.train", "--data-dir", "data", "--checkpoint-dir", "checkpoints", "--export-dir", "model"]
+    args = ["lm.training.train", "--data-dir", "data", "--checkpoint-dir", "checkpoints", "--export-dir", "model"]
     for name, value in TRAIN_HYPERPARAMETERS.items():
         args += ["--" + name, json.dumps(value)]
     output = run(args, work)
@@ -40,8 +40,8 @@ def trained_model_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_serves_the_model_lm_train_exported(trained_model_dir, tmp_path):
-    from lm.export import load_exported
-    from lm.generate import Generator
+    from lm.serving.export import load_exported
+    from lm.serving.generate import Generator
 
     server = Server(trained_model_dir, str(tmp_path / "server.log"))
     try:

@@ -22,10 +22,10 @@ STEPS, GLOBAL_BATCH = 3, 8
 
 
 def train_rank(dataset, steps=STEPS):
-    from lm.data import TokenStream
+    from lm.data.dataset import TokenStream
     from lm.distributed import get_strategy
     from lm.distributed.smp import weight_paths
-    from lm.optim import AdamW
+    from lm.training.optim import AdamW
     from smdist_helpers import build_tiny, sequence_loss
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)

@@ -15,14 +15,14 @@ def build_tiny(build=True, **options):
     """The `tiny` GPT with the same initial weights on every call (`build=False`: created by its
     first call, in the same order and so with the same values); `options` go to build_model."""
     from lm.compat import keras
-    from lm.model import PRESETS, build_model
+    from lm.models.gpt import PRESETS, build_model
     keras.utils.set_random_seed(7)
     return build_model(PRESETS["tiny"], build=build, **options)
 
 
 def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
     """`steps` train steps of a fresh tiny GPT on fixed batches; returns (model, losses)."""
-    from lm.optim import AdamW
+    from lm.training.optim import AdamW
     model = strategy.build_model(build_tiny)
     with strategy.scope():
         # epsilon 1e-4: the attention key biases get gradients that are zero up to rounding (softmax
@@ -39,15 +39,15 @@ def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
 
 
 def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, shard_records=150):
-    """A train split of random tokens in the lm.shards format (rows unique, so overlaps show)."""
+    """A train split of random tokens in the lm.spec.shards format (rows unique, so overlaps show)."""
     import os
 
     import numpy as np
 
-    from lm import shards
+    from lm.spec import shards
     from tokenizers import Tokenizer, models, pre_tokenizers
     tokenizer_file = os.path.join(directory, "tokenizer.json")
-    # A real (tiny) tokenizer, so an export loads in lm.serve.
+    # A real (tiny) tokenizer, so an export loads in lm.serving.server.
     tokenizer = Tokenizer(models.WordLevel({"<eod>": 0, "a": 1, "b": 2}, unk_token="<eod>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(tokenizer_file)
@@ -67,7 +67,7 @@ def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, sha
 
 
 def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperparameters):
-    """`python -m lm.train` in a subprocess with the FAKES first on PYTHONPATH; returns
+    """`python -m lm.training.train` in a subprocess with the FAKES first on PYTHONPATH; returns
     (exit status, output, recorded fake calls). `ranks`: run it as that many ranks of a fake
     SMP job (threads, `smdistributed.modelparallel.run`)."""
     import json
@@ -75,7 +75,7 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
     import subprocess
     import sys
 
-    from lm import job
+    from lm.spec import job
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(tests)
     log = os.path.join(out_dir, "calls.jsonl")
@@ -89,7 +89,7 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
                   warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
     values.update(hyperparameters)
     launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]
-    args = [sys.executable] + launcher + ["lm.train", "--data-dir", data_dir,
+    args = [sys.executable] + launcher + ["lm.training.train", "--data-dir", data_dir,
             "--checkpoint-dir", os.path.join(out_dir, "ckpt"), "--export-dir", os.path.join(out_dir, "model")]
     for name, value in job.encode_hyperparameters(values).items():
         args += ["--" + name, value]

@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import pytest
 
-from lm import job
+from lm.spec import job
 from lm.compat import tf
 from lm.distributed import get_strategy
 from smdist_helpers import run_train, train, write_random_dataset

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from lm.compat import tf
-from lm.config import PRESETS, parameter_count
+from controlplane import planner
+from lmstack import plan
+from lm.spec.families import PRESETS, parameter_count
 from lm.distributed import get_strategy
-from lm.model import GPT
+from lm.models.gpt import GPT
 from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
 
 
@@ -84,7 +86,7 @@ def random_dataset(tmp_path):
 
 
 def _rows(strategy, directory, steps=3, global_batch=8):
-    from lm.data import TokenStream
+    from lm.data.dataset import TokenStream
     stream = TokenStream(directory, "train", global_batch_size=global_batch, dp_rank=strategy.data_parallel_rank,
                          dp_size=strategy.data_parallel_size, seed=1234)
     return [inputs.numpy() for inputs, _ in itertools.islice(stream.batches(), steps)]
@@ -164,7 +166,7 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     _mp_parameters(monkeypatch, partitions=1, microbatches=4, horovod=True)
     first = get_strategy("smp").setup()
     probe = first.build_model(build_tiny)
-    from lm.optim import AdamW
+    from lm.training.optim import AdamW
     probe_step = first.build_train_step(probe, AdamW(probe.trainable_variables, lambda step: 0.0), sequence_loss)
     reference = build_tiny()
     inputs, labels = token_batch(8, seed=0)
@@ -309,7 +311,7 @@ def _partitioned_tiny():
 
     model = strategy.build_model(build_fn)
     before = built[0]
-    from lm.optim import AdamW
+    from lm.training.optim import AdamW
     optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
     names = [weight.name for weight in model.weights]
     held = sum(weight.shape.num_elements() for weight in model.weights)
@@ -334,10 +336,9 @@ def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, 
     assert not set(paths0) & set(paths1)
     assert sorted(paths0 + paths1) == sorted(weight_paths(build_tiny()))
     assert (slots0, slots1) == (1 + 2 * len(paths0), 1 + 2 * len(paths1))
-    # lm.plan's SMP memory model counts what partition 0, the busiest, holds.
-    from lm import plan
+    # controlplane.planner's SMP memory model counts what partition 0, the busiest, holds.
     assert held0 + held1 == parameter_count(PRESETS["tiny"])
-    assert plan.memory(PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
+    assert planner.memory(PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
 
 
 def _train_and_report(grad_clip=0.05):
@@ -376,7 +377,7 @@ def test_gradient_norm_and_overflow_are_decided_over_the_model_parallel_group(fa
 
 
 def _vote(stopping_rank):
-    from lm.train import agree
+    from lm.training.train import agree
     strategy = get_strategy("smp").setup()
     return agree(strategy, strategy.rank == stopping_rank)
 
@@ -405,7 +406,7 @@ def _save_twice_then_restore(directory, each_rank_its_own_newest):
     rank 0's host lacks the mark of step 4; returns (chosen step, restored optimizer step, a weight)."""
     import shutil
 
-    from lm.optim import AdamW
+    from lm.training.optim import AdamW
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)
     optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
@@ -480,7 +481,7 @@ def test_the_model_returns_the_scalar_loss_not_the_logits(fake_smdist, monkeypat
 def _step_with_overflow_on(overflowing_mp_rank):
     import smdistributed.modelparallel.tensorflow as smp
 
-    from lm.optim import AdamW, DynamicLossScale
+    from lm.training.optim import AdamW, DynamicLossScale
 
     class Overflowing(DynamicLossScale):
         """A float16 overflow in one partition's gradients only."""
@@ -510,11 +511,10 @@ def test_an_overflow_in_one_partition_skips_the_step_on_every_partition(fake_smd
 
 
 def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
-    from lm import plan
-    table = plan.format_table(plan.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", recompute=True, partitions=4))
+    table = plan.format_table(planner.plan("gpt-1.3b", "ml.p3.16xlarge", 10, "smp", recompute=True, partitions=4))
     assert "(smp: the GPU of partition 0 of 4, the busiest: the embeddings, the output layer, the loss and 6 of " \
            "the 24 blocks" in table
-    assert "smp:" not in plan.format_table(plan.plan("gpt-125m", "ml.g5.xlarge", 1, "single"))
+    assert "smp:" not in plan.format_table(planner.plan("gpt-125m", "ml.g5.xlarge", 1, "single"))
 
 
 # ---- what the library's own code does (GitHub tkazusa/smdistributed_modelparallel, 1.12.1) ----

@@ -1,11 +1,11 @@
-"""SMP and tf.recompute_grad: why lm.train refuses `recompute` with strategy smp.
+"""SMP and tf.recompute_grad: why lm.training.train refuses `recompute` with strategy smp.
 
 SMP v1 ranks other than the tracing one do not trace the model: they import the GraphDef rank 0
 traced and serialized (smdistributed/modelparallel/tensorflow/v2/model.py, lines 228-235, and
 v2/serialization.py, `import_graph`, in the library's 1.12.1 source). tf.recompute_grad's
 backward pass is a custom gradient that exists only in the registry of the process that traced
 it. The first test shows this with TensorFlow alone, in two processes; the others show the fake
-(tests/fakes) and lm.train refusing it."""
+(tests/fakes) and lm.training.train refusing it."""
 import json
 import subprocess
 import sys
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from lm.distributed import get_strategy
-from smdist_helpers import build_tiny, train
+from smdist_helpers import train
 
 TRACE = r"""
 import sys
@@ -82,9 +82,9 @@ def test_the_fake_refuses_recompute_grad_on_the_ranks_that_import_the_graph(fake
 
 
 def test_lm_train_refuses_recompute_with_smp_before_any_job():
-    from lm.train import UsageError, parse_args
+    from lm.training.train import UsageError, parse_args
     # The rule table's strategy.smp.recompute, run by validate_hyperparameters (ValueError, as every
-    # hyperparameter check; lm.train's main reports it before any work).
+    # hyperparameter check; lm.training.train's main reports it before any work).
     with pytest.raises(ValueError, match="hyperparameters.recompute must be false with strategy smp"):
         parse_args(["--strategy", "smp", "--recompute", "true", "--data-dir", "x"])
     with pytest.raises(UsageError, match="hyperparameters.model rnn is not supported with strategy smp"):

@@ -1,4 +1,4 @@
-"""`python -m lm.train --strategy smddp|smp` through the training loop, against the FAKE
+"""`python -m lm.training.train --strategy smddp|smp` through the training loop, against the FAKE
 smdistributed libraries (tests/fakes; not AWS's libraries) on a tiny random-token dataset. SMP
 jobs run their ranks as threads of one process (`smdistributed.modelparallel.run`)."""
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from lm import job
+from lm.spec import job
 from smdist_helpers import run_train, write_random_dataset
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def one_partition_export(dataset, tmp_path_factory):
 def _assert_same_weights(export, reference_export):
     import numpy as np
 
-    from lm.serve import ExportedModel
+    from lm.serving.server import ExportedModel
     served, reference = ExportedModel(export), ExportedModel(reference_export)
     ours, theirs = served.generator.model.get_weights(), reference.generator.model.get_weights()
     assert len(ours) == len(theirs) == len(reference.generator.model.weights)
@@ -109,7 +109,7 @@ def test_smp_two_replicas_with_horovod_train_checkpoint_and_export_like_one_repl
     """FAKE SMP + its fake Horovod under the thread ranks (not AWS's library, not Horovod): 4 ranks of
     2 partitions with "horovod": true (smd_model_parallel_general: "Must be set to True if hybrid
     model/data parallelism is used and the data parallelism (DP) framework is Horovod") are 2 replicas, each on half of the global batch, whose
-    gradients hvd.allreduce averages over the dp group ("Ranking Basics"). lm.train ends with the
+    gradients hvd.allreduce averages over the dp group ("Ranking Basics"). lm.training.train ends with the
     weights of the 1-replica run on the same global batches; only the first replica saves."""
     out = str(tmp_path)
     status, output, calls = run_train(dataset, out, "smp", {
@@ -166,7 +166,7 @@ def test_smp_run_interrupted_in_a_save_resumes_from_the_last_complete_step_and_e
 
 
 def test_smp_dry_run_checks_the_newest_complete_smp_checkpoint(dataset, two_partition_run, capsys):
-    from lm import train
+    from lm.training import train
     directory = os.path.join(two_partition_run[0], "ckpt")
     arguments = ["--dry-run", "--preset", "tiny", "--strategy", "smp", "--global_batch_size", "8",
                  "--mp_parameters", json.dumps({"partitions": 2, "microbatches": 2, "horovod": True,

@@ -8,10 +8,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lm import job
-from lm.config import PRESETS
+from lm.spec import job
+from lm.spec.families import PRESETS
 from lmstack import start
-from stacks.config import Settings
+from stacks.settings import Settings
 
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/lmstack-states"
@@ -321,7 +321,7 @@ def _deploy_with_bucket(session):
 
 
 def _corpus(tmp_path):
-    from lm import sample_corpus
+    from lmstack import sample_corpus
     directory = tmp_path / "pile-sample"
     sample_corpus.write_sample_corpus(str(directory), max_bytes=20000, files=2)
     (directory / "README").write_text("not an input, uploaded all the same")

@@ -78,7 +78,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service impor
 from moto.stepfunctions.parser.asl.utils import json_path
 
 import aws_rules
-from lm import contract, job
+from lm.spec import contract
+from lm.spec import job
 from lmstack import local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
 from stacks.state_machine import build_stop_definition, build_training_definition, render
@@ -89,7 +90,7 @@ EXECUTION_ROLE = "arn:aws:iam::%s:role/lmstack-sagemaker" % ACCOUNT
 
 @dataclasses.dataclass(frozen=True)
 class StandInSettings:
-    """The attributes of `stacks.config.Settings` the definitions may read, nothing else."""
+    """The attributes of `stacks.settings.Settings` the definitions may read, nothing else."""
     name_prefix: str = "lmstack"
     region: str = REGION
     az_count: int = 2

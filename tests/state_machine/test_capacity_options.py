@@ -1,6 +1,6 @@
 """Issue 27 item 4: the capacity options of CreateTrainingJob (SageMaker API reference:
 InfraCheckConfig, ResourceConfig.KeepAlivePeriodInSeconds and ResourceConfig.TrainingPlanArn)
-as `lm.request` builds them pass botocore's own validation and the strict request rules, and
+as `controlplane.request` builds them pass botocore's own validation and the strict request rules, and
 the execution input's `infra_check` reaches the request the machine sends."""
 
 import aws_rules
@@ -8,7 +8,7 @@ import botocore.session
 import botocore.validate
 import pytest
 
-from lm import request
+from controlplane import request
 
 PLAN_ARN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/lmstack-plan"
 

@@ -6,7 +6,7 @@ import pytest
 
 from state_machine.harness import StandInSettings
 
-from lm import job
+from lm.spec import job
 from stacks.state_machine import asl, build_stop_definition, build_training_definition
 
 SETTINGS = [StandInSettings(), StandInSettings(runtimes=("tfcurrent",), az_count=3, spot=True)] + [

@@ -3,10 +3,10 @@
 Every SageMaker request is checked by botocore's validator against the service model and by the
 strict request rules (`invalid_sagemaker_requests`). TGI's own container is not run here (no GPU,
 no image pull); what is checked is the request SageMaker would get: the image of this region from
-`lm.containers`' table, the model data of the training job, and the Environment that the TGI
+`controlplane.containers`' table, the model data of the training job, and the Environment that the TGI
 SageMaker entrypoint reads (HF_MODEL_ID, SM_NUM_GPUS) and its launcher's limits and dtype
 (MAX_INPUT_LENGTH, MAX_TOTAL_TOKENS, DTYPE). LMI likewise: its image and the OPTION_* Environment
-(model directory, vLLM engine, tensor-parallel degree, max_model_len, dtype) of `lm.containers`.
+(model directory, vLLM engine, tensor-parallel degree, max_model_len, dtype) of `controlplane.containers`.
 """
 import collections
 import json
@@ -15,8 +15,10 @@ import boto3
 import pytest
 from state_machine.harness import ROLE, invalid_sagemaker_requests
 
-from lm import containers, rules
-from lm.config import get_preset
+from lm.spec import conditions
+from controlplane import rules
+from controlplane import containers
+from lm.spec.families import get_preset
 from lmstack import start
 from lmstack.local_sfn import REGION
 from stacks.state_machine import deploy
@@ -78,7 +80,7 @@ def test_lmi_serves_the_hugging_face_export_with_vllm(deployment):
 
 @pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
 def test_images_cover_every_deployable_region(container):
-    from stacks.config import REGIONS
+    from stacks.settings import REGIONS
 
     for region in REGIONS:
         assert containers.image(container, region).startswith("763104351884.dkr.ecr.%s.amazonaws.com/" % region)
@@ -114,7 +116,7 @@ def test_shards_follow_the_gpu_memory():
 @pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
 def test_the_environment_states_choose_what_lm_containers_computes(engine, container):
     """The per-preset, per-instance-type Choice of the deploy stage, run on moto alone, for pairs
-    the container can serve: its Environment is `lm.containers.environment` with the computed shards."""
+    the container can serve: its Environment is `controlplane.containers.environment` with the computed shards."""
     sfn = boto3.client("stepfunctions", region_name=REGION)
     states = collections.OrderedDict(deploy._environment_states(container, "Tgi", "Done"))
     states["Done"] = {"Type": "Pass", "End": True}
@@ -165,7 +167,7 @@ REJECTED = [
 def test_the_validate_stage_refuses_what_tgi_cannot_serve(deployment, execution_input, message):
     run = deployment.run(execution_input, name="bad")
     assert run.status == "FAILED"
-    assert run.description["error"] == rules.INVALID
+    assert run.description["error"] == conditions.INVALID
     assert message in run.description["cause"]
     assert run.calls("createTrainingJob") == []
     with pytest.raises(start.StartError) as raised:
@@ -180,16 +182,16 @@ def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint(container):
     table = rules.cross_field_rules()
     config = {"preset": "gpt-13b", "hyperparameters": {"export_hf": True, "model": "gpt"},
               "deploy": {"enabled": True, "container": container, "instance_type": "ml.p3.2xlarge"}}
-    message = rules.broken(table, config)
+    message = conditions.broken(table, config)
     assert message.startswith(
         "deploy.container %s cannot serve preset 'gpt-13b' on deploy.instance_type ml.p3.2xlarge" % container)
     assert "gpt-6.7b" in message  # the other preset that does not fit one V100
-    assert rules.broken(table, dict(config, deploy=dict(config["deploy"], instance_type="ml.g5.12xlarge"))) is None
-    assert rules.broken(table, dict(config, deploy=dict(config["deploy"], container="lmstack"))) is None
+    assert conditions.broken(table, dict(config, deploy=dict(config["deploy"], instance_type="ml.g5.12xlarge"))) is None
+    assert conditions.broken(table, dict(config, deploy=dict(config["deploy"], container="lmstack"))) is None
 
 
 def test_export_hf_needs_the_gpt_family():
-    from lm import job
+    from lm.spec import job
 
     with pytest.raises(ValueError, match="hyperparameters.export_hf needs model gpt .*, got model 'rnn'"):
         job.validate_hyperparameters({"model": "rnn", "preset": "rnn-tiny", "export_hf": True})

@@ -1,10 +1,11 @@
 """init_from: a Hugging Face GPT-2 directory under an S3 prefix as the training job's `init`
-channel, executed on moto (issue 17.3). What lm.train does with it is tests/hf/test_init_from.py."""
+channel, executed on moto (issue 17.3). What lm.training.train does with it is tests/hf/test_init_from.py."""
 import pytest
 from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 from state_machine.test_request import assert_equal_key_by_key, concrete_request
 
-from lm import contract, rules
+from lm.spec import conditions
+from lm.spec import contract
 from lmstack import start
 from stacks.state_machine import jobs
 
@@ -38,7 +39,7 @@ def test_init_from_outside_the_readable_prefix_is_refused_before_any_job(make_de
     deployment = make_deployment(StandInSettings())
     run = deployment.run({"preset": "tiny", "init_from": "s3://someone-elses-bucket/models/gpt2/"}, name="init-3")
     assert run.status == "FAILED"
-    assert run.description["error"] == rules.INVALID
+    assert run.description["error"] == conditions.INVALID
     assert run.description["cause"] == ("init_from must start with s3://lmstack-artifacts/models/ (the prefix the "
                                         "training jobs may read), got s3://someone-elses-bucket/models/gpt2/")
     assert run.calls("createTrainingJob") == []
@@ -59,7 +60,7 @@ def test_init_from_with_strategy_smp_is_refused_before_any_job(deployment):
     run = deployment.run({"preset": "gpt-125m", "strategy": "smp", "instance_type": "ml.p4d.24xlarge",
                           "init_from": INIT_FROM}, name="init-5")
     assert run.status == "FAILED", _failure(run)
-    assert run.description["error"] == rules.INVALID
+    assert run.description["error"] == conditions.INVALID
     assert run.description["cause"] == ("init_from is not supported with strategy smp (its model is partitioned "
                                         "across ranks); choose another strategy")
     assert run.calls("createTrainingJob") == []

@@ -1,5 +1,5 @@
 """init_from with a prepare stage, executed on moto (issue 17.3): the prepare job gets the `init`
-channel too (lm.prepare then tokenizes with the checkpoint's tokenizer: tests/data/test_prepare_with_init.py),
+channel too (lm.data.prepare then tokenizes with the checkpoint's tokenizer: tests/data/test_prepare_with_init.py),
 the dataset key includes init_from, and a tokenizer of prepare's own is refused before any job.
 Every request passes botocore's validation and the strict rules of tests/aws_rules.py."""
 import hashlib
@@ -9,7 +9,10 @@ import pytest
 from state_machine.harness import invalid_sagemaker_requests
 from state_machine.test_request import assert_equal_key_by_key
 
-from lm import contract, request, rules
+from lm.spec import conditions
+from lm.spec import fields
+from lm.spec import contract
+from controlplane import request
 from stacks.state_machine import inputs, jobs, render, training
 
 INIT_FROM = "s3://lmstack-artifacts/%sgpt2-random/" % contract.INIT_PREFIX
@@ -24,7 +27,7 @@ def _failure(run):
 def _built(deployment, run, kind, execution_input):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
-    config = rules.with_defaults(inputs.schema(settings), execution_input)
+    config = fields.with_defaults(inputs.schema(settings), execution_input)
     values = jobs.concrete_values(
         kind, settings, config, execution_name=run.arn.split(":")[-1], dataset_key=training.concrete_dataset_key(config),
         job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, hashlib.md5(run.arn.encode()).hexdigest()))
@@ -60,10 +63,10 @@ def test_the_prepare_job_gets_the_init_channel_as_the_builder_builds_it(make_dep
         contract.RAW_CHANNEL, contract.DATASET_CHANNEL, contract.INIT_CHANNEL]
     assert _channels(prepare)[contract.INIT_CHANNEL] == INIT_CHANNEL == _channels(train)[contract.INIT_CHANNEL]
     assert _tags(prepare)[request.INIT_FROM_TAG] == INIT_FROM == _tags(train)[request.INIT_FROM_TAG]
-    # lm.prepare gets no tokenizer of its own to train or to read: it tokenizes with the init channel's.
+    # lm.data.prepare gets no tokenizer of its own to train or to read: it tokenizes with the init channel's.
     assert json.loads(prepare["HyperParameters"]["tokenizer"]) == ""
     assert json.loads(prepare["HyperParameters"]["train_tokenizer"]) is False
-    config = rules.with_defaults(inputs.schema(deployment.settings), execution_input)
+    config = fields.with_defaults(inputs.schema(deployment.settings), execution_input)
     assert _tags(prepare)[request.DATASET_KEY_TAG] == training.concrete_dataset_key(config)
     assert invalid_sagemaker_requests(run) == []
 
@@ -89,7 +92,7 @@ def test_the_dataset_key_includes_init_from(make_deployment):
         "prep", "train"]
     keys = [_tags(run.calls("createTrainingJob")[0][2])[request.DATASET_KEY_TAG] for run in (first, other)]
     assert keys[0] != keys[1]
-    config = rules.with_defaults(inputs.schema(deployment.settings), {"prepare": prepare})
+    config = fields.with_defaults(inputs.schema(deployment.settings), {"prepare": prepare})
     assert first.output["prepare"]["dataset_key"] != training.concrete_dataset_key(config)
 
 
@@ -110,7 +113,7 @@ def test_the_dataset_key_includes_init_from(make_deployment):
 def test_what_cannot_go_with_init_from_is_refused_before_any_job(deployment, execution_input, cause):
     run = deployment.run(dict(execution_input, preset="tiny"), name="init-refused")
     assert run.status == "FAILED"
-    assert (run.description["error"], run.description["cause"]) == (rules.INVALID, cause)
+    assert (run.description["error"], run.description["cause"]) == (conditions.INVALID, cause)
     assert run.calls("createTrainingJob") == []
 
 

@@ -38,7 +38,7 @@ def test_prepare_runs_then_is_skipped_for_the_same_dataset_then_forced(make_depl
     channels = {channel["ChannelName"]: channel["DataSource"]["FileSystemDataSource"]
                 for channel in request["InputDataConfig"]}
     assert channels["raw"]["DirectoryPath"] == "/raw/pile" and channels["raw"]["FileSystemAccessMode"] == "ro"
-    # The root, the one directory a fresh file system has; lm.prepare makes the dataset directory in it.
+    # The root, the one directory a fresh file system has; lm.data.prepare makes the dataset directory in it.
     assert channels["dataset"]["DirectoryPath"] == "/"
     assert channels["dataset"]["FileSystemAccessMode"] == "rw"
     assert json.loads(request["HyperParameters"]["dataset_directory"]) == "/datasets/sample"

@@ -1,13 +1,13 @@
 """SageMaker managed MLflow (issue 27 item 3): the mlflow_resource_arn setting makes every training
 job send MlflowConfig (run named after the job, experiment from the input's mlflow_experiment)
-and the Environment `lm.tracking` reads, botocore-valid and under the strict request rules, on moto."""
+and the Environment `lm.training.tracking` reads, botocore-valid and under the strict request rules, on moto."""
 import dataclasses
 
 import pytest
 from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 from state_machine.test_request import assert_equal_key_by_key, concrete_request
 
-from stacks.config import MLFLOW_ENDPOINT_SERVICE, Settings, SettingsError
+from stacks.settings import MLFLOW_ENDPOINT_SERVICE, Settings, SettingsError
 from stacks.state_machine import jobs
 
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/lm-experiments"

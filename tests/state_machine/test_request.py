@@ -1,4 +1,4 @@
-"""The request builder (`lm.request`) and the generated definition send the same request.
+"""The request builder (`controlplane.request`) and the generated definition send the same request.
 
 For each job kind and strategy, the execution runs on moto and its CreateTrainingJob
 request is taken from the history; the builder is then called with the concrete values of
@@ -13,7 +13,9 @@ import json
 import pytest
 from state_machine.harness import StandInSettings
 
-from lm import job, request, rules
+from lm.spec import fields
+from lm.spec import job
+from controlplane import request
 from stacks.state_machine import inputs, jobs, render, training
 
 INSTANCE_TYPE = "ml.p4d.24xlarge"
@@ -22,7 +24,7 @@ INSTANCE_TYPE = "ml.p4d.24xlarge"
 def concrete_request(deployment, run, kind, execution_input):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
-    config = rules.with_defaults(inputs.schema(settings), execution_input)
+    config = fields.with_defaults(inputs.schema(settings), execution_input)
     run_id = hashlib.md5(run.arn.encode()).hexdigest()
     values = jobs.concrete_values(
         kind, settings, config, job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, run_id),

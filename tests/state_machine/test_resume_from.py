@@ -4,7 +4,7 @@ An execution name cannot be used again for 90 days (StartExecution, Step Functio
 each execution trained under checkpoints/<its name>/, so no new execution could reach the checkpoints of
 a failed one. A failed run's cause now names its checkpoint prefix; resume_from points the training job's
 CheckpointConfig at it (SageMaker copies that prefix to /opt/ml/checkpoints when the job starts, and
-lm.train resumes from the newest checkpoint there, refusing one of another model or dataset:
+lm.training.train resumes from the newest checkpoint there, refusing one of another model or dataset:
 tests/training/test_resume.py). Every request passes botocore's validation and tests/aws_rules.py.
 """
 import json
@@ -12,7 +12,9 @@ import json
 import pytest
 from state_machine.harness import SUCCESS, invalid_sagemaker_requests
 
-from lm import request, rules
+from lm.spec import conditions
+from lm.spec import fields
+from controlplane import request
 from stacks.state_machine import inputs, jobs, render
 
 FAILED = SUCCESS[:3] + [("Failed", "Failed", {"FailureReason": "InternalServerError: the instance was lost"})]
@@ -59,7 +61,7 @@ def test_a_failed_run_says_how_to_resume_and_the_next_run_continues_its_checkpoi
 
     # second-try wrote under first-try/: its own name is no checkpoint prefix.
     refused = deployment.run({"resume_from": "second-try"}, name="fourth-try")
-    assert refused.description["error"] == rules.INVALID and refused.calls("createTrainingJob") == []
+    assert refused.description["error"] == conditions.INVALID and refused.calls("createTrainingJob") == []
     assert "s3://lmstack-artifacts/checkpoints/second-try/" in refused.description["cause"]
 
 
@@ -68,7 +70,7 @@ def test_a_failed_run_says_how_to_resume_and_the_next_run_continues_its_checkpoi
 def test_resume_from_that_names_no_checkpoint_prefix_of_this_stack_is_refused_before_any_job(deployment,
                                                                                           resume_from):
     run = deployment.run({"resume_from": resume_from}, name="resume-unknown")
-    assert run.status == "FAILED" and run.description["error"] == rules.INVALID, _failure(run)
+    assert run.status == "FAILED" and run.description["error"] == conditions.INVALID, _failure(run)
     assert run.description["cause"].startswith("resume_from must name the checkpoint prefix of an earlier execution")
     assert run.description["cause"].endswith("got %s" % resume_from)
     assert run.calls("createTrainingJob") == []
@@ -78,14 +80,14 @@ def test_resume_from_that_names_no_checkpoint_prefix_of_this_stack_is_refused_be
 @pytest.mark.slow
 def test_resume_from_a_prefix_a_job_is_writing_to_is_refused(deployment):
     """Two jobs syncing one checkpoint prefix would overwrite each other's files."""
-    config = rules.with_defaults(inputs.schema(deployment.settings), {})
+    config = fields.with_defaults(inputs.schema(deployment.settings), {})
     busy = jobs.concrete_values(jobs.TRAIN, deployment.settings, config, job_name="lmstack-train-busy-1",
                                 execution_name="still-running")
     deployment.jobs.scripts.insert(0, [("InProgress", "Training", {})])
     deployment.sagemaker.create_training_job(**json.loads(render(request.create_training_job_request(busy),
                                                                  deployment.values)))
     run = deployment.run({"resume_from": "still-running"}, name="resume-busy")
-    assert run.status == "FAILED" and run.description["error"] == rules.INVALID, _failure(run)
+    assert run.status == "FAILED" and run.description["error"] == conditions.INVALID, _failure(run)
     assert run.description["cause"] == ("resume_from still-running: a training job is writing to "
                                         "%s now; wait until it ends or stop its execution" % CHECKPOINTS % "still-running")
     assert run.calls("createTrainingJob") == []

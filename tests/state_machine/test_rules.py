@@ -1,8 +1,8 @@
-"""One rule table (`lm.rules`): a rule added there is enforced on every path.
+"""One rule table (`controlplane.rules`): a rule added there is enforced on every path.
 
 The test adds one entry to `cross_field_rules` in a temporary copy of lm/rules.py, runs the
 copy in place of the module, and sees the new rule reject the same input, with the same
-message, in the state machine's validation on moto, in `lmstack.start`, in `lm.plan` and in
+message, in the state machine's validation on moto, in `lmstack.start`, in `controlplane.planner` and in
 the deployment settings; the same input passes everywhere without it.
 """
 import inspect
@@ -10,10 +10,13 @@ import re
 
 import pytest
 
-from lm import plan, rules
+from controlplane import planner
+from controlplane import rules
+from lm.spec import conditions
+from lm.spec import fields
 from lmstack import start
-from stacks import config
-from stacks.config import Settings, SettingsError
+from stacks import settings
+from stacks.settings import Settings, SettingsError
 from stacks.state_machine import inputs, jobs
 
 # botocore's sagemaker service model, shape EndpointName.
@@ -55,7 +58,7 @@ def _rejections(execution_input, deployment, name):
         found["start"] = None
     except start.StartError as error:
         found["start"] = str(error)
-    found["plan"] = plan.cannot_run(execution_input["strategy"], execution_input["instance_type"],
+    found["plan"] = planner.cannot_run(execution_input["strategy"], execution_input["instance_type"],
                                     execution_input["instance_count"])
     try:
         Settings(default_strategy="mwms", default_instance_type="ml.p4d.24xlarge", default_instance_count=5)
@@ -83,21 +86,21 @@ def test_a_rule_added_to_the_table_is_enforced_on_every_path(with_new_rule, make
 
 def test_start_rejects_what_the_plan_gate_rejects_with_its_message(deployment):
     """The plan gate's rules (`rules.plan_rules`) are checked by lmstack.start too, before anything starts."""
-    found = next(item for item in rules.plan_rules() if item.error == rules.PLAN_REJECTED
+    found = next(item for item in rules.plan_rules() if item.error == conditions.PLAN_REJECTED
                  and len(item.when.conditions) == 3 and item.when.conditions[0].value == "single")
-    strategy, instance_type, presets = (condition.value if isinstance(condition, rules.Is) else condition.values
+    strategy, instance_type, presets = (condition.value if isinstance(condition, conditions.Is) else condition.values
                                         for condition in found.when.conditions)
     execution_input = {"strategy": strategy, "instance_type": instance_type, "instance_count": 1,
                        "preset": presets[-1]}
     run = deployment.run(execution_input, name="plan-gate")
     assert (run.status, run.description.get("error"), run.description.get("cause")) == (
-        "FAILED", rules.PLAN_REJECTED, found.message)
+        "FAILED", conditions.PLAN_REJECTED, found.message)
     with pytest.raises(start.StartError) as error:
         start.validate_input(execution_input, Settings())
     assert str(error.value) == found.message
 
 
-# ---- names (lm.rules.name_rules) ----
+# ---- names (controlplane.rules.name_rules) ----
 
 ENDPOINT = rules.name_rules(Settings().name_prefix)[0]
 
@@ -116,19 +119,19 @@ def test_endpoint_name_rule(value, ok):
 def test_names_the_state_machine_builds_fit_for_the_longest_prefix():
     """The job, model and endpoint-config names are made from the prefix, which the settings bound:
     checked here at synth time, since no intrinsic function gives a string's length."""
-    prefix = "p" * config._NAME_PREFIX_MAX
+    prefix = "p" * settings._NAME_PREFIX_MAX
     for kind in (jobs.TRAIN, jobs.PREPARE):
         assert rules.job_name_length(prefix, kind.token, jobs.MAX_ATTEMPTS) <= rules.SAGEMAKER_NAME_MAX
     assert len(prefix) + 1 + rules.JOB_NAME_HASH_LENGTH <= rules.SAGEMAKER_NAME_MAX  # model, endpoint config
     endpoint = rules.name_rules(prefix)[0]
     default = inputs.schema(Settings(name_prefix=prefix))
-    assert rules.name_problem(endpoint, rules.defaults(default)["deploy"]["endpoint_name"]) is None
+    assert rules.name_problem(endpoint, fields.defaults(default)["deploy"]["endpoint_name"]) is None
 
 
 def test_a_bad_name_is_refused_with_the_same_message_by_validate_and_start(deployment):
     execution_input = {"deploy": {"endpoint_name": "my_model"}}
     run = deployment.run(execution_input, name="bad-endpoint")
-    assert run.description.get("error") == rules.INVALID
+    assert run.description.get("error") == conditions.INVALID
     with pytest.raises(start.StartError) as error:
         start.validate_input(execution_input, Settings())
     assert run.description["cause"] == str(error.value) == rules.name_problem(ENDPOINT, "my_model")
@@ -139,7 +142,7 @@ def test_the_job_names_built_on_moto_are_as_long_as_the_rule_counts(make_deploym
     """`job_name_length` is the state machine's own template: a run with the longest prefix shows it."""
     from state_machine.harness import StandInSettings
 
-    prefix = "p" * config._NAME_PREFIX_MAX
+    prefix = "p" * settings._NAME_PREFIX_MAX
     deployment = make_deployment(StandInSettings(name_prefix=prefix))
     run = deployment.run({}, name="long-prefix")
     assert run.status == "SUCCEEDED", run.description.get("cause")

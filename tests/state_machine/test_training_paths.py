@@ -6,7 +6,7 @@ import pytest
 
 from state_machine.harness import COMPLETED_EXTRA, SUCCESS, StandInSettings, invalid_sagemaker_requests
 
-from stacks.config import MAX_RUNTIME_SECONDS, Settings
+from stacks.settings import MAX_RUNTIME_SECONDS, Settings
 from stacks.state_machine import build_training_definition, jobs
 
 

@@ -2,7 +2,8 @@
 import pytest
 from state_machine.harness import StandInSettings
 
-from lm.instances import INSTANCES
+from controlplane import planner
+from lm.spec.hardware import INSTANCES
 
 # The one SageMaker call the Validate stage makes: SageMaker checks the endpoint name's length.
 NAME_CHECKS = ("describeEndpoint",)
@@ -40,7 +41,7 @@ CASES = [
      "Member must have length less than or equal to 63"),
     ({"strategy": "smp", "instance_type": "ml.p3.16xlarge", "mp_parameters": {"partitions": 3}},
      "mp_parameters.partitions 3 must divide the 8 GPUs per host of instance_type ml.p3.16xlarge", ""),
-    # lm.prepare would refuse it after the instances started (it trains the tokenizer on one instance)
+    # lm.data.prepare would refuse it after the instances started (it trains the tokenizer on one instance)
     ({"prepare": {"enabled": True, "instance_count": 3}},
      "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
      "got prepare.instance_count=3", ""),
@@ -102,7 +103,7 @@ def test_plan_gate_rejects_what_cannot_fit_or_run(deployment):
     smp = {"preset": "gpt-1.3b", "strategy": "smp", "instance_type": "ml.p3.16xlarge", "instance_count": 2,
            "mp_parameters": {"partitions": 8, "microbatches": 1}}
     recomputed = deployment.run(dict(smp, hyperparameters={"recompute": True}), name="plan-3")
-    assert recomputed.description["error"] == "InvalidInput"  # lm.rules: SMP's ranks cannot recompute
+    assert recomputed.description["error"] == "InvalidInput"  # controlplane.rules: SMP's ranks cannot recompute
     assert "hyperparameters.recompute must be false with strategy smp" in recomputed.description["cause"]
     fits = deployment.run(smp, name="plan-4")
     assert fits.status == "SUCCEEDED", fits.description.get("cause")
@@ -138,23 +139,22 @@ BATCH_GRID = [
     ("smp", "ml.p3.16xlarge", 1, 32, {"partitions": 2, "microbatches": 3}),
     ("smp", "ml.p3.16xlarge", 10, 480, {"partitions": 2, "microbatches": 12}),
     ("smp", "ml.p3.16xlarge", 10, 512, {"partitions": 2, "microbatches": 4}),
-    ("horovod", "ml.g5.12xlarge", 1, 4002, None),  # more than 999 per GPU: left to lm.plan and lmstack.start
+    ("horovod", "ml.g5.12xlarge", 1, 4002, None),  # more than 999 per GPU: left to controlplane.planner and lmstack.start
 ]
 
 
 @pytest.mark.slow
 def test_the_validate_stage_refuses_a_batch_exactly_when_lm_plan_moves_it(deployment):
-    """The Validate stage's batch check and lm.plan's (batch_unit) agree on a grid."""
-    from lm import plan
+    """The Validate stage's batch check and controlplane.planner's (batch_unit) agree on a grid."""
 
     for index, (strategy, instance_type, count, batch, mp) in enumerate(BATCH_GRID):
-        recompute = strategy != "smp"  # lm.rules refuses recomputation with smp
+        recompute = strategy != "smp"  # controlplane.rules refuses recomputation with smp
         execution_input = {"preset": "gpt-125m", "strategy": strategy, "instance_type": instance_type,
                            "instance_count": count,
                            "hyperparameters": {"global_batch_size": batch, "recompute": recompute}}
         if mp:
             execution_input["mp_parameters"] = dict(mp, horovod=True)
-        chosen = plan.plan("gpt-125m", instance_type, count, strategy, global_batch=batch, recompute=recompute,
+        chosen = planner.plan("gpt-125m", instance_type, count, strategy, global_batch=batch, recompute=recompute,
                            partitions=mp and mp["partitions"], microbatches=mp and mp["microbatches"])["chosen"]
         run = deployment.run(execution_input, name="batch-%d" % index)
         refused = run.description.get("error") == "InvalidInput"
@@ -172,7 +172,7 @@ def test_hosting_types_are_the_known_types_the_endpoint_api_accepts():
     """CreateEndpointConfig takes ProductionVariantInstanceType (botocore's service model), not the training list."""
     import botocore.session
 
-    from lm.instances import HOSTING_INSTANCE_TYPES
+    from lm.spec.hardware import HOSTING_INSTANCE_TYPES
     enum = botocore.session.get_session().get_service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum
     assert list(HOSTING_INSTANCE_TYPES) == [name for name in INSTANCES if name in enum]
     assert "ml.p3dn.24xlarge" in INSTANCES and "ml.p3dn.24xlarge" not in HOSTING_INSTANCE_TYPES
@@ -180,7 +180,7 @@ def test_hosting_types_are_the_known_types_the_endpoint_api_accepts():
 
 def test_a_type_that_trains_but_cannot_host_is_refused_before_training(deployment):
     from lmstack import start
-    from stacks.config import Settings
+    from stacks.settings import Settings
 
     execution_input = {"deploy": {"enabled": True, "instance_type": "ml.p3dn.24xlarge"}}
     run = deployment.run(execution_input, name="p3dn-endpoint")

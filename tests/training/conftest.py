@@ -1,4 +1,4 @@
-"""Shared fixtures: a small real-text token dataset in the `lm.shards` format.
+"""Shared fixtures: a small real-text token dataset in the `lm.spec.shards` format.
 
 The text is the Python documentation's prose (`pydoc_data.topics`), tokenized with a
 byte-level BPE trained on it (vocabulary <= the `tiny` preset's 512).
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from lm import shards
+from lm.spec import shards
 
 SEQ_LEN = 64
 VOCAB_SIZE = 512
@@ -40,7 +40,7 @@ def write_dataset(directory, tokens, seq_len, vocab_size, tokenizer_file, val_re
 def text_dataset(tmp_path_factory):
     from pydoc_data.topics import topics
 
-    from lm import tokenizer as lm_tokenizer
+    from lm.data import tokenizer as lm_tokenizer
 
     directory = str(tmp_path_factory.mktemp("text_dataset"))
     texts = [topics[name] for name in sorted(topics)]

@@ -1,10 +1,10 @@
-"""Run `lm.train` as a subprocess and read back its metric lines."""
+"""Run `lm.training.train` as a subprocess and read back its metric lines."""
 import os
 import re
 import subprocess
 import sys
 
-from lm import job
+from lm.spec import job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINING_IMAGE = os.path.join(ROOT, "training_image")
@@ -25,7 +25,7 @@ def environment(**extra):
 
 
 def cli_args(data_dir, tmp, **hyperparameters):
-    """`lm.train`'s arguments, values JSON-encoded as SageMaker's toolkit passes them."""
+    """`lm.training.train`'s arguments, values JSON-encoded as SageMaker's toolkit passes them."""
     values = dict(TINY, **hyperparameters)
     args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(tmp, "ckpt"),
             "--export-dir", os.path.join(tmp, "model")]
@@ -35,12 +35,12 @@ def cli_args(data_dir, tmp, **hyperparameters):
 
 
 def train_args(data_dir, tmp, **hyperparameters):
-    return [sys.executable, "-m", "lm.train"] + cli_args(data_dir, tmp, **hyperparameters)
+    return [sys.executable, "-m", "lm.training.train"] + cli_args(data_dir, tmp, **hyperparameters)
 
 
 def run_in_process(capsys, data_dir, tmp, **hyperparameters):
-    """(exit status, stdout + stderr) of `lm.train.main` in this process (no TF start-up per run)."""
-    from lm import train
+    """(exit status, stdout + stderr) of `lm.training.train.main` in this process (no TF start-up per run)."""
+    from lm.training import train
 
     capsys.readouterr()
     status = train.main(cli_args(data_dir, tmp, **hyperparameters))

@@ -1,4 +1,4 @@
-"""lm.checkpoint: atomic files, newest complete one wins, mismatches and damage are named, the
+"""lm.training.checkpoint: atomic files, newest complete one wins, mismatches and damage are named, the
 background writer is paced while no core is idle and on disk after wait()."""
 import os
 import signal
@@ -9,7 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from lm import checkpoint
+from controlplane import planner
+from lm.training import checkpoint
 from lm.compat import tf
 
 
@@ -294,7 +295,7 @@ def test_resuming_on_other_data_is_refused_unless_allowed():
 
 
 def test_fingerprint_follows_the_tokens_not_the_statistics():
-    from lm import shards
+    from lm.spec import shards
 
     def manifest(sha="s0", documents=1):
         return shards.Manifest(dtype="uint16", seq_len=8, vocab_size=512, eod_token_id=0, tokenizer_file="t.json",
@@ -305,8 +306,8 @@ def test_fingerprint_follows_the_tokens_not_the_statistics():
 
 
 def test_dropout_masks_are_a_function_of_seed_step_and_replica():
-    from lm.config import get_preset
-    from lm.model import build_model
+    from lm.spec.families import get_preset
+    from lm.models.gpt import build_model
 
     config = get_preset("tiny").replace(dropout=0.5)
     tokens = tf.constant(np.arange(16).reshape(2, 8) % 512, tf.int32)
@@ -332,9 +333,8 @@ def test_dropout_masks_are_a_function_of_seed_step_and_replica():
 
 
 def test_plan_expects_half_the_sooner_checkpoint_interval_lost_per_interruption():
-    from lm import plan
 
-    assert plan.lost_seconds_per_interruption(1.0, checkpoint_minutes=15, checkpoint_every=500) == 250.0
-    assert plan.lost_seconds_per_interruption(10.0, checkpoint_minutes=15, checkpoint_every=500) == 450.0
-    assert plan.lost_seconds_per_interruption(10.0, checkpoint_minutes=15, checkpoint_every=0) == 450.0
-    assert plan.lost_seconds_per_interruption(10.0, checkpoint_minutes=0, checkpoint_every=0) is None
+    assert planner.lost_seconds_per_interruption(1.0, checkpoint_minutes=15, checkpoint_every=500) == 250.0
+    assert planner.lost_seconds_per_interruption(10.0, checkpoint_minutes=15, checkpoint_every=500) == 450.0
+    assert planner.lost_seconds_per_interruption(10.0, checkpoint_minutes=15, checkpoint_every=0) == 450.0
+    assert planner.lost_seconds_per_interruption(10.0, checkpoint_minutes=0, checkpoint_every=0) is None

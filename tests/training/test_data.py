@@ -1,4 +1,4 @@
-"""lm.data: disjoint rank slices whose union is the global batch, seeded order, exact resume, clear errors."""
+"""lm.data.dataset: disjoint rank slices whose union is the global batch, seeded order, exact resume, clear errors."""
 import os
 import shutil
 import sys
@@ -7,8 +7,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from lm import shards
-from lm.data import TokenStream
+from lm.spec import shards
+from lm.data.dataset import TokenStream
 
 from .conftest import write_dataset
 
@@ -148,7 +148,7 @@ def test_bad_arguments_name_the_field():
 
 def whole_epoch_runs(directory, split, *, global_batch_size, dp_rank, dp_size, seed, shuffle, block_records,
                      epoch, first_batch):
-    """The index lm.data built until it became O(shards): per-block arrays of shard and first record,
+    """The index lm.data.dataset built until it became O(shards): per-block arrays of shard and first record,
     every record position of the epoch, and the runs cut from them. The order the new index must keep."""
     manifest = shards.load_manifest(directory)
     blocks = [(index, start) for index, shard in enumerate(manifest.split_shards(split))
@@ -211,7 +211,7 @@ def test_the_index_is_made_from_the_manifests_counts_not_per_record_or_per_block
     """2 x 10^7 records of 2,049 tokens (sparse shards): opening a stream and reading the first chunk
     allocates what the shards' count sets, not what the records' does (the whole-epoch index held
     per-block arrays and a Python tuple per block at start-up, over 100 MB here). Unshuffled: the
-    one O(blocks) array, an epoch's permutation, is the order's own price (see lm.data.block_order)."""
+    one O(blocks) array, an epoch's permutation, is the order's own price (see lm.data.dataset.block_order)."""
     data_index.sparse_dataset(str(tmp_path), 2 * 10 ** 7)
     tracemalloc.start()
     try:

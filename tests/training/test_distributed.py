@@ -138,7 +138,7 @@ def test_mwms_workers_resume_from_the_step_the_chief_chooses():
 
 
 def test_mwms_refuses_a_worker_batch_its_gpus_cannot_split_evenly():
-    from lm import train
+    from lm.training import train
     from lm.compat import tf
     from lm.distributed.mwms import MultiWorkerMirroredStrategy, local_split_problem
 

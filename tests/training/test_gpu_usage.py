@@ -1,8 +1,9 @@
-"""lm.gpu_usage: the per-GPU utilization line the low-GPU alarm reads (SageMaker's GPUUtilization sums a host's GPUs)."""
+"""lm.training.gpu_usage: the per-GPU utilization line the low-GPU alarm reads (SageMaker's GPUUtilization sums a host's GPUs)."""
 import io
 import subprocess
 
-from lm import gpu_usage, job
+from lm.training import gpu_usage
+from lm.spec import job
 from stacks.monitoring import LOW_GPU_UTILIZATION_PERCENT
 
 

@@ -1,10 +1,10 @@
-"""lm.optim against a NumPy AdamW written from the paper's update rule, and the schedule's shape."""
+"""lm.training.optim against a NumPy AdamW written from the paper's update rule, and the schedule's shape."""
 import numpy as np
 import pytest
 
 from lm.compat import tf
-from lm.config import get_preset, peak_learning_rate
-from lm.optim import AdamW, DynamicLossScale, learning_rate_at
+from lm.spec.families import get_preset, peak_learning_rate
+from lm.training.optim import AdamW, DynamicLossScale, learning_rate_at
 
 
 def test_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():

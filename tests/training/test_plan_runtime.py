@@ -1,8 +1,8 @@
-"""Every configuration lm.plan approves is one the runtime accepts (issue 16 item 8).
+"""Every configuration controlplane.planner approves is one the runtime accepts (issue 16 item 8).
 
 Runs the plan over a grid of presets x instance types x counts x strategies x global batches,
-then the runtime's own checks on each approved configuration: lm.data.TokenStream's split of the
-global batch over the data-parallel ranks (on a real dataset), lm.job.validate_mp_parameters on
+then the runtime's own checks on each approved configuration: lm.data.dataset.TokenStream's split of the
+global batch over the data-parallel ranks (on a real dataset), lm.spec.job.validate_mp_parameters on
 the plan's SMP parameters, and the shares the strategies cut from a worker's batch.
 """
 import itertools
@@ -10,8 +10,11 @@ import json
 
 import pytest
 
-from lm import instances, job, plan, train
-from lm.data import TokenStream
+from controlplane import planner
+from lm.spec import hardware
+from lm.spec import job
+from lm.training import train
+from lm.data.dataset import TokenStream
 
 PRESETS = ["gpt-125m", "gpt-1.3b"]
 INSTANCE_TYPES = ["ml.p3.16xlarge", "ml.p4d.24xlarge", "ml.g5.12xlarge", "ml.g5.xlarge"]
@@ -20,21 +23,21 @@ BATCHES = [8, 48, 100, 512]
 
 
 def _runtime_data_parallel(strategy, verdict_plan, instance_count):
-    """The data-parallel size lm.train hands TokenStream for this strategy."""
+    """The data-parallel size lm.training.train hands TokenStream for this strategy."""
     if strategy == "mwms":
         return instance_count  # one TokenStream rank per worker; the worker splits over its GPUs
     return verdict_plan["data_parallel"]
 
 
 def _recompute(strategy):
-    """Recomputation wherever a strategy takes it (lm.rules refuses it with smp)."""
+    """Recomputation wherever a strategy takes it (controlplane.rules refuses it with smp)."""
     return strategy != "smp"
 
 
 def _approved():
     for preset, instance_type, count, strategy, batch in itertools.product(
             PRESETS, INSTANCE_TYPES, COUNTS, job.STRATEGIES, BATCHES):
-        verdict = plan.check(preset, instance_type, count, strategy, global_batch=batch,
+        verdict = planner.check(preset, instance_type, count, strategy, global_batch=batch,
                              recompute=_recompute(strategy))
         if verdict.ok:
             yield preset, instance_type, count, strategy, batch, verdict.plan["chosen"]
@@ -56,7 +59,7 @@ def test_every_approved_configuration_passes_the_runtime_checks(text_dataset):
             disagreements.append("%s: %s" % (where, error))
             continue
         if strategy == "mwms":
-            gpus = instances.INSTANCES[instance_type].gpus
+            gpus = hardware.INSTANCES[instance_type].gpus
             if stream.batch_size % gpus:
                 disagreements.append("%s: a worker's %d sequences do not split over %d GPUs"
                                      % (where, stream.batch_size, gpus))
@@ -79,10 +82,10 @@ def test_the_grid_holds_batches_the_plan_moved_to_the_nearest_valid_one():
         assert picked % data_parallel == 0 and abs(picked - requested) <= data_parallel, (requested, picked)
 
 
-# ---- python -m lm.train --dry-run: the runtime's checks, without training ----
+# ---- python -m lm.training.train --dry-run: the runtime's checks, without training ----
 
 def _dry_run_arguments(preset, instance_type, count, strategy, chosen, recompute=True):
-    """The plan's hyperparameters and layout as lm.train's command line (as the toolkit passes them)."""
+    """The plan's hyperparameters and layout as lm.training.train's command line (as the toolkit passes them)."""
     argv = ["--dry-run", "--preset", preset, "--strategy", strategy, "--global_batch_size", str(chosen["global_batch"]),
             "--recompute", str(recompute).lower(), "--instance-type", instance_type, "--instance-count", str(count)]
     if strategy == "smp":
@@ -138,7 +141,7 @@ def test_the_dry_run_opens_the_dataset_as_training_does(text_dataset, tmp_path, 
 
 def test_lmstack_start_refuses_a_batch_the_runtime_would_refuse():
     from lmstack import start
-    from stacks.config import Settings
+    from stacks.settings import Settings
 
     run = {"preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2}
     with pytest.raises(start.StartError) as error:
@@ -149,7 +152,7 @@ def test_lmstack_start_refuses_a_batch_the_runtime_would_refuse():
 
 def test_lmstack_start_refuses_recomputation_with_smp_from_the_rule_table():
     from lmstack import start
-    from stacks.config import Settings
+    from stacks.settings import Settings
 
     run = {"preset": "gpt-125m", "strategy": "smp", "instance_type": "ml.p3.16xlarge", "instance_count": 1,
            "mp_parameters": {"partitions": 2, "microbatches": 4}, "hyperparameters": {"global_batch_size": 16}}
@@ -161,22 +164,24 @@ def test_lmstack_start_refuses_recomputation_with_smp_from_the_rule_table():
 # ---- what the plan counts against what the strategies run ----
 
 def test_the_strategies_whose_checkpoints_are_background_snapshots(tmp_path):
-    """lm.plan charges CHECKPOINT_SNAPSHOT_BYTES a parameter exactly to the strategies whose
-    checkpoints are lm.checkpoint's background snapshots."""
-    from lm import checkpoint, distributed
+    """controlplane.planner charges CHECKPOINT_SNAPSHOT_BYTES a parameter exactly to the strategies whose
+    checkpoints are lm.training.checkpoint's background snapshots."""
+    from lm.training import checkpoint
+    from lm import distributed
 
     for name in job.STRATEGIES:
         kept = distributed.get_strategy(name).checkpoints(str(tmp_path))
         files = getattr(kept, "files", None)
         background = isinstance(files, checkpoint.Checkpointer) and files._writer is not None
-        assert background == (name in plan.SNAPSHOT_STRATEGIES), name
+        assert background == (name in planner.SNAPSHOT_STRATEGIES), name
 
 
 def _train_step_graph(strategy, xla):
     """The traced train step of `strategy` (set up) on the tiny preset, as a tf.Graph."""
-    from lm import models, optim
+    from lm.training import optim
+    from lm import models
     from lm.compat import tf
-    from lm.config import get_preset
+    from lm.spec.families import get_preset
 
     with strategy.scope():
         model = models.build(get_preset("tiny"))
@@ -198,7 +203,7 @@ def test_horovods_all_reduce_waits_for_every_gradient_as_the_plan_counts(xla):
     grouped = [op for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
     # One op whose inputs are every gradient: it runs when the backward pass has made the last one.
     assert [len(op.inputs) for op in grouped] == [gradients]
-    assert not plan.allreduce_overlaps_backward("horovod", xla)
+    assert not planner.allreduce_overlaps_backward("horovod", xla)
 
 
 def test_mwms_packs_every_gradient_into_one_all_reduce_as_the_plan_counts():
@@ -212,8 +217,8 @@ def test_mwms_packs_every_gradient_into_one_all_reduce_as_the_plan_counts():
     options = strategy.strategy.extended._communication_options
     assert options.bytes_per_pack == 0
     assert cross_device_utils.group_by_size(["g1", "g2", "g3"], options.bytes_per_pack) == [["g1", "g2", "g3"]]
-    assert not plan.allreduce_overlaps_backward("mwms", True)
-    assert not plan.allreduce_overlaps_backward("mwms", False)
+    assert not planner.allreduce_overlaps_backward("mwms", True)
+    assert not planner.allreduce_overlaps_backward("mwms", False)
 
 
 @pytest.mark.parametrize("xla", [True, False])
@@ -239,4 +244,4 @@ def test_smddp_gets_the_gradients_at_once_only_from_an_xla_backward_pass(xla, mo
                 and len(op.outputs) == gradients + 2]  # the forward function's gradient: one per input
     assert len(backward) == 1
     assert backward[0].get_attr("_XlaMustCompile") == xla
-    assert plan.allreduce_overlaps_backward("smddp", xla) == (not xla)
+    assert planner.allreduce_overlaps_backward("smddp", xla) == (not xla)

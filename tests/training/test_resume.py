@@ -1,4 +1,4 @@
-"""Exact resume through `lm.train`: dropout masks keyed by (seed, step, replica), the dataset's
+"""Exact resume through `lm.training.train`: dropout masks keyed by (seed, step, replica), the dataset's
 fingerprint in the checkpoint, time-based periodic checkpoints, TensorBoard scalars."""
 import glob
 import json
@@ -8,7 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from lm import checkpoint, shards
+from lm.training import checkpoint
+from lm.spec import shards
 
 from . import helpers
 from .test_summaries import read_scalars
@@ -73,7 +74,7 @@ def test_resuming_on_other_data_is_refused_unless_allowed(text_dataset, tmp_path
 @pytest.mark.slow
 def test_checkpoints_of_another_model_are_refused_naming_both_and_resume_from(text_dataset, tmp_path, capsys):
     """What a SageMaker run whose resume_from names another model's checkpoints meets (issue 24.6):
-    they are synced into its checkpoint directory, and lm.train refuses them before step 1."""
+    they are synced into its checkpoint directory, and lm.training.train refuses them before step 1."""
     tmp = str(tmp_path)
     status, output = helpers.run_in_process(capsys, text_dataset, tmp, max_steps=2, xla=False)
     assert status == 0, output
@@ -92,7 +93,7 @@ def test_time_based_checkpoints_and_tensorboard_scalars(text_dataset, tmp_path, 
     # checkpoint_minutes tiny: every log window (2 steps) is past it, so every window saves.
     tmp = str(tmp_path)
     tensorboard = os.path.join(tmp, "tb")
-    from lm import train
+    from lm.training import train
 
     capsys.readouterr()
     status = train.main(helpers.cli_args(text_dataset, tmp, max_steps=6, log_every=2, xla=False,

@@ -1,10 +1,11 @@
-"""lm.summaries: rank 0's tf.summary scalars, read back from the event files as TensorBoard reads them."""
+"""lm.training.summaries: rank 0's tf.summary scalars, read back from the event files as TensorBoard reads them."""
 import glob
 import os
 
 import pytest
 
-from lm import contract, summaries
+from lm.spec import contract
+from lm.training import summaries
 from lm.compat import tf
 
 

@@ -1,6 +1,6 @@
 """The entrypoint run by the REAL sagemaker-training toolkit against a local /opt/ml tree.
 
-The hyperparameters file is exactly what `lm.request.sdk_hyperparameters` produces for the state
+The hyperparameters file is exactly what `controlplane.request.sdk_hyperparameters` produces for the state
 machine's CreateTrainingJob request; the toolkit decodes it and runs `train.py` from
 /opt/ml/code as SageMaker runs our image.
 """
@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from lm import contract, job, request
+from lm.spec import contract
+from lm.spec import job
+from controlplane import request
 
 from . import helpers
 

@@ -1,4 +1,4 @@
-"""MLflow tracking from rank 0 (`lm.tracking`, issue 27 item 3), against a real `mlflow server`
+"""MLflow tracking from rank 0 (`lm.training.tracking`, issue 27 item 3), against a real `mlflow server`
 on 127.0.0.1 with a file store, read back with MLflow's own client.
 
 The training runs in `.venv-mlflow` (MLflow 2.22.1, which reads the project's TensorFlow and
@@ -13,7 +13,8 @@ import urllib.request
 
 import pytest
 
-from lm import shards, tracking
+from lm.spec import shards
+from lm.training import tracking
 
 from . import helpers
 
@@ -80,7 +81,7 @@ def _runs(uri, experiment, run_name):
 def _train(data_dir, tmp, uri, job_name, **hyperparameters):
     env = helpers.environment(MLFLOW_TRACKING_URI=uri, MLFLOW_EXPERIMENT_NAME="lmstack-test",
                               TRAINING_JOB_NAME=job_name)
-    args = [os.path.join(VENV_MLFLOW, "python"), "-m", "lm.train"] + helpers.cli_args(data_dir, tmp, **hyperparameters)
+    args = [os.path.join(VENV_MLFLOW, "python"), "-m", "lm.training.train"] + helpers.cli_args(data_dir, tmp, **hyperparameters)
     return subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=300)
 

@@ -1,4 +1,4 @@
-"""lm.train on one device: learns real text, deterministic, exact resume after SIGTERM, clear errors."""
+"""lm.training.train on one device: learns real text, deterministic, exact resume after SIGTERM, clear errors."""
 import collections
 import json
 import math
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from lm import shards
+from lm.spec import shards
 
 from . import helpers
 
@@ -59,7 +59,7 @@ def straight(text_dataset, tmp_path_factory):
 
 
 def run_one_after_another(runs):
-    """The stdout of each `lm.train` run of `runs` (a list of cli_args), all in one fresh process, in order."""
+    """The stdout of each `lm.training.train` run of `runs` (a list of cli_args), all in one fresh process, in order."""
     code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED))
     result = subprocess.run([sys.executable, "-c", code] + [json.dumps(args) for args in runs],
                             env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -174,7 +174,8 @@ def test_a_preset_of_another_family_is_an_error(text_dataset, tmp_path, capsys):
 def test_hyperparameters_are_one_validated_frozen_dataclass_of_the_table():
     import dataclasses
 
-    from lm import job, train
+    from lm.spec import job
+    from lm.training import train
     hp = train.Hyperparameters.from_values({"preset": "tiny", "max_steps": 5})
     assert [field.name for field in dataclasses.fields(hp)] == list(job.HYPERPARAMETERS)
     assert (hp.preset, hp.max_steps, hp.strategy) == ("tiny", 5, job.HYPERPARAMETERS["strategy"].default)

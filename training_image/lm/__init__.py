@@ -1,5 +1,7 @@
-"""lmstack's training runtime: model, data, training loop, data preparation, serving.
+"""lmstack's training runtime, the code every training image holds.
 
-Importing `lm` imports no TensorFlow; `lm.config`, `lm.job`, `lm.shards` and `lm.plan`
-stay importable without it (the CDK app uses them at synth time).
+`lm.spec` is the TF-free specification the control plane shares (hyperparameters, channels and
+paths, shard format, model configurations); `lm.models`, `lm.data`, `lm.training`,
+`lm.distributed`, `lm.serving` and `lm.hf` are the runtime. Importing `lm` or `lm.spec` imports
+no TensorFlow; nothing in `lm` imports the control plane (`controlplane`, `stacks`, `lmstack`).
 """

@@ -5,7 +5,7 @@ Horovod, SMDDP and SMP images need nothing they do not ship.
 """
 import importlib
 
-from lm.job import STRATEGIES
+from lm.spec.job import STRATEGIES
 
 # strategy name -> (module, class); each class subclasses lm.distributed.base.Strategy.
 ADAPTERS = {
@@ -15,11 +15,11 @@ ADAPTERS = {
     "smddp": ("lm.distributed.smddp", "SMDDPStrategy"),
     "smp": ("lm.distributed.smp", "SMPStrategy"),
 }
-assert set(ADAPTERS) == set(STRATEGIES), "every strategy in lm.job.STRATEGIES needs an adapter"
+assert set(ADAPTERS) == set(STRATEGIES), "every strategy in lm.spec.job.STRATEGIES needs an adapter"
 
 
 def get_strategy(name, **options):
-    """A new, not yet set-up adapter for strategy `name` (one of lm.job.STRATEGIES)."""
+    """A new, not yet set-up adapter for strategy `name` (one of lm.spec.job.STRATEGIES)."""
     if name not in ADAPTERS:
         raise ValueError("strategy must be one of %s, got %r" % (", ".join(STRATEGIES), name))
     module_name, class_name = ADAPTERS[name]

@@ -1,12 +1,12 @@
 """The one interface every distribution strategy implements.
 
-`lm.train` talks to a `Strategy` and to nothing else that is strategy-specific. Its life:
+`lm.training.train` talks to a `Strategy` and to nothing else that is strategy-specific. Its life:
 
     strategy = lm.distributed.get_strategy(name)   # constructing does nothing
     strategy.setup()                               # init the library, pin the GPU
     model = strategy.build_model(lambda: lm.models.build(config))
     with strategy.scope():
-        optimizer = lm.optim.AdamW(...)            # creates its slots eagerly
+        optimizer = lm.training.optim.AdamW(...)            # creates its slots eagerly
     train_step = strategy.build_train_step(model, optimizer, loss_fn, ...)
     eval_step = strategy.build_eval_step(model, loss_fn, ...)
     restore the checkpoint rank 0 chooses (every rank reads it), then per step:
@@ -34,7 +34,7 @@ What an adapter must do (override only what differs from the single-device defau
   inside `strategy.run`, SMP inside `@smp.step`) override `build_train_step` instead.
 - `allreduce_mean(value)`: the mean of a float32 scalar tensor or Python float over all
   data-parallel replicas, inside a train/eval step's graph and eagerly from the loop
-  (`lm.train` uses it to agree on stopping after SIGTERM).
+  (`lm.training.train` uses it to agree on stopping after SIGTERM).
 - `devices`: how many devices all processes drive together (MFU's denominator).
 - `build_train_step(...)`: a callable `(inputs, labels) -> {"loss", "grad_norm", "loss_scale"}`
   of float32 scalars that does forward, backward, gradient all-reduce, clipping and the
@@ -47,7 +47,7 @@ What an adapter must do (override only what differs from the single-device defau
   equal rank 0's (Horovod: `hvd.broadcast_variables`). Called once, after the first step, when
   the optimizer's variables exist. A no-op where variables are mirrored by construction.
 - `checkpoints(directory)`: where and how this strategy's checkpoints are kept (`Checkpoints`:
-  lm.checkpoint's .npz files, written by the ranks with `writes_checkpoints`; SMP: its own).
+  lm.training.checkpoint's .npz files, written by the ranks with `writes_checkpoints`; SMP: its own).
 - `choose_checkpoint(newest_step)`: the step every rank resumes from: rank 0's newest, sent to
   every rank with the library's collective (`broadcast_step`). Ranks on different hosts see
   different checkpoint directories (SageMaker syncs each host's with S3), so no rank picks its own.
@@ -59,7 +59,7 @@ What an adapter must do (override only what differs from the single-device defau
 """
 import contextlib
 
-from lm import checkpoint
+from lm.training import checkpoint
 from lm.compat import tf
 
 # Steps travel as float32 through collectives that reduce floats: exact below 2**24.
@@ -242,7 +242,7 @@ def decode_step(value):
 
 
 class Checkpoints:
-    """A strategy's checkpoints in one directory: lm.checkpoint's .npz files (`Checkpointer`),
+    """A strategy's checkpoints in one directory: lm.training.checkpoint's .npz files (`Checkpointer`),
     written by the ranks with `writes_checkpoints`, one file per step.
 
     Training calls `save` on every rank; `newest_step`, `has`, `where`, `read_meta` and `restore`

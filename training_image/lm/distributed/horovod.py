@@ -1,7 +1,7 @@
 """Horovod: one process per GPU, gradients averaged with Horovod's all-reduce.
 
 The seed's six steps: `hvd.init()`, pin one GPU per process by local rank, scale the
-learning rate with the data-parallel size (`lm.optim.scaled_learning_rate` scales with the
+learning rate with the data-parallel size (`lm.training.optim.scaled_learning_rate` scales with the
 global batch), average the gradients (`hvd.grouped_allreduce(op=Average)`, what
 `hvd.DistributedGradientTape` does inside), broadcast weights and optimizer state from rank 0
 after the first step, checkpoint on rank 0 only (and resume from the step rank 0 chooses,

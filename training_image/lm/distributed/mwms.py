@@ -9,7 +9,7 @@ Every replica runs forward and backward on its share of this worker's batch insi
 `strategy.run`, the gradients are averaged with the replica context's all-reduce, and the
 optimizer updates each device's copy of the (mirrored) variables through `merge_call`. A
 worker's batch must split evenly over its GPUs (`local_split_problem`, checked before each step
-and by `lm.train --dry-run`). At a restart every worker resumes from the step the chief chooses
+and by `lm.training.train --dry-run`). At a restart every worker resumes from the step the chief chooses
 (a sum over the workers in which only the chief's value is not zero).
 """
 import json

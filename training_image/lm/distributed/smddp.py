@@ -1,7 +1,7 @@
 """SageMaker distributed data parallel (SMDDP), TF 2.11 image: one process per GPU.
 
 The library's six documented steps: `sdp.init()`; pin GPU `sdp.local_rank()`; scale the
-learning rate by `sdp.size()` (lm.train does it from `data_parallel_size`); wrap the tape in
+learning rate by `sdp.size()` (lm.training.train does it from `data_parallel_size`); wrap the tape in
 `sdp.DistributedGradientTape` (with `sparse_as_dense=True`, documented from the v1.1.x API page
 on, SageMaker Python SDK pull request #2346; without it the library's handling of
 `tf.IndexedSlices` is undocumented); `sdp.broadcast_variables` of model and optimizer state from

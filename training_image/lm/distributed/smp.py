@@ -6,7 +6,7 @@ ships 1.4.0) does beyond it, and where it happens here:
 - `smp.init()` in `setup`; `mp_parameters` (SM_HP_MP_PARAMETERS) checked first, so a bad value
   fails with the field's name instead of deep inside the library. With more than one partition
   they must say `auto_partition: false, default_partition: 0` (`placement_problem`): the library
-  ignores `smp.partition` otherwise, and lm.plan counts the placement made with it.
+  ignores `smp.partition` otherwise, and controlplane.planner counts the placement made with it.
 - the model class itself subclasses `smp.DistributedModel` (`distributed_gpt_class`: GPT and
   DistributedModel) and creates its layers in `__init__` from plain arguments, because the
   library builds a tracing copy by calling the class again with them. Each block runs in
@@ -24,7 +24,7 @@ ships 1.4.0) does beyond it, and where it happens here:
   `reduce_mean()` the loss. `tf.GradientTape` is not supported inside `smp.step`; the documented
   alternative (`Optimizer.get_gradients`) is `tf.gradients` of the loss, which is what we call.
   `tf.recompute_grad` cannot be used: the ranks that import rank 0's graph lack its gradient
-  (lm.train refuses `recompute` with smp).
+  (lm.training.train refuses `recompute` with smp).
 - clipping and the fp16 overflow skip need the norm of the whole model's gradients: each rank
   holds its partition's, so the squared norms are summed over the model-parallel group
   (`smp.allgather(..., smp.CommGroup.MP_GROUP)`, eagerly between the step and the update); an
@@ -52,7 +52,7 @@ ships 1.4.0) does beyond it, and where it happens here:
   a key naming its partition (`tf.train.Checkpoint(partition_<k>=[variables])`), so a restore
   that also reads other partitions' files cannot assign them to this partition's variables.
 - the export gathers every partition's weights on the chief by layer path (`weight_paths`,
-  `smp.allgather` over the model-parallel group) into one plain model, which `lm.export` writes
+  `smp.allgather` over the model-parallel group) into one plain model, which `lm.serving.export` writes
   as for any strategy.
 - data is sharded and seeded by `smp.dp_rank()` (`data_parallel_rank`), batches divide into
   microbatches (`drop_remainder=True`; checked before each step).
@@ -65,9 +65,9 @@ import re
 import shutil
 
 from lm.compat import tf
-from lm import shards
+from lm.spec import shards
 from lm.distributed.base import Strategy, apply_update
-from lm.job import validate_mp_parameters
+from lm.spec.job import validate_mp_parameters
 
 MP_PARAMETERS_ENV = "SM_HP_MP_PARAMETERS"
 STEP_DIRECTORY = re.compile(r"^smp-(\d{8})$")
@@ -85,12 +85,12 @@ def horovod_problem(mp_parameters, replicas, processes):
 
 
 def placement_problem(mp_parameters):
-    """Why SMP would not place the model as lm.plan counts it, or None.
+    """Why SMP would not place the model as controlplane.planner counts it, or None.
 
     `smp.partition` is ignored unless `auto_partition` is false (the library's `partition` in
     smdistributed/modelparallel/tensorflow/utils.py, lines 772-790, and the TensorFlow API page);
     otherwise the library splits the graph of the first traced step itself (auto.py, lines
-    178-230). lm.plan counts partition 0 holding the embeddings, the output layer, the loss and
+    178-230). controlplane.planner counts partition 0 holding the embeddings, the output layer, the loss and
     ceil(n_layer / partitions) blocks: what DistributedGPT's `smp.partition` contexts place, and
     what is outside them goes to `default_partition`."""
     if mp_parameters["partitions"] == 1:
@@ -98,7 +98,7 @@ def placement_problem(mp_parameters):
     if mp_parameters.get("auto_partition", True) is not False or mp_parameters.get("default_partition") != 0:
         return ("mp_parameters.auto_partition must be false and mp_parameters.default_partition 0 with %d partitions "
                 "(got auto_partition=%s, default_partition=%s): lm places the embeddings, the output layer and the loss "
-                "in partition 0 and the blocks in equal contiguous shares, as lm.plan counts them, with smp.partition, "
+                "in partition 0 and the blocks in equal contiguous shares, as controlplane.planner counts them, with smp.partition, "
                 "which the library ignores under auto-partitioning"
                 % (mp_parameters["partitions"], json.dumps(mp_parameters.get("auto_partition", True)),
                    json.dumps(mp_parameters.get("default_partition"))))
@@ -114,7 +114,7 @@ def microbatch_problem(mp_parameters, replica_batch, replicas):
 
 
 def read_mp_parameters(environ=None):
-    """The job's `mp_parameters` from the environment, validated (see lm.job.validate_mp_parameters)."""
+    """The job's `mp_parameters` from the environment, validated (see lm.spec.job.validate_mp_parameters)."""
     environ = os.environ if environ is None else environ
     raw = environ.get(MP_PARAMETERS_ENV)
     if not raw:
@@ -128,7 +128,7 @@ def read_mp_parameters(environ=None):
 
 
 def partition_of_block(index, n_layer, partitions):
-    """The pipeline partition of block `index`: contiguous, equal shares (lm.plan counts the same)."""
+    """The pipeline partition of block `index`: contiguous, equal shares (controlplane.planner counts the same)."""
     return index * partitions // n_layer
 
 
@@ -150,7 +150,7 @@ def distributed_gpt_class(smp):
     from that copy (lines 259-277), so what `call` uses must be the class's: the loss function is
     set on the class, not on the instance.
     """
-    from lm.model import GPT
+    from lm.models.gpt import GPT
 
     class DistributedGPT(GPT, smp.DistributedModel):
         """The GPT whose call takes (tokens, labels) and returns the mean token loss: "tensors
@@ -254,7 +254,7 @@ class SMPStrategy(Strategy):
         return self._hvd.allreduce(value) if self._hvd is not None else value
 
     def allreduce_mean(self, value):
-        """Mean over every rank (eager: lm.train's votes and agreed clocks)."""
+        """Mean over every rank (eager: lm.training.train's votes and agreed clocks)."""
         values = self._smp.allgather(float(value), self._smp.CommGroup.WORLD)
         return sum(values) / len(values)
 
@@ -276,7 +276,7 @@ class SMPStrategy(Strategy):
         type(model).loss_fn = staticmethod(loss_fn)
 
     def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
-        # Set both ways: lm.train rebuilds the steps without XLA when XLA fails to compile.
+        # Set both ways: lm.training.train rebuilds the steps without XLA when XLA fails to compile.
         tf.config.optimizer.set_jit(bool(jit_compile))
         self._use_loss(model, loss_fn)
         variables = model.trainable_variables  # this rank's partition

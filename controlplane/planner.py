@@ -1,0 +1,693 @@
+"""Memory, strategy, time and cost of a training run, before a dollar is spent.
+
+    python -m lmstack.plan --preset gpt-1.3b --instance-type ml.p4d.24xlarge --instance-count 2
+
+Pure Python, no TensorFlow: the CDK app calls `feasibility_table()` at synth time to turn
+"cannot fit" and "cannot run" into input-validation rules (`controlplane.rules.plan_rules`), and
+`estimate()` for the execution output. Strategy constraints come from `lm.spec.job`, hardware,
+FLOP/s and MFU from `lm.spec.hardware`, prices from `controlplane.prices`.
+
+Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activation element
+(4 fp32, 2 fp16/bf16), u = micro_batch * seq_len * d_model, w = micro_batch * n_head * seq_len^2,
+z = micro_batch * seq_len * padded_vocab:
+- weights 4P (variables stay float32 under mixed precision), gradients 4P (float32),
+  optimizer 8P (AdamW m and v, float32), plus 2P under mixed precision for the float16
+  copies `lm.models.gpt` casts every kernel to and keeps for the backward pass.
+- activations one block keeps for its backward pass. Korthikanti et al. 2022 ("Reducing
+  Activation Recomputation in Large Transformer Models", eq. 1 without tensor or sequence
+  parallelism) count 34 u + 5 w bytes at 16 bit with dropout, i.e. 17 u elements: LayerNorm
+  inputs 2u, QKV input u, q and k 2u, v u, projection input u, first MLP matmul input u,
+  GELU input 4u, second MLP matmul input 4u, dropout masks. Adapted to `lm.models.gpt` and TF:
+  * TF materializes the [b, h, t, t] scores; the softmax output is kept in float32 (4w)
+    and, under mixed precision, again as the cast copy the value matmul reads (c w).
+  * run op by op (no XLA), Keras LayerNormalization also keeps the normalized value and the
+    tanh GELU its intermediates (x, tanh, 0.5 x, 1 + tanh: four 4u tensors, not one):
+    MEASURED_U_ELEMENTS["graph"] = 34 u elements per block, measured (tests/plan); with
+    XLA (measured on the CPU backend; GPU XLA fuses at least as much) 26 u.
+  * ReLU (the seed's block) keeps its output only: 16 u fewer (not measured).
+  * dropout > 0: 1-byte masks on the probabilities and both sublayer outputs, plus the
+    dropped probabilities (c w + w + 2u).
+  Recomputation (`tf.recompute_grad` per block) keeps each block's input (u c) and rebuilds
+  one block at a time in the backward pass.
+- the loss: float32 logits and the cross-entropy gradient (8z), alive together at the end
+  of the forward pass, plus the final LayerNorm (2 u c). Under recomputation the float32
+  logits gradient (4z) is still alive while the blocks are rebuilt (TF's executor follows
+  the input-gradient chain before it runs the tied embedding's weight-gradient matmul).
+- SMP with several microbatches: the step sums the microbatches' gradients into one
+  accumulator (4P, alive from the first microbatch to the update), and each microbatch's own
+  gradients (4P) are made while the other microbatches in flight keep their activations.
+- a background checkpoint save (every strategy but SMP, whose saves are synchronous): 12P, the
+  snapshot of weights, m and v that the device holds twice until the writer has copied it to
+  the host (CHECKPOINT_SNAPSHOT_BYTES; measured in tests/plan). Counted at every step: a save is
+  due every checkpoint_minutes, so a run that does not fit with it fails within minutes.
+- peak = weights + optimizer (+ accumulator + snapshot) + the transient peak:
+  * without recomputation: max(float16 copies + kept activations + loss, gradients); the
+    backward pass frees activations as it creates gradients, so the two never add up;
+  * with recomputation: float16 copies + kept inputs + the larger of the loss and the
+    rebuild of a block (one block + 4z + gradients): the weight gradients of the blocks
+    already done accumulate while the earlier blocks are rebuilt, so by the first block
+    nearly all of them (charged in full: 4P) are alive next to a rebuilt block.
+- headroom: RESERVED_GIB per GPU for the CUDA context and cuBLAS/cuDNN workspaces, and a
+  FRAGMENTATION share of the rest for the allocator.
+Checked against TensorFlow's allocator peak on the CPU in tests/plan/test_measured.py
+(float32; the mixed-precision terms cannot be measured without a GPU).
+
+Time: tokens/s = GPUs x peak FLOP/s x MFU / flops_per_token (`lm.spec.families`, the MFU
+convention), times the pipeline efficiency m / (m + p - 1) under SMP; the gradient
+all-reduce between hosts (ring, 2 (H-1)/H of the float32 gradients through each host's
+network at NETWORK_EFFICIENCY) follows the backward pass, so a step takes the sum of the two,
+except where the strategy's code path lets it overlap the backward pass (SMDDP without XLA;
+`allreduce_overlaps_backward`), where a step takes the longer of the two.
+
+Learning rate: the peak rate the run uses (`lm.spec.families.peak_learning_rate`: GPT-3's for the
+size, Table 2.1, scaled down for a smaller batch, never up).
+"""
+import collections
+import math
+import re
+
+from controlplane import prices
+from lm.spec import hardware
+from lm.spec import job
+from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
+from lm.spec.families import (PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset,
+                              parameter_count, peak_learning_rate)
+from lm.spec.families.base import gpt3_training
+
+GIB = 2 ** 30
+RESERVED_GIB = 1.0
+FRAGMENTATION = 0.10
+NETWORK_EFFICIENCY = 0.7
+# EnableInterContainerTrafficEncryption (IPsec between the hosts of a job) "can increase training time,
+# especially if you are using distributed deep learning algorithms", depending on "the amount of
+# communication between compute instances"; one host is not affected (SageMaker Developer Guide,
+# "Protect Communications Between ML Compute Instances in a Distributed Training Job", train-encrypt).
+# The page gives no figure: this is our assumption, the all-reduce between hosts taking twice as long
+# when on, until a real multi-host job measures it.
+ENCRYPTED_ALLREDUCE_SLOWDOWN = 2.0
+TOKENS_PER_PARAMETER = 20  # Chinchilla (Hoffmann et al. 2022)
+TABLE_SEQ_LEN = 2048
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# u-sized activation elements one pre-LN GELU block keeps (module docstring; tests/plan).
+MEASURED_U_ELEMENTS = {"graph": 34, "xla": 26}
+SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
+# A background checkpoint save (lm.training.checkpoint.Checkpointer) holds reads of the weights and AdamW's
+# m and v (float32: 4 + 4 + 4 bytes a parameter) until its writer thread has copied them to host
+# memory, and every update meanwhile copies the buffers it writes (copy on write under a held
+# read): the device holds the state twice. Measured on the CPU allocator: 11.3 bytes a parameter
+# more at the peak of a step taken while a snapshot is held (tests/plan/test_measured.py).
+CHECKPOINT_SNAPSHOT_BYTES = 12
+# The strategies whose checkpoints are those background snapshots (lm.distributed.base.Checkpoints,
+# written by the chief, whose GPU is the busiest); SMP saves through smp.CheckpointManager between
+# steps, synchronously (lm.distributed.smp.SMPCheckpoints). tests/training/test_plan_runtime.py
+# checks this list against each strategy's checkpoints.
+SNAPSHOT_STRATEGIES = ("single", "mwms", "horovod", "smddp")
+SHORTEST_SEQ_LEN = 128  # the shortest sequence length a rejection suggests
+DEFAULT_GLOBAL_BATCH = job.HYPERPARAMETERS["global_batch_size"].default
+XLA_DEFAULT = job.HYPERPARAMETERS["xla"].default
+DATA_PARALLEL = ("mwms", "horovod", "smddp")
+
+
+def _field_error(field, allowed, value):
+    return ValueError("%s must be one of %s, got %r" % (field, ", ".join(str(a) for a in allowed), value))
+
+
+def resolve_config(preset_or_config):
+    return preset_or_config if isinstance(preset_or_config, GPTConfig) else get_preset(preset_or_config)
+
+
+def runtime_cuda(runtime):
+    """CUDA version (major, minor) of a `lm.spec.job` runtime, read from its DLC tag ("-cu112-")."""
+    found = re.search(r"-cu(\d+)(\d)-", job.RUNTIMES[runtime])
+    return int(found.group(1)), int(found.group(2))
+
+
+def resolve_precision(precision, instance):
+    if precision not in PRECISIONS:
+        raise _field_error("precision", PRECISIONS, precision)
+    if not instance.gpus:
+        if precision not in ("auto", "fp32"):
+            raise ValueError("precision %r needs a GPU; %s has none (use fp32 or auto)" % (precision, instance.name))
+        return "fp32"
+    gpu = hardware.get_gpu(instance.gpu)
+    if precision == "auto":
+        return hardware.auto_precision(instance.gpu)
+    if precision not in gpu.peak_flops:
+        raise ValueError("precision %r is not supported on %s (%s); allowed there: %s" % (
+            precision, instance.name, gpu.name, ", ".join(sorted(gpu.peak_flops))))
+    return precision
+
+
+def cannot_run(strategy, instance_type, instance_count=1, recompute=False):
+    """Why `strategy` cannot run on this instance type and count (or with `recompute`: the input
+    rules of lm.spec.job, then the hardware), or None when it can."""
+    if strategy not in job.STRATEGIES:
+        raise _field_error("strategy", job.STRATEGIES, strategy)
+    instance = hardware.get_instance(instance_type)
+    refused = broken(job.job_rules(), {STRATEGY_FIELD: strategy,
+                                       INSTANCE_TYPE_FIELD: instance_type,
+                                       INSTANCE_COUNT_FIELD: instance_count,
+                                       "hyperparameters": {"recompute": recompute}})
+    if refused:
+        return refused
+    if strategy == "smp" and instance.gpus < 2:
+        return "smp splits the model over the GPUs of a host; %s has %d" % (instance_type, instance.gpus)
+    if instance.gpus:
+        runtime = job.STRATEGY_RUNTIME[strategy]
+        have, need = runtime_cuda(runtime), hardware.get_gpu(instance.gpu).min_cuda
+        if have < need:
+            return "%s needs the %s image (CUDA %d.%d); %s GPUs (%s) need CUDA %d.%d or newer" % (
+                strategy, job.RUNTIMES[runtime], have[0], have[1], instance_type, instance.gpu, need[0], need[1])
+    return None
+
+
+# ---- memory ----
+
+def layer_activation_bytes(config, micro_batch, seq_len, compute_bytes, xla=False):
+    """Bytes one block keeps for its backward pass (see the module docstring)."""
+    u = micro_batch * seq_len * config.d_model
+    w = micro_batch * config.n_head * seq_len * seq_len
+    elements_u = MEASURED_U_ELEMENTS["xla" if xla else "graph"] - (16 if config.activation == "relu" else 0)
+    scores = 4 * w + (compute_bytes * w if compute_bytes != 4 else 0)
+    total = elements_u * u * compute_bytes + scores
+    if config.dropout:
+        total += compute_bytes * w + w + 2 * u
+    return total
+
+
+def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1,
+           accumulate=False, snapshot=False):
+    """Peak bytes on one GPU (the busiest pipeline stage under SMP), by component.
+
+    Under SMP v1 a GPU holds only its partition: "any operation that is part of
+    smp.DistributedModel.call() ... executes in exactly one of the devices" (SageMaker SDK,
+    smp_versions "TensorFlow API"), and the model is partitioned in the first smp.step call,
+    before any weight exists (lm.distributed.smp builds the GPT without weights, runs one
+    partitioning step, then creates AdamW's slots for this rank's variables only). With
+    manual placement (`auto_partition: false`) lm.distributed.smp puts block i in partition
+    i * partitions // n_layer and the embeddings, the tied output layer and the loss in
+    partition 0, so partition 0 is the busiest: the embeddings, ceil(n_layer / partitions)
+    blocks and the loss (the logits never leave it). Its weights, gradients, AdamW state
+    and float16 copies are those P parameters; activations are kept for `in_flight`
+    microbatches. With auto-partitioning the library balances the stages itself; this
+    bound stays an upper one. The export gathers the whole model into host memory of the
+    chief (4 bytes per parameter, not on a GPU).
+
+    `accumulate` (SMP with several microbatches): the step sums the microbatches' gradients
+    into one accumulator (4P, alive from the first microbatch to the update); a microbatch's
+    own gradients (4P) are made while the other microbatches in flight keep their
+    activations. `snapshot`: a background checkpoint save's copy of the state
+    (CHECKPOINT_SNAPSHOT_BYTES a parameter)."""
+    c = COMPUTE_BYTES[precision]
+    layers = -(-config.n_layer // partitions)
+    embedding = parameter_count(config) - config.n_layer * block_parameter_count(config)
+    params = embedding + layers * block_parameter_count(config) if partitions > 1 else parameter_count(config)
+    u = micro_batch * seq_len * config.d_model
+    z = micro_batch * seq_len * config.padded_vocab_size
+    per_layer = layer_activation_bytes(config, micro_batch, seq_len, c, xla)
+    full = in_flight * layers * per_layer
+    kept_inputs = in_flight * layers * u * c
+    loss = 8 * z + 2 * u * c
+    parts = collections.OrderedDict([
+        ("params", params),
+        ("weights", 4 * params),
+        ("gradients", 4 * params),
+        ("gradient_accumulator", 4 * params if accumulate else 0),
+        ("optimizer", 8 * params),
+        ("checkpoint_snapshot", CHECKPOINT_SNAPSHOT_BYTES * params if snapshot else 0),
+        ("compute_copies", 2 * params if c != 4 else 0),
+        ("activations", full),
+        ("activations_recompute", kept_inputs + per_layer),
+        ("loss", loss),
+    ])
+    if recompute:
+        transient = parts["compute_copies"] + kept_inputs + max(loss, per_layer + 4 * z + parts["gradients"])
+    elif accumulate:
+        others_in_flight = full * (in_flight - 1) // in_flight
+        transient = parts["compute_copies"] + max(full + loss, others_in_flight + parts["gradients"])
+    else:
+        transient = max(parts["compute_copies"] + full + loss, parts["gradients"])
+    parts["peak"] = (parts["weights"] + parts["optimizer"] + parts["gradient_accumulator"]
+                     + parts["checkpoint_snapshot"] + transient)
+    return parts
+
+
+def step_flops(config, batch, seq_len, recompute=False):
+    """Matmul FLOPs one training step of `lm.models.gpt` executes on `batch` sequences: forward
+    (the projections, the full [t, t] attention products, the tied output layer) and a backward
+    pass of twice that, plus one more forward of the blocks under recomputation. Unlike the MFU
+    convention `flops_per_token` it counts the output layer."""
+    tokens = batch * seq_len
+    inner = config.n_head * config.attention_head_dim
+    d = config.d_model
+    blocks = config.n_layer * (2 * tokens * (4 * d * inner + 8 * d * d) + 4 * batch * seq_len * seq_len * inner)
+    head = 2 * tokens * config.padded_vocab_size * d
+    return 3 * (blocks + head) + (blocks if recompute else 0)
+
+
+def usable_bytes(instance):
+    if not instance.gpus:
+        return instance.memory_gib * GIB * (1 - FRAGMENTATION)
+    return (instance.gpu_memory_gib - RESERVED_GIB) * GIB * (1 - FRAGMENTATION)
+
+
+# ---- one strategy on one instance type ----
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _layout(strategy, instance, instance_count, partitions):
+    """(GPUs doing work, data-parallel size)."""
+    gpus = max(instance.gpus, 1)
+    if strategy == "single":
+        return 1, 1
+    total = gpus * instance_count
+    if strategy == "smp":
+        return total, total // partitions
+    return total, total
+
+
+def _evaluate(config, instance, instance_count, strategy, global_batch, seq_len, precision, recompute,
+              partitions=1, microbatches=1, pipeline="interleaved"):
+    """One layout's memory. Activations are counted op by op (the larger count, and what runs where
+    XLA does not compile: lm.training.train then falls back to running without it)."""
+    gpus_used, dp = _layout(strategy, instance, instance_count, partitions)
+    per_replica = global_batch // dp
+    micro_batch = max(per_replica // microbatches, 1)
+    in_flight = 1
+    if strategy == "smp":
+        in_flight = min(microbatches, partitions) if pipeline == "interleaved" else microbatches
+    mem = memory(config, micro_batch, seq_len, precision, recompute=recompute, partitions=partitions,
+                 in_flight=in_flight, accumulate=strategy == "smp" and microbatches > 1,
+                 snapshot=strategy in SNAPSHOT_STRATEGIES)
+    return {"gpus_used": gpus_used, "data_parallel": dp, "per_replica_batch": per_replica,
+            "micro_batch": micro_batch, "partitions": partitions, "microbatches": microbatches,
+            "pipeline": pipeline, "memory": mem, "fits": mem["peak"] <= usable_bytes(instance)}
+
+
+def _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute,
+                partitions=None, microbatches=None, pipeline=None):
+    """The smallest partition count that fits, then the fewest microbatches that fit (at
+    least 2 x partitions when the batch allows, so the pipeline bubble stays under a third),
+    the interleaved pipeline before the simple one (it keeps at most `partitions` microbatches
+    in flight, the simple one all of them). Given values are not searched. When nothing fits:
+    the layout that needs the least memory."""
+    tried = []
+    for p in ([partitions] if partitions else [d for d in _divisors(instance.gpus) if d >= 2]):
+        per_replica = global_batch // (instance.gpus * instance_count // p)
+        fitting = []
+        for line in ([pipeline] if pipeline else sorted(SMP_PIPELINES, key=lambda name: name != "interleaved")):
+            for m in ([microbatches] if microbatches else _divisors(max(per_replica, 1))):
+                result = _evaluate(config, instance, instance_count, "smp", global_batch, seq_len, precision,
+                                   recompute, p, m, line)
+                tried.append(result)
+                if result["fits"] and per_replica >= 1:
+                    fitting.append(result)
+            if fitting:
+                wide = [r for r in fitting if r["microbatches"] >= 2 * p]
+                return wide[0] if wide else fitting[-1]
+    return min(tried, key=lambda r: r["memory"]["peak"])
+
+
+def _too_big(config, instance, instance_count, strategy, layout, batch, seq_len, precision, recompute, given_smp):
+    """The reason a layout that does not fit is refused, with what fits instead where something does."""
+    reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
+        layout["memory"]["peak"] / GIB, instance.name, usable_bytes(instance) / GIB,
+        instance.gpu_memory_gib or instance.memory_gib, instance.gpu or "host memory")
+    nearest = _nearest_fit(config, instance, instance_count, strategy, batch, seq_len, precision, recompute, given_smp)
+    return "%s; %s" % (reason, nearest) if nearest else reason
+
+
+def _nearest_fit(config, instance, instance_count, strategy, batch, seq_len, precision, recompute, given_smp):
+    """What fits when the requested layout does not, as a phrase for the rejection (None: nothing
+    does): under SMP with some of partitions, microbatches and pipeline given, the searched ones at
+    this sequence length; else the longest shorter sequence length (halving, down to
+    SHORTEST_SEQ_LEN) at which a layout fits. A sequence length is the dataset's (lm.data.prepare's
+    seq_len), so the plan names it instead of planning with it."""
+    def layout_at(length):
+        if strategy == "smp":
+            return _smp_search(config, instance, instance_count, batch, length, precision, recompute)
+        return _evaluate(config, instance, instance_count, strategy, batch, length, precision, recompute)
+
+    def smp_phrase(layout):
+        return " with partitions=%(partitions)d, microbatches=%(microbatches)d, pipeline=%(pipeline)s" % layout \
+            if strategy == "smp" else ""
+
+    if given_smp:
+        layout = layout_at(seq_len)
+        if layout["fits"]:
+            return "fits%s (%.1f GiB)" % (smp_phrase(layout), layout["memory"]["peak"] / GIB)
+    length = seq_len // 2
+    while length >= SHORTEST_SEQ_LEN:
+        layout = layout_at(length)
+        if layout["fits"]:
+            return "fits at seq_len %d%s (%.1f GiB), with a dataset prepared at that seq_len" % (
+                length, smp_phrase(layout), layout["memory"]["peak"] / GIB)
+        length //= 2
+    return None
+
+
+def allreduce_overlaps_backward(strategy, xla):
+    """Whether the gradient all-reduce between replicas can run while the backward pass does, in
+    the strategy's code path (lm.distributed); otherwise it starts when the backward pass ends.
+
+    - horovod: `hvd.grouped_allreduce` of the gradient list is one op whose inputs are every
+      gradient: it starts when the last one exists, XLA or not.
+    - mwms: the replica context's `all_reduce` of the gradient list packs every gradient into one
+      tensor first (CommunicationOptions' default bytes_per_pack 0: a single pack), XLA or not.
+    - smp: the microbatches' gradients are accumulated, then averaged over the replicas.
+    - smddp: `DistributedGradientTape` hands each gradient to the library as the backward pass
+      makes it and the library reduces them while the pass goes on ("overlaps AllReduce with the
+      backward pass", SMDDP's documentation) - without XLA. With XLA the backward pass is one
+      compiled call, and every gradient appears when it returns.
+    tests/training/test_plan_runtime.py checks these against the traced train steps."""
+    return strategy == "smddp" and not xla
+
+
+def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, xla, tokens, mfu,
+            traffic_encryption=False, usd_per_instance_hour=None):
+    gpu = hardware.get_gpu(instance.gpu) if instance.gpus else None
+    if gpu is None:
+        return None
+    mfu = hardware.DEFAULT_MFU[gpu.name] if mfu is None else mfu
+    flops = flops_per_token(config, seq_len)
+    efficiency = 1.0
+    if strategy == "smp":
+        m, p = layout["microbatches"], layout["partitions"]
+        efficiency = m / float(m + p - 1)
+    if recompute:  # the blocks' forward runs twice
+        efficiency *= step_flops(config, 1, seq_len) / float(step_flops(config, 1, seq_len, recompute=True))
+    tokens_per_s = layout["gpus_used"] * gpu.peak_flops[precision] * mfu * efficiency / flops
+    step_tokens = layout["per_replica_batch"] * layout["data_parallel"] * seq_len
+    compute_s = step_tokens / tokens_per_s
+    allreduce_s = 0.0
+    if instance_count > 1 and layout["data_parallel"] > 1:
+        bandwidth = hardware.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
+        allreduce_s = 2.0 * (instance_count - 1) / instance_count * 4 * parameter_count(config) / bandwidth
+        if traffic_encryption:
+            allreduce_s *= ENCRYPTED_ALLREDUCE_SLOWDOWN
+    overlapped = allreduce_overlaps_backward(strategy, xla)
+    step_s = max(compute_s, allreduce_s) if overlapped else compute_s + allreduce_s
+    hours = tokens / (step_tokens / step_s) / 3600.0
+    # A training plan's reserved capacity is paid at the plan's price, not on-demand; an instance
+    # type without a sourced price (prices.UNPRICED) gets no cost.
+    price = prices.on_demand_price(instance.name) if usd_per_instance_hour is None else usd_per_instance_hour
+    on_demand = None if price is None else hours * instance_count * price
+    return collections.OrderedDict([
+        ("mfu", mfu), ("peak_flops_per_gpu", gpu.peak_flops[precision]), ("flops_per_token", flops),
+        ("pipeline_efficiency", efficiency), ("tokens_per_second", step_tokens / step_s),
+        ("step_seconds", step_s), ("compute_seconds", compute_s), ("allreduce_seconds", allreduce_s),
+        ("allreduce_overlaps_backward", overlapped),
+        ("steps", int(math.ceil(tokens / float(step_tokens)))), ("hours", hours),
+        ("cost_on_demand_usd", on_demand), ("cost_spot_usd", prices.spot_cost(on_demand)),
+        ("lost_seconds_per_interruption", lost_seconds_per_interruption(step_s)),
+    ])
+
+
+def lost_seconds_per_interruption(step_seconds, checkpoint_minutes=None, checkpoint_every=None):
+    """Training time an interruption throws away on average: half the time between periodic
+    checkpoints (the sooner of lm.training.train's `checkpoint_minutes` and `checkpoint_every` steps;
+    defaults from lm.spec.job), since nothing is saved at the kill. Restart time comes on top."""
+    minutes = job.HYPERPARAMETERS["checkpoint_minutes"].default if checkpoint_minutes is None else checkpoint_minutes
+    steps = job.HYPERPARAMETERS["checkpoint_every"].default if checkpoint_every is None else checkpoint_every
+    intervals = [seconds for seconds in (minutes * 60.0, steps * step_seconds) if seconds > 0]
+    return min(intervals) / 2.0 if intervals else None
+
+
+def nearest_multiple(value, unit):
+    """The positive multiple of `unit` nearest to `value` (the larger one on a tie)."""
+    lower = value // unit * unit
+    return lower if lower >= 1 and value - lower < lower + unit - value else lower + unit
+
+
+def batch_unit(layout, strategy, microbatches):
+    """What the global batch must be a multiple of for the runtime to accept it: lm.data.dataset.TokenStream
+    splits it evenly over the data-parallel replicas (under MWMS each worker then splits its share
+    evenly over its GPUs: the plan's replicas are the GPUs), and under SMP each replica's share
+    splits into `microbatches` when they are given (searched ones divide it by construction)."""
+    return layout["data_parallel"] * (microbatches if strategy == "smp" and microbatches else 1)
+
+
+def picked_batch_warning(requested, picked, unit, with_microbatches):
+    return ("global_batch %d is not a multiple of %d (the data-parallel size%s), which the runtime requires: "
+            "planned with the nearest valid one, %d; set hyperparameters.global_batch_size to %d" % (
+                requested, unit, " x microbatches" if with_microbatches else "", picked, picked))
+
+
+def _smp_parameters(layout):
+    """The mp_parameters that run an SMP layout as it was counted."""
+    parameters = collections.OrderedDict([
+        ("partitions", layout["partitions"]), ("microbatches", layout["microbatches"]),
+        ("pipeline", layout["pipeline"])])
+    if layout["data_parallel"] > 1:
+        # SMP v1 for TensorFlow averages gradients across model replicas with Horovod only.
+        parameters["horovod"] = True
+    if layout["partitions"] > 1:
+        # The placement counted is made with smp.partition, which the library keeps only under
+        # manual partitioning (lm.distributed.smp.placement_problem).
+        parameters.update(auto_partition=False, default_partition=0)
+    return parameters
+
+
+def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
+         precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
+         partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=True,
+         traffic_encryption=False, usd_per_instance_hour=None):
+    """Everything `python -m lmstack.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
+    `global_batch` in sequences (default lm.spec.job's), `tokens` the training budget (default 20 per
+    parameter); strategy "auto" picks the cheapest strategy that fits. `xla`: whether lm.training.train
+    compiles the step with XLA (its hyperparameter; it decides when the all-reduce runs). SMP's
+    `partitions`, `microbatches` and `pipeline` are searched where not given. `traffic_encryption`:
+    the job's EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce).
+    `usd_per_instance_hour` replaces the on-demand price (a SageMaker training plan's price)."""
+    config = resolve_config(model)
+    instance = hardware.get_instance(instance_type)
+    if not isinstance(instance_count, int) or isinstance(instance_count, bool) or instance_count < 1:
+        raise ValueError("instance_count must be a positive integer, got %r" % (instance_count,))
+    if strategy != "auto" and strategy not in job.STRATEGIES:
+        raise _field_error("strategy", ("auto",) + job.STRATEGIES, strategy)
+    if pipeline is not None and pipeline not in SMP_PIPELINES:
+        raise _field_error("pipeline", SMP_PIPELINES, pipeline)
+    seq_len = config.block_size if not seq_len else seq_len
+    if seq_len > config.block_size:
+        raise ValueError("seq_len %d exceeds the model's block_size %d" % (seq_len, config.block_size))
+    global_batch = DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch
+    if global_batch < 1:
+        raise ValueError("global_batch must be at least 1 sequence, got %r" % (global_batch,))
+    if mfu is not None and not 0.0 < mfu <= 1.0:
+        raise ValueError("mfu must be in (0, 1], got %r" % (mfu,))
+    precision = resolve_precision(precision, instance)
+    params = parameter_count(config)
+    tokens = TOKENS_PER_PARAMETER * params if tokens is None else tokens
+
+    def one(name, recompute):
+        reason = cannot_run(name, instance_type, instance_count, recompute)
+        runnable = reason is None
+        searchable = name == "smp" and instance.gpus >= 2
+        if searchable and partitions and (partitions < 2 or instance.gpus % partitions):
+            searchable = False
+            reason = reason or "partitions must be a divisor of the %d GPUs per host, at least 2; got %d" % (
+                instance.gpus, partitions)
+
+        def layout_for(batch):
+            if searchable:  # also where a rule refuses the run: the layout shows what it would hold
+                return _smp_search(config, instance, instance_count, batch, seq_len, precision, recompute,
+                                   partitions, microbatches, pipeline)
+            return _evaluate(config, instance, instance_count, name, batch, seq_len, precision, recompute)
+
+        layout = layout_for(global_batch)
+        warnings = []
+        batch = global_batch
+        unit = batch_unit(layout, name, microbatches)
+        if reason is None and global_batch % unit:
+            # The runtime refuses it: plan the nearest batch it accepts, and say so.
+            batch = nearest_multiple(global_batch, unit)
+            layout = layout_for(batch)
+            warnings.append(picked_batch_warning(global_batch, batch, unit, name == "smp" and microbatches))
+            if batch % batch_unit(layout, name, microbatches):  # SMP searched another partition count
+                reason = "global_batch %d is not a multiple of %d (the data-parallel size of the layout that fits), " \
+                         "which the runtime requires" % (batch, batch_unit(layout, name, microbatches))
+        if reason is None and not layout["fits"]:
+            reason = _too_big(config, instance, instance_count, name, layout, batch, seq_len, precision, recompute,
+                              searchable and any((partitions, microbatches, pipeline)))
+        if name == "single" and instance.gpus > 1:
+            warnings.append("single uses 1 of the %d GPUs of %s" % (instance.gpus, instance_type))
+        timing = None
+        if layout["per_replica_batch"] >= 1:
+            timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
+                             xla, tokens, mfu, traffic_encryption, usd_per_instance_hour)
+        if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
+            needed = int(math.ceil(batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
+            warnings.append(
+                "global batch too small for %d data-parallel replicas on %d hosts: the all-reduce (%.2f s) "
+                "outlasts the compute (%.2f s) of a step; use a global batch of at least %d sequences" % (
+                    layout["data_parallel"], instance_count, timing["allreduce_seconds"],
+                    timing["compute_seconds"], needed))
+        result = collections.OrderedDict([("strategy", name), ("ok", reason is None), ("reason", reason),
+                                          ("runnable", runnable), ("recompute", recompute),
+                                          ("runtime", job.STRATEGY_RUNTIME[name])])
+        result["global_batch"] = batch
+        result.update((key, layout[key]) for key in ("gpus_used", "data_parallel", "per_replica_batch",
+                                                     "micro_batch", "fits"))
+        if name == "smp":
+            result["mp_parameters"] = _smp_parameters(layout)
+        result["memory_gib"] = collections.OrderedDict(
+            (key, value / GIB) for key, value in layout["memory"].items() if key != "params")
+        result["params_per_gpu"] = layout["memory"]["params"]
+        result["usable_gib"] = usable_bytes(instance) / GIB
+        result["time"] = timing
+        result["warnings"] = warnings
+        return result
+
+    candidates = [one(name, recompute) for name in job.STRATEGIES]
+    # What the other recompute setting would make possible (recomputation saves memory; smp refuses
+    # it), so a suggestion can include it.
+    alternatives = [one(name, not recompute) for name in job.STRATEGIES]
+    suggestion = _cheapest(candidates) or _cheapest(alternatives)
+    if strategy == "auto":
+        # Nothing fits: show the runnable strategy closest to fitting, and why it does not fit.
+        runnable = [c for c in candidates if c["runnable"]]
+        chosen = suggestion or min(runnable or candidates, key=lambda c: c["memory_gib"]["peak"])
+    else:
+        chosen = next(c for c in candidates if c["strategy"] == strategy)
+    out = collections.OrderedDict([
+        ("model", collections.OrderedDict([
+            ("params", params), ("n_layer", config.n_layer), ("d_model", config.d_model),
+            ("n_head", config.n_head), ("vocab", config.padded_vocab_size),
+            ("flops_per_token", flops_per_token(config, seq_len)),
+            ("step_flops", step_flops(config, global_batch, seq_len, recompute))])),
+        ("instance", collections.OrderedDict([
+            ("type", instance_type), ("count", instance_count), ("gpus_per_host", instance.gpus),
+            ("gpu", instance.gpu), ("gpu_memory_gib", instance.gpu_memory_gib),
+            ("interconnect", instance.interconnect), ("network_gbps", hardware.NETWORK_GBPS.get(instance_type)),
+            ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
+            ("usd_per_instance_hour", usd_per_instance_hour),
+            ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])),
+        ("settings", collections.OrderedDict([
+            ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
+            ("precision", precision), ("recompute", recompute), ("xla", xla), ("tokens", tokens),
+            ("spot", spot)])),
+        ("learning_rate", learning_rate_plan(config, chosen["global_batch"], learning_rate, scale_lr)),
+        ("chosen", chosen),
+        ("ok", chosen["ok"]),
+        ("suggested_strategy", suggestion["strategy"] if suggestion else None),
+        ("suggested_recompute", suggestion["recompute"] if suggestion else None),
+        ("suggested", suggestion),
+        ("fits_with_recompute", (chosen["ok"] and recompute) or any(
+            c["ok"] for c in alternatives if c["strategy"] == chosen["strategy"] and c["recompute"])),
+        ("candidates", candidates),
+    ])
+    return out
+
+
+def learning_rate_plan(config, global_batch, learning_rate, scale_lr):
+    """The peak learning rate lm.training.train will use (`lm.spec.families.peak_learning_rate`) and what it comes from."""
+    gpt3_rate, gpt3_batch = gpt3_training(config)
+    return collections.OrderedDict([
+        ("peak", peak_learning_rate(config, global_batch, learning_rate, scale_lr)),
+        ("given", learning_rate or None), ("gpt3_rate", gpt3_rate), ("gpt3_batch", gpt3_batch),
+        ("scale_lr", scale_lr), ("global_batch", global_batch)])
+
+
+def _cheapest(candidates):
+    fitting = [c for c in candidates if c["ok"] and c["time"] is not None]
+    if fitting:
+        # Without a price (prices.UNPRICED) every candidate costs None: rank those by hours.
+        return min(fitting, key=lambda c: (c["time"]["cost_on_demand_usd"] or 0.0, c["time"]["hours"],
+                                           job.STRATEGIES.index(c["strategy"])))
+    ok = [c for c in candidates if c["ok"]]
+    return ok[0] if ok else None
+
+
+# ---- what the state machine and the execution output use ----
+
+Verdict = collections.namedtuple("Verdict", "ok reason suggested_strategy suggestion plan")
+
+
+def check(preset, instance_type, instance_count=1, strategy="auto", **settings):
+    """Can this run fit and run? A Verdict: ok, reason (None when ok), the cheapest strategy
+    that fits (None if none does), a one-line suggestion, and the full plan."""
+    result = plan(preset, instance_type, instance_count, strategy, **settings)
+    chosen, best = result["chosen"], result["suggested"]
+    suggested = best["strategy"] if best else None
+    if result["ok"]:
+        return Verdict(True, None, suggested, None, result)
+    reason = "%s on %d x %s: %s" % (chosen["strategy"], instance_count, instance_type, chosen["reason"])
+    if best is None:
+        hint = "no strategy fits on %s: use a GPU with more memory or a smaller global batch" % instance_type
+    else:
+        hints = []
+        if suggested != chosen["strategy"]:
+            hints.append(use_strategy(best))
+        if best["recompute"] != result["settings"]["recompute"]:
+            hints.append("set recompute=%s" % str(best["recompute"]).lower())
+        if best["global_batch"] != result["settings"]["global_batch"]:
+            hints.append("set global_batch_size=%d (a multiple of its data-parallel size)" % best["global_batch"])
+        hint = " and ".join(hints)
+    return Verdict(False, reason, suggested, hint, result)
+
+
+def use_strategy(candidate):
+    """"use strategy X" for a plan's candidate, with SMP's partitions and microbatches."""
+    if candidate["strategy"] == "smp":
+        return "use strategy smp with partitions=%(partitions)d, microbatches=%(microbatches)d" \
+            % candidate["mp_parameters"]
+    return "use strategy %s" % candidate["strategy"]
+
+
+def gpu_instance_types():
+    return [name for name, instance in hardware.INSTANCES.items() if instance.gpus]
+
+
+def feasibility_table(seq_len=TABLE_SEQ_LEN):
+    """One row per preset x GPU instance type x strategy: can the smallest possible run fit and
+    run (one instance, one sequence of `seq_len` tokens per data-parallel replica, precision
+    auto, recomputation allowed where the strategy takes it: not with smp)? A combination that
+    fails here fails for every batch size, so the state machine can reject it before any job exists.
+
+    Row keys: preset, instance_type, strategy, ok, recompute_required (fits only with
+    recompute=true), reason (None when ok), suggested_strategy (when not ok: the cheapest
+    strategy that fits on this instance type, None when none does), suggestion (a sentence)."""
+    rows = []
+    for preset in PRESETS:
+        length = min(seq_len, get_preset(preset).block_size)
+        for instance_type in gpu_instance_types():
+            gpus = hardware.get_instance(instance_type).gpus
+            verdicts = collections.OrderedDict()
+            for strategy in job.STRATEGIES:
+                # One sequence per replica: one per GPU under data parallelism; under SMP one for
+                # the whole host (SMP searches its partitions: one replica of all the GPUs is the least).
+                batch = gpus if strategy in DATA_PARALLEL else 1
+                verdicts[strategy] = check(preset, instance_type, 1, strategy, global_batch=batch, seq_len=length)
+            fitting = [verdict for verdict in verdicts.values() if verdict.ok or verdict.plan["fits_with_recompute"]]
+            for strategy, verdict in verdicts.items():
+                fits_with_recompute = verdict.plan["fits_with_recompute"]
+                ok = verdict.ok or fits_with_recompute
+                best = verdict.plan["suggested"]
+                suggestion = verdict.suggestion
+                if not ok and best is None and fitting:
+                    # Each strategy's smallest run has its own batch: one that fits there is the way out.
+                    best = fitting[0].plan["chosen"]
+                    suggestion = "%s (it fits one sequence per model replica)" % use_strategy(best)
+                rows.append(collections.OrderedDict([
+                    ("preset", preset), ("instance_type", instance_type), ("strategy", strategy),
+                    ("ok", ok), ("recompute_required", not verdict.ok and fits_with_recompute),
+                    ("reason", None if ok else verdict.reason),
+                    ("suggested_strategy", None if ok or best is None else best["strategy"]),
+                    ("suggestion", None if ok else suggestion)]))
+    return rows
+
+
+def estimate(preset, instance_type, instance_count=1, strategy="auto", **settings):
+    """The plan's headline for the execution output: hours, on-demand and spot $, tokens/s."""
+    result = plan(preset, instance_type, instance_count, strategy, **settings)
+    timing = result["chosen"]["time"] or {}
+    return collections.OrderedDict([
+        ("strategy", result["chosen"]["strategy"]), ("ok", result["ok"]),
+        ("hours", timing.get("hours")), ("seconds", timing["hours"] * 3600 if timing else None),
+        ("billable_instance_seconds", timing["hours"] * 3600 * instance_count if timing else None),
+        ("cost_on_demand_usd", timing.get("cost_on_demand_usd")), ("cost_spot_usd", timing.get("cost_spot_usd")),
+        ("tokens_per_second", timing.get("tokens_per_second")), ("tokens", result["settings"]["tokens"]),
+        ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])

@@ -1,0 +1,221 @@
+"""`python -m lmstack.plan`: memory, strategy, time and cost of a run, as a table, JSON or a chart.
+
+    python -m lmstack.plan --preset gpt-1.3b --instance-type ml.p4d.24xlarge --instance-count 2
+
+The arithmetic is `controlplane.planner`'s (its docstring says what is counted and why).
+"""
+import argparse
+import json
+import re
+import sys
+
+from controlplane import prices
+from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, plan, resolve_config)
+from lm.spec import hardware, job
+from lm.spec.families import PRESETS, GPTConfig
+
+
+def parse_global_batch(text, seq_len):
+    """"64" is 64 sequences; "512K" or "1M" (a K/M suffix) is tokens, converted to sequences."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmM]?)\s*", str(text))
+    if not match:
+        raise ValueError("global batch must be sequences (64) or tokens with K/M (512K, 1M), got %r" % (text,))
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if not unit:
+        if not number.is_integer():
+            raise ValueError("global batch in sequences must be an integer, got %r" % (text,))
+        return int(number)
+    sequences = int(number * {"k": 2 ** 10, "m": 2 ** 20}[unit] // seq_len)
+    if sequences < 1:
+        raise ValueError("global batch %r is less than one sequence of %d tokens" % (text, seq_len))
+    return sequences
+
+
+def parse_tokens(text):
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*", str(text))
+    if not match:
+        raise ValueError("tokens must be a number with an optional K/M/B/T suffix, got %r" % (text,))
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
+def _gib(value):
+    return "%.2f" % value
+
+
+def smp_placement_lines(result):
+    """What the smp row's GPU holds: partition 0 (see `memory`)."""
+    for candidate in result["candidates"]:
+        if candidate["strategy"] == "smp" and (candidate.get("mp_parameters") or {}).get("partitions", 1) > 1:
+            layers, partitions = result["model"]["n_layer"], candidate["mp_parameters"]["partitions"]
+            return ["(smp: the GPU of partition 0 of %d, the busiest: the embeddings, the output layer, the loss and "
+                    "%d of the %d blocks; each GPU holds only its partition's weights, gradients and AdamW state)"
+                    % (partitions, -(-layers // partitions), layers)]
+    return []
+
+
+def format_table(result):
+    chosen = result["chosen"]
+    lines = ["model: %(params)d parameters, %(n_layer)d layers, d_model %(d_model)d, vocab %(vocab)d"
+             % result["model"]]
+    inst = result["instance"]
+    lines.append("instance: %d x %s (%d x %s %s GiB, %s, %s Gbit/s), $%s/h on demand (%s, %s)" % (
+        inst["count"], inst["type"], inst["gpus_per_host"], inst["gpu"], inst["gpu_memory_gib"],
+        inst["interconnect"], inst["network_gbps"], inst["on_demand_usd_per_hour"], inst["price_region"],
+        inst["price_date"]))
+    s = result["settings"]
+    lines.append("settings: global batch %d x %d tokens, %s, recompute %s, %d training tokens" % (
+        s["global_batch"], s["seq_len"], s["precision"], s["recompute"], s["tokens"]))
+    rate = result["learning_rate"]
+    lines.append("peak learning rate %.3g (%s for GPT-3's batch of %d sequences%s)" % (
+        rate["peak"], "given %.3g" % rate["given"] if rate["given"] else "GPT-3's %.3g" % rate["gpt3_rate"],
+        rate["gpt3_batch"], ", scaled by %d / %d, at most 1x" % (rate["global_batch"], rate["gpt3_batch"])
+        if rate["scale_lr"] else ", not scaled"))
+    lines.append("")
+    header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+        "strategy", "ok", "weights", "grads", "optim", "ckpt", "acts", "acts_rc", "peak", "usable", "hours",
+        "on-demand$", "spot$")
+    lines.append(header)
+    lines.append("-" * len(header))
+    for c in result["candidates"]:
+        m, t = c["memory_gib"], c["time"] or {}
+        lines.append("%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+            c["strategy"], "yes" if c["ok"] else "no", _gib(m["weights"]),
+            _gib(m["gradients"] + m["gradient_accumulator"]), _gib(m["optimizer"]), _gib(m["checkpoint_snapshot"]),
+            _gib(m["activations"]), _gib(m["activations_recompute"]), _gib(m["peak"]),
+            _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
+            _usd(t.get("cost_on_demand_usd")), _usd(t.get("cost_spot_usd"))))
+    lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; ckpt: a background checkpoint "
+                 "save's copy of the state; acts_rc: activations with recomputation)")
+    lines.extend(smp_placement_lines(result))
+    lines.append("")
+    lines.append("chosen: %s%s" % (chosen["strategy"], "" if chosen["ok"] else " - CANNOT: %s" % chosen["reason"]))
+    if chosen.get("mp_parameters"):
+        lines.append("  mp_parameters: %s" % json.dumps(chosen["mp_parameters"]))
+    t = chosen["time"]
+    if t:
+        cost = t["cost_spot_usd"] if s["spot"] else t["cost_on_demand_usd"]
+        lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%s %s" % (
+            t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], _usd(cost),
+            "spot" if s["spot"] else "on demand"))
+        if t["lost_seconds_per_interruption"] is not None:
+            lines.append("  expected lost work per interruption: %.1f minutes (half the checkpoint interval at "
+                         "checkpoint_minutes=%g, checkpoint_every=%d), plus the restart"
+                         % (t["lost_seconds_per_interruption"] / 60.0, job.HYPERPARAMETERS["checkpoint_minutes"].default,
+                            job.HYPERPARAMETERS["checkpoint_every"].default))
+    if result["suggested_strategy"] and result["suggested_strategy"] != chosen["strategy"]:
+        lines.append("  suggested strategy: %s" % result["suggested_strategy"])
+    if not chosen["ok"] and result["fits_with_recompute"]:
+        lines.append("  fits with recompute=true")
+    for warning in chosen["warnings"]:
+        lines.append("  warning: %s" % warning)
+    return "\n".join(lines)
+
+
+def chart(model, instance_type, path, strategy="auto", counts=None, **settings):
+    """PNG of training hours and cost (on demand and spot) against instance count, each point
+    labelled with its strategy. Returns the points: (count, hours, on-demand $, spot $, label)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    counts = counts or [1, 2, 4, 8, 16, 32]
+    points = []
+    for count in counts:
+        if strategy == "single" and count > 1:
+            break
+        chosen = plan(model, instance_type, count, strategy, **settings)["chosen"]
+        timing = chosen["time"]
+        if timing:
+            points.append((count, timing["hours"], timing["cost_on_demand_usd"], timing["cost_spot_usd"],
+                           chosen["strategy"] + ("" if chosen["ok"] else " (does not fit)")))
+    if not points:
+        raise ValueError("no time estimate for %s (an instance type without GPUs?)" % instance_type)
+    xs = [p[0] for p in points]
+    figure, hours_axis = pyplot.subplots(figsize=(7, 4.5))
+    hours_axis.plot(xs, [p[1] for p in points], "o-", color="tab:blue", label="hours")
+    hours_axis.set_xlabel("instance count (%s)" % instance_type)
+    hours_axis.set_ylabel("training hours", color="tab:blue")
+    hours_axis.set_xscale("log", base=2)
+    hours_axis.set_xticks(xs)
+    hours_axis.set_xticklabels([str(x) for x in xs])
+    for count, hours, _, _, label in points:
+        hours_axis.annotate(label, (count, hours), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    cost_axis = hours_axis.twinx()
+    cost_axis.plot(xs, [p[2] for p in points], "s-", color="tab:red", label="on-demand $")
+    cost_axis.plot(xs, [p[3] for p in points], "s--", color="tab:orange", label="spot $")
+    cost_axis.set_ylabel("cost, USD (%s, %s)" % (prices.PRICE_REGION, prices.PRICE_DATE), color="tab:red")
+    cost_axis.legend(loc="upper right")
+    name = model if isinstance(model, str) else "custom model"
+    hours_axis.set_title("%s: time and cost against instance count" % name)
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=100)
+    pyplot.close(figure)
+    return points
+
+
+def _usd(value):
+    """A cost for the table: whole dollars, or "-" without a price (prices.UNPRICED)."""
+    return "-" if value is None else "%.0f" % value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m lmstack.plan", description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(PRESETS))
+    parser.add_argument("--config", default=None, help="a GPTConfig as JSON (instead of --preset)")
+    parser.add_argument("--instance-type", required=True, help="one of: %s" % ", ".join(hardware.INSTANCES))
+    parser.add_argument("--instance-count", type=int, default=1)
+    parser.add_argument("--tokens", default=None, help="training tokens (e.g. 26B); default 20 per parameter")
+    parser.add_argument("--seq-len", type=int, default=0, help="default: the model's block size")
+    parser.add_argument("--global-batch", default=str(DEFAULT_GLOBAL_BATCH),
+                        help="sequences (64) or tokens with a K/M suffix (512K, 1M)")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS)
+    parser.add_argument("--strategy", default="auto", choices=("auto",) + job.STRATEGIES)
+    parser.add_argument("--recompute", action="store_true", help="recompute activations in the backward pass")
+    parser.add_argument("--no-xla", dest="xla", action="store_false",
+                        help="the run does not compile with XLA (lm.training.train's xla false): decides when the all-reduce runs")
+    parser.add_argument("--partitions", type=int, default=None, help="SMP partitions (default: searched)")
+    parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
+    parser.add_argument("--learning-rate", type=float, default=0.0,
+                        help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+    parser.add_argument("--no-scale-lr", dest="scale_lr", action="store_false",
+                        help="use the learning rate as given, whatever the global batch")
+    parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
+    parser.add_argument("--traffic-encryption", action="store_true",
+                        help="EnableInterContainerTrafficEncryption on (a slower all-reduce between hosts)")
+    parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU")
+    parser.add_argument("--usd-per-instance-hour", type=float, default=None,
+                        help="price of a SageMaker training plan's reserved instance-hour (default: on-demand)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if bool(args.preset) == bool(args.config):
+            raise ValueError("give exactly one of --preset or --config")
+        model = args.preset if args.preset else GPTConfig.from_dict(json.loads(args.config))
+        config = resolve_config(model)
+        seq_len = args.seq_len or config.block_size
+        settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
+                        precision=args.precision, recompute=args.recompute, xla=args.xla,
+                        tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
+                        partitions=args.partitions, microbatches=args.microbatches,
+                        learning_rate=args.learning_rate, scale_lr=args.scale_lr,
+                        traffic_encryption=args.traffic_encryption,
+                        usd_per_instance_hour=args.usd_per_instance_hour)
+        result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
+        if args.chart:
+            chart(model, args.instance_type, args.chart, args.strategy, **settings)
+            result["chart"] = args.chart
+    except ValueError as error:
+        parser.error(str(error))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

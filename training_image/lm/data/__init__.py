@@ -1,0 +1,2 @@
+"""Data: raw Pile files to tokenized shards (`prepare`, `pile`, `tokenizer`), and shards to
+training batches (`dataset`)."""

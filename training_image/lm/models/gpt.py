@@ -1,0 +1,348 @@
+"""A GPT decoder in Keras 2: token + position embeddings, N transformer blocks, tied output.
+
+`build_model(config)` maps int32 tokens [batch, seq] to float32 logits
+[batch, seq, config.padded_vocab_size]. Pre-LN + GELU by default; `norm="post",
+activation="relu", head_dim=d_model` is the seed's block, kept for the benchmark.
+
+`GPT.decode` is the generation path: the same blocks, with left padding masked out and an
+optional per-layer key/value cache (see `lm.serving.generate`).
+"""
+import argparse
+import contextlib
+import json
+import math
+
+from lm.compat import keras, tf
+from lm.spec.families import ALL_PRESETS, PRESETS, GPTConfig, flops_per_token, get_preset, non_embedding_parameter_count, parameter_count
+
+__all__ = ["PRESETS", "GPT", "build_model", "causal_bias", "describe"]
+
+# Added to masked attention scores (in float32); finite so a fully masked row stays NaN-free.
+MASKED = -1e9
+INIT_STDDEV = 0.02
+LAYER_NORM_EPSILON = 1e-5
+
+
+def _normal(stddev):
+    return keras.initializers.RandomNormal(stddev=stddev)
+
+
+def causal_bias(length):
+    """[1, 1, length, length] float32: 0 where query i may see key j (j <= i), MASKED elsewhere."""
+    allowed = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
+    return tf.where(allowed, 0.0, MASKED)[tf.newaxis, tf.newaxis]
+
+
+def dropout(x, rate, seed):
+    """Inverted dropout from a stateless seed, so recomputation in the backward pass redraws the
+    same mask; `seed` None (inference) or rate 0 is the identity."""
+    if seed is None or not rate:
+        return x
+    keep = tf.random.stateless_uniform(tf.shape(x), seed=seed) >= rate
+    return tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
+
+
+def _sub_seed(seed, index):
+    return None if seed is None else seed + tf.constant([0, index], seed.dtype)
+
+
+def _matmul_last(x, matrix, transpose_b=False):
+    """x [..., in] @ matrix as one 2-D MatMul: its gradients are MatMuls with transposed operands,
+    where einsum's gradients copy transposes of their [tokens, out] operand first."""
+    inner = matrix.shape[1] if transpose_b else matrix.shape[0]
+    outer = matrix.shape[0] if transpose_b else matrix.shape[1]
+    y = tf.matmul(tf.reshape(x, [-1, inner]), tf.cast(matrix, x.dtype), transpose_b=transpose_b)
+    return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [outer]], axis=0))
+
+
+def _dense(x, kernel, bias=None):
+    """x [..., in] @ kernel [in, out] + bias (BiasAdd: its gradient is one reduction)."""
+    y = _matmul_last(x, kernel)
+    return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, x.dtype))
+
+
+class Embedding(keras.layers.Layer):
+    """Token and learned position embeddings, summed; `project` reuses the token table as the
+    output layer (tied weights)."""
+
+    def __init__(self, vocab_size, block_size, d_model, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size, self.block_size, self.d_model = vocab_size, block_size, d_model
+
+    def build(self, input_shape):
+        self.token_table = self.add_weight(
+            "token_table", shape=[self.vocab_size, self.d_model], initializer=_normal(INIT_STDDEV))
+        self.position_table = self.add_weight(
+            "position_table", shape=[self.block_size, self.d_model], initializer=_normal(INIT_STDDEV))
+        super().build(input_shape)
+
+    def call(self, tokens, positions=None):
+        if positions is None:
+            positions = tf.range(tf.shape(tokens)[1])[tf.newaxis]
+        return tf.gather(self.token_table, tokens) + tf.gather(self.position_table, positions)
+
+    def project(self, x):
+        return _matmul_last(x, self.token_table, transpose_b=True)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, block_size=self.block_size, d_model=self.d_model)
+        return config
+
+
+class CausalSelfAttention(keras.layers.Layer):
+    """Multi-head self-attention with one fused QKV projection; the caller passes the additive
+    attention bias (causal, plus padding in generation)."""
+
+    def __init__(self, d_model, n_head, head_dim, dropout_rate=0.0, output_stddev=INIT_STDDEV, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.n_head, self.head_dim = d_model, n_head, head_dim
+        self.dropout_rate, self.output_stddev = dropout_rate, output_stddev
+
+    def build(self, input_shape):
+        inner = self.n_head * self.head_dim
+        self.qkv_kernel = self.add_weight("qkv_kernel", shape=[self.d_model, 3 * inner],
+                                          initializer=_normal(INIT_STDDEV))
+        self.qkv_bias = self.add_weight("qkv_bias", shape=[3 * inner], initializer="zeros")
+        self.output_kernel = self.add_weight("output_kernel", shape=[inner, self.d_model],
+                                             initializer=_normal(self.output_stddev))
+        self.output_bias = self.add_weight("output_bias", shape=[self.d_model], initializer="zeros")
+        super().build(input_shape)
+
+    def project_qkv(self, x):
+        """Queries (already scaled by 1/sqrt(head_dim)), keys, values: each [batch, head, seq, head_dim]."""
+        batch, length = tf.shape(x)[0], tf.shape(x)[1]
+        qkv = tf.reshape(_dense(x, self.qkv_kernel, self.qkv_bias), [batch, length, 3, self.n_head, self.head_dim])
+        q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
+        return q * tf.cast(1.0 / math.sqrt(self.head_dim), q.dtype), k, v
+
+    def attend(self, q, k, v, bias, seed=None):
+        scores = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) + bias
+        probs = dropout(tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype), self.dropout_rate, seed)
+        y = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])
+        y = tf.reshape(y, [tf.shape(y)[0], tf.shape(y)[1], self.n_head * self.head_dim])
+        return _dense(y, self.output_kernel, self.output_bias)
+
+    def call(self, x, bias, seed=None):
+        q, k, v = self.project_qkv(x)
+        return self.attend(q, k, v, bias, seed)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, n_head=self.n_head, head_dim=self.head_dim,
+                      dropout_rate=self.dropout_rate, output_stddev=self.output_stddev)
+        return config
+
+
+class MLP(keras.layers.Layer):
+    """d_model -> 4 * d_model -> d_model."""
+
+    def __init__(self, d_model, activation="gelu", output_stddev=INIT_STDDEV, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.activation, self.output_stddev = d_model, activation, output_stddev
+
+    def build(self, input_shape):
+        hidden = 4 * self.d_model
+        self.fc_kernel = self.add_weight("fc_kernel", shape=[self.d_model, hidden], initializer=_normal(INIT_STDDEV))
+        self.fc_bias = self.add_weight("fc_bias", shape=[hidden], initializer="zeros")
+        self.proj_kernel = self.add_weight("proj_kernel", shape=[hidden, self.d_model],
+                                           initializer=_normal(self.output_stddev))
+        self.proj_bias = self.add_weight("proj_bias", shape=[self.d_model], initializer="zeros")
+        super().build(input_shape)
+
+    def call(self, x):
+        h = _dense(x, self.fc_kernel, self.fc_bias)
+        h = tf.nn.gelu(h, approximate=True) if self.activation == "gelu" else tf.nn.relu(h)
+        return _dense(h, self.proj_kernel, self.proj_bias)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, activation=self.activation, output_stddev=self.output_stddev)
+        return config
+
+
+def _update_cache(cache, new, index):
+    """Write `new` [b, h, s, d] into `cache` [b, h, T, d] at positions index..index+s-1.
+
+    A one-hot blend instead of a scatter keeps every shape static (one trace, XLA friendly)."""
+    slots = tf.one_hot(index + tf.range(tf.shape(new)[2]), tf.shape(cache)[2], dtype=cache.dtype)
+    keep = 1.0 - tf.reduce_sum(slots, axis=0)
+    return cache * keep[tf.newaxis, tf.newaxis, :, tf.newaxis] + tf.einsum("st,bhsd->bhtd", slots, new)
+
+
+class Block(keras.layers.Layer):
+    """One transformer block: attention and MLP sublayers with residuals and LayerNorm,
+    before each sublayer ("pre") or after each residual ("post", the seed)."""
+
+    def __init__(self, d_model, n_head, head_dim, norm="pre", activation="gelu", dropout_rate=0.0,
+                 output_stddev=INIT_STDDEV, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.n_head, self.head_dim = d_model, n_head, head_dim
+        self.norm, self.activation, self.dropout_rate, self.output_stddev = norm, activation, dropout_rate, output_stddev
+        self.ln_1 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_1")
+        self.attention = CausalSelfAttention(d_model, n_head, head_dim, dropout_rate, output_stddev, name="attention")
+        self.ln_2 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_2")
+        self.mlp = MLP(d_model, activation, output_stddev, name="mlp")
+
+    def build(self, input_shape):
+        with tf.name_scope(self.attention.name):  # used through its methods, so never built by a call
+            self.attention.build(input_shape)
+        super().build(input_shape)
+
+    def call(self, x, bias, seed=None):
+        return self.decode(x, bias, seed=seed)[0]
+
+    def decode(self, x, bias, cache=None, index=None, seed=None):
+        """The block on x [b, s, d]; with `cache` (keys, values [b, h, T, hd]) x sits at positions
+        index..index+s-1 of it. Returns (output, (keys, values)): the updated cache, or this
+        call's own keys and values when there is no cache."""
+        attention_in = self.ln_1(x) if self.norm == "pre" else x
+        q, k, v = self.attention.project_qkv(attention_in)
+        if cache is not None:
+            k, v = _update_cache(cache[0], k, index), _update_cache(cache[1], v, index)
+        attended = dropout(self.attention.attend(q, k, v, bias, _sub_seed(seed, 1)), self.dropout_rate,
+                           _sub_seed(seed, 2))
+        if self.norm == "pre":
+            h = x + attended
+            h = h + dropout(self.mlp(self.ln_2(h)), self.dropout_rate, _sub_seed(seed, 3))
+        else:
+            h = self.ln_1(x + attended)
+            h = self.ln_2(h + dropout(self.mlp(h), self.dropout_rate, _sub_seed(seed, 3)))
+        return h, (k, v)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, n_head=self.n_head, head_dim=self.head_dim, norm=self.norm,
+                      activation=self.activation, dropout_rate=self.dropout_rate, output_stddev=self.output_stddev)
+        return config
+
+
+class GPT(keras.Model):
+    """The decoder. `recompute=True` recomputes each block's activations in the backward pass
+    (tf.recompute_grad) to trade compute for memory."""
+
+    def __init__(self, config, recompute=False, **kwargs):
+        super().__init__(**kwargs)
+        self.model_config = config if isinstance(config, GPTConfig) else GPTConfig.from_dict(config)
+        self.recompute = recompute
+        c = self.model_config
+        residual_stddev = INIT_STDDEV / math.sqrt(2 * c.n_layer)
+        self.embedding = Embedding(c.padded_vocab_size, c.block_size, c.d_model, name="embedding")
+        self.blocks = [Block(c.d_model, c.n_head, c.attention_head_dim, c.norm, c.activation, c.dropout,
+                             residual_stddev, name="block_%d" % i) for i in range(c.n_layer)]
+        self.ln_f = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_f")
+        self.head = None if c.tie_embeddings else keras.layers.Dense(
+            c.padded_vocab_size, use_bias=False, kernel_initializer=_normal(INIT_STDDEV), name="head")
+
+    # A callable giving the [2] int64 seed of this step's dropout masks (lm.training.checkpoint.DropoutKey,
+    # set by lm.training.train: a resumed run then draws the masks an uninterrupted one draws); None draws
+    # them from TensorFlow's global generator.
+    dropout_key = None
+
+    def _dropout_seeds(self, training):
+        if not training or not self.model_config.dropout:
+            return [None] * (self.model_config.n_layer + 1)
+        shape = [self.model_config.n_layer + 1, 2]
+        if self.dropout_key is not None:
+            return tf.unstack(tf.random.stateless_uniform(shape, seed=self.dropout_key(), minval=0,
+                                                          maxval=2 ** 31 - 1, dtype=tf.int32))
+        return tf.unstack(tf.random.uniform(shape, maxval=2 ** 31 - 1, dtype=tf.int32))
+
+    def _logits(self, x):
+        x = self.ln_f(x)
+        logits = self.embedding.project(x) if self.head is None else self.head(x)
+        return tf.cast(logits, tf.float32)
+
+    # None, or a method mapping a layer to a context manager that places it (its variables and
+    # operations): `place(None)` for the embeddings and the output, `place(i)` for block i. SMP v1's
+    # DistributedGPT defines it to put each block in its pipeline partition (lm.distributed.smp).
+    place = None
+
+    def _placed(self, block_index):
+        return contextlib.nullcontext() if self.place is None else self.place(block_index)
+
+    def call(self, tokens, training=None):
+        bias = causal_bias(tf.shape(tokens)[1])
+        seeds = self._dropout_seeds(training)
+        with self._placed(None):
+            x = dropout(self.embedding(tokens), self.model_config.dropout, seeds[-1])
+        for index, (block, seed) in enumerate(zip(self.blocks, seeds)):
+            with self._placed(index):
+                if self.recompute and training:
+                    x = tf.recompute_grad(lambda h, block=block, seed=seed: block(h, bias, seed=seed))(x)
+                else:
+                    x = block(x, bias, seed=seed)
+        with self._placed(None):
+            return self._logits(x)
+
+    supports_cache = True
+
+    def init_cache(self, batch, length):
+        """Empty key/value caches for `length` slots: one (keys, values) pair per layer."""
+        c = self.model_config
+        shape = [batch, c.n_head, length, c.attention_head_dim]
+        return [(tf.zeros(shape, self.compute_dtype), tf.zeros(shape, self.compute_dtype)) for _ in self.blocks]
+
+    def decode(self, tokens, valid, caches=None, index=0):
+        """Inference on tokens [b, s] (left padding allowed) -> (float32 logits [b, s, vocab], caches).
+
+        `valid` [b, keys] marks real tokens among the keys: without `caches` the keys are these
+        tokens (keys = s); with `caches` (from `init_cache`, keys = their length) the tokens are
+        written at slots index..index+s-1 and attend to every valid slot up to their own.
+        Positions count valid slots, so a left-padded prompt gets the positions it has alone."""
+        queries = index + tf.range(tf.shape(tokens)[1])
+        causal = tf.range(tf.shape(valid)[1])[tf.newaxis, :] <= queries[:, tf.newaxis]
+        allowed = tf.logical_and(causal[tf.newaxis], valid[:, tf.newaxis, :])
+        bias = tf.where(allowed, 0.0, MASKED)[:, tf.newaxis]
+        positions = tf.maximum(tf.cumsum(tf.cast(valid, tf.int32), axis=1) - 1, 0)
+        x = self.embedding(tokens, tf.gather(positions, queries, axis=1))
+        new_caches = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block.decode(x, bias, None if caches is None else caches[i], index)
+            new_caches.append(kv)
+        return self._logits(x), new_caches
+
+    def get_config(self):
+        return {"config": self.model_config.to_dict(), "recompute": self.recompute, "name": self.name}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)
+
+
+def build_model(config, recompute=False, build=True, model_class=GPT):
+    """The GPT for `config` with its weights created (call it on int32 tokens [batch, seq]).
+
+    `build=False` leaves the weights to its first call. `model_class`: a subclass of GPT (SMP v1's
+    DistributedGPT, lm.distributed.smp), constructed from plain arguments: the config as a dict,
+    `recompute` and the name, which that library passes again to build its tracing copy."""
+    model = model_class(config.to_dict(), recompute=recompute, name="gpt")
+    if build:
+        model(tf.zeros([1, 1], tf.int32))
+    return model
+
+
+def describe(config):
+    """Shape and size of a model config of any family, from the formulas in lm.spec.families (no model
+    is built)."""
+    info = config.to_dict()
+    info.update(padded_vocab_size=config.padded_vocab_size, params=parameter_count(config),
+                non_embedding_params=non_embedding_parameter_count(config), flops_per_token=flops_per_token(config))
+    if isinstance(config, GPTConfig):
+        info["attention_head_dim"] = config.attention_head_dim
+    return info
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m lm.models.gpt", description="Print a preset's size as JSON.")
+    parser.add_argument("--preset", required=True, help="one of: %s" % ", ".join(ALL_PRESETS))
+    args = parser.parse_args(argv)
+    try:
+        config = get_preset(args.preset)
+    except ValueError as error:
+        parser.error(str(error))
+    print(json.dumps(describe(config), indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What every family's config shares, and the learning-rate default every family starts from.
+
+Imports nothing heavy: the CDK app and the planner use it at synth time, without TensorFlow.
+"""
+import dataclasses
+import math
+
+GPT3_VOCAB_SIZE = 50257
+PAD_VOCAB_TO = 128
+
+
+def padded_vocab_size(vocab_size, multiple=PAD_VOCAB_TO):
+    """Round the vocabulary up so the output matmul tiles evenly (50257 -> 50304)."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def check_positive_ints(config, names):
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError("%s.%s must be a positive integer, got %r" % (type(config).__name__, name, value))
+
+
+class ModelConfig:
+    """What every family's config dataclass shares: a `family` field, a padded vocabulary,
+    dict round trips, and the sizes `controlplane.planner` and the MFU figures use."""
+
+    @property
+    def padded_vocab_size(self):
+        return padded_vocab_size(self.vocab_size, self.pad_vocab_to)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError("unknown %s fields %s; allowed: %s" % (cls.__name__, unknown, sorted(known)))
+        return cls(**values)
+
+    def _check_common(self, family):
+        if self.family != family:
+            raise ValueError("%s.family must be %r, got %r" % (type(self).__name__, family, self.family))
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError("%s.dropout must be in [0, 1), got %r" % (type(self).__name__, self.dropout))
+
+
+# GPT-3 paper (Brown et al. 2020, "Language Models are Few-Shot Learners"), Table 2.1: the
+# learning rate each size was trained with and its batch, in sequences of 2,048 tokens (0.5M
+# tokens = 256, 1M = 512, 2M = 1024, 3.2M = 1536 sequences). (parameters, batch, learning rate)
+GPT3_TRAINING = (
+    (125e6, 256, 6.0e-4),    # GPT-3 Small
+    (350e6, 256, 3.0e-4),    # Medium
+    (760e6, 256, 2.5e-4),    # Large
+    (1.3e9, 512, 2.0e-4),    # XL
+    (2.7e9, 512, 1.6e-4),    # 2.7B
+    (6.7e9, 1024, 1.2e-4),   # 6.7B
+    (13.0e9, 1024, 1.0e-4),  # 13B
+    (175.0e9, 1536, 0.6e-4),  # 175B
+)
+
+
+def gpt3_training(config):
+    """(learning rate, batch in sequences) GPT-3 trained the size nearest to `config`'s
+    parameter count with (by ratio; the GPT presets are Table 2.1's shapes, the smaller
+    models get GPT-3 Small's)."""
+    params = config.parameter_count()
+    _, batch, rate = min(GPT3_TRAINING, key=lambda row: abs(math.log(row[0] / params)))
+    return rate, batch
+
+
+def peak_learning_rate(config, global_batch_size, learning_rate=0.0, scale_lr=True):
+    """The peak learning rate a run uses. `learning_rate` 0: GPT-3's rate for this size
+    (`gpt3_training`), else the given one; both are rates for GPT-3's batch of that size. With
+    `scale_lr` the rate scales linearly with global_batch_size / that batch, bounded by 1:
+    a smaller batch takes proportionally smaller steps, a larger one never more than the rate
+    GPT-3 found stable for the size (linear scaling past it is what made gpt-6.7b's rate at a
+    1M-token batch ten times GPT-3's)."""
+    rate, batch = gpt3_training(config)
+    rate = learning_rate or rate
+    return rate * min(1.0, global_batch_size / float(batch)) if scale_lr else rate
