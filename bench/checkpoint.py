@@ -42,13 +42,13 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
 from publish import publish  # noqa: E402
 
-from lm.training import checkpoint
+from lm.training import checkpoint  # noqa: E402
 from lm.compat import TF_VERSION, tf  # noqa: E402
-from lm.spec.families import GPTConfig, parameter_count
+from lm.spec.families import GPTConfig, parameter_count  # noqa: E402
 from lm.distributed import get_strategy  # noqa: E402
-from lm.models.gpt import build_model
-from lm.training.optim import AdamW, learning_rate_at
-from lm.training.train import token_loss
+from lm.models.gpt import build_model  # noqa: E402
+from lm.training.optim import AdamW, learning_rate_at  # noqa: E402
+from lm.training.train import token_loss  # noqa: E402
 
 TARGET_FRACTION_OF_STEP = 0.02
 MODES = ("none", "sync", "unpaced", "paced")

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
 from publish import publish  # noqa: E402
 
-from lm.spec import shards
+from lm.spec import shards  # noqa: E402
 
 EPOCH_STARTS = """
 import sys, time

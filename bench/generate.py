@@ -24,9 +24,9 @@ from publish import publish  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lm.compat import TF_VERSION, keras, tf  # noqa: E402
-from lm.spec.families import GPTConfig, get_preset, parameter_count
-from lm.serving.generate import generate_tokens
-from lm.models.gpt import build_model
+from lm.spec.families import GPTConfig, get_preset, parameter_count  # noqa: E402
+from lm.serving.generate import generate_tokens  # noqa: E402
+from lm.models.gpt import build_model  # noqa: E402
 
 CONTEXT = 1024 + 64
 CONFIGS = {

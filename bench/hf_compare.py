@@ -37,16 +37,16 @@ import numpy as np  # noqa: E402
 
 from publish import publish  # noqa: E402
 
-from lm.serving import export as lm_export
+from lm.serving import export as lm_export  # noqa: E402
 from lm import hf  # noqa: E402
 from lm.compat import tf  # noqa: E402
-from lm.spec.families import get_preset
+from lm.spec.families import get_preset  # noqa: E402
 from lm.distributed import get_strategy  # noqa: E402
-from lm.serving.generate import generate_tokens
-from lm.models.gpt import build_model
-from lm.training.optim import AdamW
-from lm.data.tokenizer import save, train_bpe
-from lm.training.train import token_loss
+from lm.serving.generate import generate_tokens  # noqa: E402
+from lm.models.gpt import build_model  # noqa: E402
+from lm.training.optim import AdamW  # noqa: E402
+from lm.data.tokenizer import save, train_bpe  # noqa: E402
+from lm.training.train import token_loss  # noqa: E402
 from train_step import make_matmul, time_matmul  # noqa: E402
 
 

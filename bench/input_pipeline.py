@@ -27,9 +27,9 @@ from publish import publish  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from lm.spec import shards
+from lm.spec import shards  # noqa: E402
 from lm.compat import tf  # noqa: E402
-from lm.data.dataset import TokenStream
+from lm.data.dataset import TokenStream  # noqa: E402
 
 SHARD_MIB = 64
 TARGET_TOKENS_PER_S = 20e6

@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 
 from publish import publish  # noqa: E402
 
-from lm.data import pile
-from lmstack import sample_corpus
-from lm.spec import shards
-from lm.data import tokenizer as tokenizers_lib
+from lm.data import pile  # noqa: E402
+from lmstack import sample_corpus  # noqa: E402
+from lm.spec import shards  # noqa: E402
+from lm.data import tokenizer as tokenizers_lib  # noqa: E402
 
 
 def children_cpu():

@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.join(ROOT, "training_image"))
 from publish import publish  # noqa: E402
 
 from lm.compat import TF_VERSION, tf  # noqa: E402
-from lm.spec.families import GPTConfig, flops_per_token, parameter_count
+from lm.spec.families import GPTConfig, flops_per_token, parameter_count  # noqa: E402
 from lm.distributed import get_strategy  # noqa: E402
-from lm.models.gpt import build_model
-from lm.training.optim import AdamW, learning_rate_at
-from lm.training.train import token_loss
+from lm.models.gpt import build_model  # noqa: E402
+from lm.training.optim import AdamW, learning_rate_at  # noqa: E402
+from lm.training.train import token_loss  # noqa: E402
 
 
 def make_step(config, jit_compile):

@@ -78,7 +78,7 @@ def test_the_image_build_context_holds_only_what_the_image_runs():
     assert unused == [], "in the image's build context but never run by the image: %s" % unused
     stray = [os.path.relpath(os.path.join(dirpath, name), imports.IMAGE_CONTEXT)
              for dirpath, _, names in os.walk(imports.IMAGE_CONTEXT) for name in names
-             if name.endswith(".py") and not os.path.relpath(dirpath, imports.IMAGE_CONTEXT).split(os.sep)[0] in ("lm",)
+             if name.endswith(".py") and os.path.relpath(dirpath, imports.IMAGE_CONTEXT).split(os.sep)[0] not in ("lm",)
              and os.path.join(dirpath, name) not in entry_files]
     assert stray == [], "Python files in the build context outside lm/ and the entry points: %s" % stray
 

@@ -21,7 +21,7 @@ for _name, _value in cdk_environment().items():
     os.environ.setdefault(_name, _value)
 
 from cdk_synth import Synth  # noqa: E402
-from stacks.settings import Settings
+from stacks.settings import Settings  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def _run(args, **kwargs):
     env.update(PYTHONPATH=os.path.join(ROOT, "training_image"), TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
                TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS="1")
     result = subprocess.run([PYTHON] + args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=600, **kwargs)
+                            text=True, timeout=600, **kwargs)
     assert result.returncode == 0, "%s failed:\n%s" % (" ".join(args[:3]), result.stdout[-4000:])
     return result.stdout
 

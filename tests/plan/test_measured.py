@@ -35,7 +35,7 @@ def _env():
 def measure(case):
     spec = dict(case, config=case["config"].to_dict())
     result = subprocess.run([sys.executable, os.path.join(HERE, "measure.py"), json.dumps(spec)], cwd=ROOT,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                            env=_env(), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -82,7 +82,7 @@ def test_parameter_count_equals_the_built_model(measured):
 @pytest.mark.parametrize("preset", ["tiny", "gpt-1.3b"])
 def test_parameter_count_agrees_with_python_m_lm_model(preset):
     result = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", preset], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     described = json.loads(result.stdout)
     assert planner.plan(preset, "ml.p4d.24xlarge")["model"]["params"] == described["params"]

@@ -36,7 +36,7 @@ def _env():
 def test_imports_without_tensorflow():
     code = "import sys, controlplane.planner; controlplane.planner.feasibility_table(); assert 'tensorflow' not in sys.modules, sorted(sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, universal_newlines=True)
+                            stderr=subprocess.STDOUT, text=True)
     assert result.returncode == 0, result.stdout
 
 
@@ -282,7 +282,7 @@ def test_global_batch_in_tokens_or_sequences():
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "lmstack.plan"] + list(args), cwd=ROOT, env=_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+                          capture_output=True, text=True)
 
 
 def test_cli_json():

@@ -45,7 +45,7 @@ def free_port():
         return sock.getsockname()[1]
 
 
-class Server(object):
+class Server:
     """`python -m lm.serving.server` on a free loopback port; its log goes to a file."""
 
     def __init__(self, model_dir, log_path, workers=1, env=None):

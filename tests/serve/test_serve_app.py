@@ -10,7 +10,7 @@ import pytest
 from lm.serving import server, wsgi
 
 
-class FakeEngine(object):
+class FakeEngine:
     """A fake of `lm.serving.server.ExportedModel`: one token per character, echoes the prompt reversed."""
 
     context_length = 64
@@ -73,14 +73,14 @@ class BlockingEngine(FakeEngine):
     """A fake engine whose generation waits until the test releases it."""
 
     def __init__(self):
-        super(BlockingEngine, self).__init__()
+        super().__init__()
         self.entered = threading.Event()
         self.release = threading.Event()
 
     def generate(self, prompts, **parameters):
         self.entered.set()
         assert self.release.wait(60), "the test never released the generation"
-        return super(BlockingEngine, self).generate(prompts, **parameters)
+        return super().generate(prompts, **parameters)
 
 
 def test_ping_answers_during_a_generation_and_a_second_one_waits_its_turn_or_times_out():

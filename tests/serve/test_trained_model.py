@@ -19,7 +19,7 @@ def run(args, cwd):
         if name.startswith("SM_"):
             del env[name]
     result = subprocess.run([sys.executable, "-m"] + args, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, universal_newlines=True, timeout=900)
+                            stderr=subprocess.STDOUT, text=True, timeout=900)
     assert result.returncode == 0, result.stdout
     return result.stdout
 

@@ -94,7 +94,7 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
     for name, value in job.encode_hyperparameters(values).items():
         args += ["--" + name, value]
     result = subprocess.run(args, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=600)
+                            text=True, timeout=600)
     calls = []
     if os.path.exists(log):
         with open(log) as handle:

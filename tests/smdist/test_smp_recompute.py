@@ -51,8 +51,8 @@ with tf.Graph().as_default():
 
 
 def _python(code, *args):
-    result = subprocess.run([sys.executable, "-c", code] + list(args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", code] + list(args), capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
 

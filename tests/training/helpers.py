@@ -50,7 +50,7 @@ def run_in_process(capsys, data_dir, tmp, **hyperparameters):
 
 def run_training(data_dir, tmp, env=None, timeout=300, **hyperparameters):
     result = subprocess.run(train_args(data_dir, tmp, **hyperparameters), env=env or environment(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=timeout)
     return result
 

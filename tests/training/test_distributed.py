@@ -70,7 +70,7 @@ def test_horovod_gloo_two_processes_match_one(text_dataset, tmp_path, single_run
     command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo"] + \
         helpers.train_args(text_dataset, tmp, strategy="horovod", xla=False, **STEPS)
     result = subprocess.run(command, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, universal_newlines=True, timeout=600)
+                            stderr=subprocess.STDOUT, text=True, timeout=600)
     assert result.returncode == 0, result.stdout
     assert_matches_single(tmp, result.stdout, single_run)
 
@@ -121,7 +121,7 @@ def test_horovod_ranks_resume_from_the_step_rank_0_chooses():
     command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo",
                sys.executable, "-c", CHOOSE % "horovod"]
     result = subprocess.run(command, env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=300)
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stdout
     assert sorted(CHOSEN.findall(result.stdout)) == RANK_0S_CHOICE, result.stdout
 

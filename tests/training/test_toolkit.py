@@ -46,7 +46,7 @@ def run_toolkit(root):
                               SAGEMAKER_SUBMIT_DIRECTORY=os.path.join(root, "code"), SM_STUDIO_LOCAL_MODE="true")
     del env["PYTHONPATH"]  # the toolkit must find `lm` next to train.py, as in the image
     return subprocess.run([sys.executable, "-m", "sagemaker_training.cli.train"], env=env, cwd=root,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=600)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
 
 
 @pytest.mark.slow

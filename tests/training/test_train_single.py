@@ -63,7 +63,7 @@ def run_one_after_another(runs):
     code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED))
     result = subprocess.run([sys.executable, "-c", code] + [json.dumps(args) for args in runs],
                             env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=600)
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stdout
     outputs = result.stdout.split(RUN_ENDED)[:-1]
     statuses = [int(part.split()[0]) for part in result.stdout.split(RUN_ENDED)[1:]]
