@@ -13,52 +13,13 @@ import json
 import math
 
 from lm.compat import keras, tf
+from lm.models.layers import (INIT_STDDEV, MASKED, causal_bias, dense, dropout, matmul_last, normal, sub_seed,
+                              update_cache)
 from lm.spec.families import ALL_PRESETS, PRESETS, GPTConfig, flops_per_token, get_preset, non_embedding_parameter_count, parameter_count
 
-__all__ = ["PRESETS", "GPT", "build_model", "causal_bias", "describe"]
+__all__ = ["PRESETS", "GPT", "build_model", "describe"]
 
-# Added to masked attention scores (in float32); finite so a fully masked row stays NaN-free.
-MASKED = -1e9
-INIT_STDDEV = 0.02
 LAYER_NORM_EPSILON = 1e-5
-
-
-def _normal(stddev):
-    return keras.initializers.RandomNormal(stddev=stddev)
-
-
-def causal_bias(length):
-    """[1, 1, length, length] float32: 0 where query i may see key j (j <= i), MASKED elsewhere."""
-    allowed = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
-    return tf.where(allowed, 0.0, MASKED)[tf.newaxis, tf.newaxis]
-
-
-def dropout(x, rate, seed):
-    """Inverted dropout from a stateless seed, so recomputation in the backward pass redraws the
-    same mask; `seed` None (inference) or rate 0 is the identity."""
-    if seed is None or not rate:
-        return x
-    keep = tf.random.stateless_uniform(tf.shape(x), seed=seed) >= rate
-    return tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
-
-
-def _sub_seed(seed, index):
-    return None if seed is None else seed + tf.constant([0, index], seed.dtype)
-
-
-def _matmul_last(x, matrix, transpose_b=False):
-    """x [..., in] @ matrix as one 2-D MatMul: its gradients are MatMuls with transposed operands,
-    where einsum's gradients copy transposes of their [tokens, out] operand first."""
-    inner = matrix.shape[1] if transpose_b else matrix.shape[0]
-    outer = matrix.shape[0] if transpose_b else matrix.shape[1]
-    y = tf.matmul(tf.reshape(x, [-1, inner]), tf.cast(matrix, x.dtype), transpose_b=transpose_b)
-    return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [outer]], axis=0))
-
-
-def _dense(x, kernel, bias=None):
-    """x [..., in] @ kernel [in, out] + bias (BiasAdd: its gradient is one reduction)."""
-    y = _matmul_last(x, kernel)
-    return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, x.dtype))
 
 
 class Embedding(keras.layers.Layer):
@@ -71,9 +32,9 @@ class Embedding(keras.layers.Layer):
 
     def build(self, input_shape):
         self.token_table = self.add_weight(
-            "token_table", shape=[self.vocab_size, self.d_model], initializer=_normal(INIT_STDDEV))
+            "token_table", shape=[self.vocab_size, self.d_model], initializer=normal(INIT_STDDEV))
         self.position_table = self.add_weight(
-            "position_table", shape=[self.block_size, self.d_model], initializer=_normal(INIT_STDDEV))
+            "position_table", shape=[self.block_size, self.d_model], initializer=normal(INIT_STDDEV))
         super().build(input_shape)
 
     def call(self, tokens, positions=None):
@@ -82,7 +43,7 @@ class Embedding(keras.layers.Layer):
         return tf.gather(self.token_table, tokens) + tf.gather(self.position_table, positions)
 
     def project(self, x):
-        return _matmul_last(x, self.token_table, transpose_b=True)
+        return matmul_last(x, self.token_table, transpose_b=True)
 
     def get_config(self):
         config = super().get_config()
@@ -102,17 +63,17 @@ class CausalSelfAttention(keras.layers.Layer):
     def build(self, input_shape):
         inner = self.n_head * self.head_dim
         self.qkv_kernel = self.add_weight("qkv_kernel", shape=[self.d_model, 3 * inner],
-                                          initializer=_normal(INIT_STDDEV))
+                                          initializer=normal(INIT_STDDEV))
         self.qkv_bias = self.add_weight("qkv_bias", shape=[3 * inner], initializer="zeros")
         self.output_kernel = self.add_weight("output_kernel", shape=[inner, self.d_model],
-                                             initializer=_normal(self.output_stddev))
+                                             initializer=normal(self.output_stddev))
         self.output_bias = self.add_weight("output_bias", shape=[self.d_model], initializer="zeros")
         super().build(input_shape)
 
     def project_qkv(self, x):
         """Queries (already scaled by 1/sqrt(head_dim)), keys, values: each [batch, head, seq, head_dim]."""
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        qkv = tf.reshape(_dense(x, self.qkv_kernel, self.qkv_bias), [batch, length, 3, self.n_head, self.head_dim])
+        qkv = tf.reshape(dense(x, self.qkv_kernel, self.qkv_bias), [batch, length, 3, self.n_head, self.head_dim])
         q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
         return q * tf.cast(1.0 / math.sqrt(self.head_dim), q.dtype), k, v
 
@@ -121,7 +82,7 @@ class CausalSelfAttention(keras.layers.Layer):
         probs = dropout(tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype), self.dropout_rate, seed)
         y = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])
         y = tf.reshape(y, [tf.shape(y)[0], tf.shape(y)[1], self.n_head * self.head_dim])
-        return _dense(y, self.output_kernel, self.output_bias)
+        return dense(y, self.output_kernel, self.output_bias)
 
     def call(self, x, bias, seed=None):
         q, k, v = self.project_qkv(x)
@@ -143,31 +104,22 @@ class MLP(keras.layers.Layer):
 
     def build(self, input_shape):
         hidden = 4 * self.d_model
-        self.fc_kernel = self.add_weight("fc_kernel", shape=[self.d_model, hidden], initializer=_normal(INIT_STDDEV))
+        self.fc_kernel = self.add_weight("fc_kernel", shape=[self.d_model, hidden], initializer=normal(INIT_STDDEV))
         self.fc_bias = self.add_weight("fc_bias", shape=[hidden], initializer="zeros")
         self.proj_kernel = self.add_weight("proj_kernel", shape=[hidden, self.d_model],
-                                           initializer=_normal(self.output_stddev))
+                                           initializer=normal(self.output_stddev))
         self.proj_bias = self.add_weight("proj_bias", shape=[self.d_model], initializer="zeros")
         super().build(input_shape)
 
     def call(self, x):
-        h = _dense(x, self.fc_kernel, self.fc_bias)
+        h = dense(x, self.fc_kernel, self.fc_bias)
         h = tf.nn.gelu(h, approximate=True) if self.activation == "gelu" else tf.nn.relu(h)
-        return _dense(h, self.proj_kernel, self.proj_bias)
+        return dense(h, self.proj_kernel, self.proj_bias)
 
     def get_config(self):
         config = super().get_config()
         config.update(d_model=self.d_model, activation=self.activation, output_stddev=self.output_stddev)
         return config
-
-
-def _update_cache(cache, new, index):
-    """Write `new` [b, h, s, d] into `cache` [b, h, T, d] at positions index..index+s-1.
-
-    A one-hot blend instead of a scatter keeps every shape static (one trace, XLA friendly)."""
-    slots = tf.one_hot(index + tf.range(tf.shape(new)[2]), tf.shape(cache)[2], dtype=cache.dtype)
-    keep = 1.0 - tf.reduce_sum(slots, axis=0)
-    return cache * keep[tf.newaxis, tf.newaxis, :, tf.newaxis] + tf.einsum("st,bhsd->bhtd", slots, new)
 
 
 class Block(keras.layers.Layer):
@@ -199,15 +151,15 @@ class Block(keras.layers.Layer):
         attention_in = self.ln_1(x) if self.norm == "pre" else x
         q, k, v = self.attention.project_qkv(attention_in)
         if cache is not None:
-            k, v = _update_cache(cache[0], k, index), _update_cache(cache[1], v, index)
-        attended = dropout(self.attention.attend(q, k, v, bias, _sub_seed(seed, 1)), self.dropout_rate,
-                           _sub_seed(seed, 2))
+            k, v = update_cache(cache[0], k, index), update_cache(cache[1], v, index)
+        attended = dropout(self.attention.attend(q, k, v, bias, sub_seed(seed, 1)), self.dropout_rate,
+                           sub_seed(seed, 2))
         if self.norm == "pre":
             h = x + attended
-            h = h + dropout(self.mlp(self.ln_2(h)), self.dropout_rate, _sub_seed(seed, 3))
+            h = h + dropout(self.mlp(self.ln_2(h)), self.dropout_rate, sub_seed(seed, 3))
         else:
             h = self.ln_1(x + attended)
-            h = self.ln_2(h + dropout(self.mlp(h), self.dropout_rate, _sub_seed(seed, 3)))
+            h = self.ln_2(h + dropout(self.mlp(h), self.dropout_rate, sub_seed(seed, 3)))
         return h, (k, v)
 
     def get_config(self):
@@ -232,7 +184,7 @@ class GPT(keras.Model):
                              residual_stddev, name="block_%d" % i) for i in range(c.n_layer)]
         self.ln_f = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_f")
         self.head = None if c.tie_embeddings else keras.layers.Dense(
-            c.padded_vocab_size, use_bias=False, kernel_initializer=_normal(INIT_STDDEV), name="head")
+            c.padded_vocab_size, use_bias=False, kernel_initializer=normal(INIT_STDDEV), name="head")
 
     # A callable giving the [2] int64 seed of this step's dropout masks (lm.training.checkpoint.DropoutKey,
     # set by lm.training.train: a resumed run then draws the masks an uninterrupted one draws); None draws
