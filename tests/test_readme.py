@@ -169,7 +169,7 @@ def commands():
 def test_every_command_runs_and_takes_the_flags_the_docs_give_it(module):
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "training_image")]))
     result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=str(ROOT), env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:]
     unknown = sorted(flag for flag in commands()[module] if flag not in FLAG.findall(result.stdout))
     assert not unknown, "python -m %s --help lists no %s" % (module, ", ".join(unknown))
