@@ -23,7 +23,7 @@
   known only at run time, so a stack-level alarm cannot name it, and one Metrics Insights alarm
   over every endpoint would sum them (a busy endpoint would hide an idle one). Missing data counts
   as idle: SageMaker reports Invocations only for traffic, and after the endpoint is deleted the
-  alarm says so until it is deleted too (README: "Deploy the endpoint").
+  alarm says so until it is deleted too (docs/serving.md, "Deploy the endpoint").
 """
 import collections
 

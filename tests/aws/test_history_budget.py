@@ -3,7 +3,7 @@ fails once it is reached) of a spot training job that runs 12 days of wall clock
 100 times (Managed Spot Training: each interruption shows as SecondaryStatus Interrupted, then Starting,
 Downloading, Training again). Measured on moto's engine with the shipped definition, then extrapolated;
 nothing is hard-coded but the quota. With the monitor polling at most every 15 minutes a steady poll costs
-about 864 events a day, so 12 days is what fits with that many interruptions (the README's limits)."""
+about 864 events a day, so 12 days is what fits with that many interruptions (docs/limits.md)."""
 from state_machine.harness import SUCCESS
 
 from stacks.state_machine import jobs

@@ -1,9 +1,10 @@
-"""One rule table (`controlplane.rules`): a rule added there is enforced on every path.
+"""One rule table: a rule every job obeys is one entry in `lm.spec.job.job_rules`, enforced on every path.
 
-The test adds one entry to `cross_field_rules` in a temporary copy of lm/rules.py, runs the
-copy in place of the module, and sees the new rule reject the same input, with the same
-message, in the state machine's validation on moto, in `lmstack.start`, in `controlplane.planner` and in
-the deployment settings; the same input passes everywhere without it.
+The test adds one entry to `job_rules` in a temporary copy of lm/spec/job.py, runs the copy in
+place of the module, and sees the new rule reject the same input, with the same message, in the
+state machine's validation on moto, in `lmstack.start`, in `controlplane.planner` and in the
+deployment settings (all of which read it through `controlplane.rules.cross_field_rules` or
+directly); the same input passes everywhere without it.
 """
 import inspect
 import re
@@ -13,7 +14,7 @@ import pytest
 from controlplane import planner
 from controlplane import rules
 from lm.spec import conditions
-from lm.spec import fields
+from lm.spec import fields, job
 from lmstack import start
 from stacks import settings
 from stacks.settings import Settings, SettingsError
@@ -36,16 +37,16 @@ RUN = {"strategy": "mwms", "instance_type": "ml.p4d.24xlarge", "instance_count":
 
 @pytest.fixture
 def with_new_rule(tmp_path):
-    source = inspect.getsource(rules)
+    source = inspect.getsource(job)
     end = "\n    return found\n"
-    at = source.index(end, source.index("\ndef cross_field_rules("))
-    copy = tmp_path / "rules.py"
+    at = source.index(end, source.index("\ndef job_rules("))
+    copy = tmp_path / "job.py"
     copy.write_text(source[:at] + "\n" + NEW_RULE + source[at + 1:])
-    saved = dict(vars(rules))
-    exec(compile(copy.read_text(), str(copy), "exec"), vars(rules))
+    saved = dict(vars(job))
+    exec(compile(copy.read_text(), str(copy), "exec"), vars(job))
     yield
-    vars(rules).clear()
-    vars(rules).update(saved)
+    vars(job).clear()
+    vars(job).update(saved)
 
 
 def _rejections(execution_input, deployment, name):

@@ -27,7 +27,7 @@ DLC_REPOSITORY = "tensorflow-training"
 # the AWS Deep Learning Containers release announcement): Amazon Linux 2023, CUDA 12.9, Keras 3
 # only (no tf_keras, no Horovod), so the image adds tf_keras (training_image/Dockerfile).
 # tf26 and tf211 are out of DLC support: they are kept only because SMP v1, SMDDP and Horovod
-# for TensorFlow exist nowhere newer (README, "Support matrix": each image's support window).
+# for TensorFlow exist nowhere newer (docs/limits.md, "Support matrix": each image's support window).
 RUNTIMES = collections.OrderedDict([
     ("tf26", "2.6.0-gpu-py38-cu112-ubuntu20.04"),
     ("tf211", "2.11.0-gpu-py39-cu112-ubuntu20.04-sagemaker"),
