@@ -162,7 +162,7 @@ def test_capacity_failure_of_the_job_is_retried_then_gives_up(deployment):
 def test_history_stays_below_the_limit_for_the_longest_on_demand_job(deployment):
     """Count the events one steady monitor iteration writes on the engine, then extrapolate to a job that runs
     MaxRuntimeInSeconds' cap (28 days) polled every POLL_MAX_SECONDS: it fits, though not by much (docs/limits.md,
-    limits: a spot job waiting for capacity, or interrupted often, can outlast the budget; see
+    "Known gaps": a spot job waiting for capacity, or interrupted often, can outlast the budget; see
     tests/aws/test_history_budget.py)."""
     deployment.jobs.scripts.append(SUCCESS[:3] + [("InProgress", "Training", {})] * 10 + SUCCESS[-1:])
     run = deployment.run({})
