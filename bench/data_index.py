@@ -125,6 +125,8 @@ def main(argv=None):
             os.makedirs(old, exist_ok=True)
             source = subprocess.run(["git", "-C", ROOT, "show", "%s:training_image/lm/data.py" % args.baseline_rev],
                                     capture_output=True, text=True, check=True).stdout
+            # The old module's imports, at their current homes (the shard format moved to lm.spec).
+            source = source.replace("from lm import shards", "from lm.spec import shards")
             with open(os.path.join(old, "whole_epoch_data.py"), "w") as handle:
                 handle.write(source)
             wall, rss, _ = epoch_starts(python, old, "whole_epoch_data", OLD_FIRST_CHUNK, small, env)

@@ -86,7 +86,7 @@ KILLED_WRITER = """
 import os, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[2])
-from lm import checkpoint
+from lm.training import checkpoint
 
 checkpoint.CHUNK_BYTES = 4096
 saver = checkpoint.Checkpointer(sys.argv[1])

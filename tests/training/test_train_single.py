@@ -43,7 +43,7 @@ def test_tiny_learns_real_text_below_the_unigram_entropy(text_dataset, tmp_path,
 # One uninterrupted run (seed 7, TINY's) is the reference of both the seed and the SIGTERM test.
 STEPS = 14
 IN_ONE_PROCESS = ("import json, sys\n"
-                  "from lm import train\n"
+                  "from lm.training import train\n"
                   "for args in sys.argv[1:]:\n"
                   "    print('%s %d' % (RUN_ENDED, train.main(json.loads(args))), flush=True)\n")
 RUN_ENDED = "=== run ended, exit status"
