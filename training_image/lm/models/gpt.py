@@ -275,8 +275,6 @@ class GPT(keras.Model):
         with self._placed(None):
             return self._logits(x)
 
-    supports_cache = True
-
     def init_cache(self, batch, length):
         """Empty key/value caches for `length` slots: one (keys, values) pair per layer."""
         c = self.model_config
