@@ -112,10 +112,10 @@ def token_limits(config):
 
 
 def serving_parameters(config):
-    """Parameters of the served Hugging Face model: the padded embedding rows are cut (lm.hf)."""
-    embeddings = config.vocab_size * config.d_model + config.block_size * config.d_model
-    per_block = 12 * config.d_model * config.d_model + 13 * config.d_model
-    return embeddings + config.n_layer * per_block + 2 * config.d_model
+    """Parameters of the served Hugging Face model, of any family: the padded embedding rows (and
+    output rows, when untied) are cut (lm.hf)."""
+    padding = (config.padded_vocab_size - config.vocab_size) * config.d_model
+    return config.parameter_count() - padding * (1 if config.tie_embeddings else 2)
 
 
 def memory_per_gpu_gib(config, shards):
