@@ -36,22 +36,23 @@ Image table: LMI_TAGS, taken on LMI_IMAGES_TAKEN from the SageMaker Python SDK 2
 763104351884 in our regions), URI `<registry>.dkr.ecr.<region>.amazonaws.com/djl-inference:<tag_prefix>`
 as `sagemaker.image_uris.retrieve("djl-lmi", region, version)` returns it.
 
-Which model families each of them can serve: SERVED_FAMILIES (until the families declare it).
+Which model families each of them can serve: the families' declared capabilities `tgi` and `lmi`
+(`lm.spec.families.CAPABILITIES`; the capability is named as the container).
 
 Pure Python 3.8, no TensorFlow: read at synth time by the state machine and `controlplane.rules`.
 """
 import collections
 
+from lm.spec.families import capability_message, get_family
 from lm.spec.hardware import INSTANCES
 
 LMSTACK = "lmstack"
 TGI = "tgi"
 LMI = "lmi"
 CONTAINERS = (LMSTACK, TGI, LMI)
-# The containers that serve the Hugging Face export, and the model families whose export each
-# can load: the GPT-2 layout (family gpt). A Llama layout is served by both once a family
-# exports it.
-SERVED_FAMILIES = collections.OrderedDict([(TGI, ("gpt",)), (LMI, ("gpt",))])
+# The containers that serve the Hugging Face export; a family serves in one when it declares the
+# capability of that name.
+HF_CONTAINERS = (TGI, LMI)
 DEFAULT_CONTAINER = LMSTACK
 
 TGI_REPOSITORY = "huggingface-pytorch-tgi-inference"
@@ -111,10 +112,10 @@ def token_limits(config):
 
 
 def serving_parameters(config):
-    """Parameters of the served Hugging Face model: the padded embedding rows are cut (lm.hf)."""
-    embeddings = config.vocab_size * config.d_model + config.block_size * config.d_model
-    per_block = 12 * config.d_model * config.d_model + 13 * config.d_model
-    return embeddings + config.n_layer * per_block + 2 * config.d_model
+    """Parameters of the served Hugging Face model, of any family: the padded embedding rows (and
+    output rows, when untied) are cut (lm.hf)."""
+    padding = (config.padded_vocab_size - config.vocab_size) * config.d_model
+    return config.parameter_count() - padding * (1 if config.tie_embeddings else 2)
 
 
 def memory_per_gpu_gib(config, shards):
@@ -129,9 +130,8 @@ def gpu_shards(container, config, instance_type):
     """(tensor-parallel GPUs, None), or (None, why `container` (tgi or lmi) cannot serve `config`
     on `instance_type`): the fewest GPUs (a divisor of n_head) whose memory holds the model."""
     instance = INSTANCES[instance_type]
-    if config.family not in SERVED_FAMILIES[container]:
-        return None, "%s serves the Hugging Face export of family %s; family %s has none" % (
-            container.upper(), " or ".join(SERVED_FAMILIES[container]), config.family)
+    if not get_family(config.family).supports(container):
+        return None, capability_message(config.family, "deploy.container %s" % container, container)
     if not instance.gpus:
         return None, "%s needs a GPU instance; %s has none" % (container.upper(), instance_type)
     usable = instance.gpu_memory_gib * USABLE_FRACTION

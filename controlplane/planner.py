@@ -8,26 +8,15 @@ Pure Python, no TensorFlow: the CDK app calls `feasibility_table()` at synth tim
 FLOP/s and MFU from `lm.spec.hardware`, prices from `controlplane.prices`.
 
 Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activation element
-(4 fp32, 2 fp16/bf16), u = micro_batch * seq_len * d_model, w = micro_batch * n_head * seq_len^2,
-z = micro_batch * seq_len * padded_vocab:
+(4 fp32, 2 fp16/bf16), u = micro_batch * seq_len * d_model, z = micro_batch * seq_len * padded_vocab:
 - weights 4P (variables stay float32 under mixed precision), gradients 4P (float32),
   optimizer 8P (AdamW m and v, float32), plus 2P under mixed precision for the float16
-  copies `lm.models.gpt` casts every kernel to and keeps for the backward pass.
-- activations one block keeps for its backward pass. Korthikanti et al. 2022 ("Reducing
-  Activation Recomputation in Large Transformer Models", eq. 1 without tensor or sequence
-  parallelism) count 34 u + 5 w bytes at 16 bit with dropout, i.e. 17 u elements: LayerNorm
-  inputs 2u, QKV input u, q and k 2u, v u, projection input u, first MLP matmul input u,
-  GELU input 4u, second MLP matmul input 4u, dropout masks. Adapted to `lm.models.gpt` and TF:
-  * TF materializes the [b, h, t, t] scores; the softmax output is kept in float32 (4w)
-    and, under mixed precision, again as the cast copy the value matmul reads (c w).
-  * run op by op (no XLA), Keras LayerNormalization also keeps the normalized value and the
-    tanh GELU its intermediates (x, tanh, 0.5 x, 1 + tanh: four 4u tensors, not one):
-    MEASURED_U_ELEMENTS["graph"] = 34 u elements per block, measured (tests/plan); with
-    XLA (measured on the CPU backend; GPU XLA fuses at least as much) 26 u.
-  * ReLU (the seed's block) keeps its output only: 16 u fewer (not measured).
-  * dropout > 0: 1-byte masks on the probabilities and both sublayer outputs, plus the
-    dropped probabilities (c w + w + 2u).
-  Recomputation (`tf.recompute_grad` per block) keeps each block's input (u c) and rebuilds
+  copies the model casts every kernel to and keeps for the backward pass (`lm.models.gpt`).
+- activations one block keeps for its backward pass: the family's `block_activation_bytes`
+  (`lm.spec.families`: GPT's is Korthikanti et al. 2022 adapted to TF and measured, tests/plan;
+  RNN's an estimate from one CPU measurement). Every model config gives the planner the same
+  few sizes (the interface of `lm.spec.families.base.ModelConfig`), so every preset of every
+  family plans. Recomputation (`tf.recompute_grad` per block) keeps each block's input (u c) and rebuilds
   one block at a time in the backward pass.
 - the loss: float32 logits and the cross-entropy gradient (8z), alive together at the end
   of the forward pass, plus the final LayerNorm (2 u c). Under recomputation the float32
@@ -70,9 +59,9 @@ from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
-from lm.spec.families import (PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset,
-                              parameter_count, peak_learning_rate)
+from lm.spec.families import ALL_PRESETS, ModelConfig, flops_per_token, get_preset, parameter_count, peak_learning_rate
 from lm.spec.families.base import gpt3_training
+from lm.spec.families.gpt import MEASURED_U_ELEMENTS  # noqa: F401 (GPT's measured figure, checked in tests/plan)
 
 GIB = 2 ** 30
 RESERVED_GIB = 1.0
@@ -89,8 +78,6 @@ TOKENS_PER_PARAMETER = 20  # Chinchilla (Hoffmann et al. 2022)
 TABLE_SEQ_LEN = 2048
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-# u-sized activation elements one pre-LN GELU block keeps (module docstring; tests/plan).
-MEASURED_U_ELEMENTS = {"graph": 34, "xla": 26}
 SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
 # A background checkpoint save (lm.training.checkpoint.Checkpointer) holds reads of the weights and AdamW's
 # m and v (float32: 4 + 4 + 4 bytes a parameter) until its writer thread has copied them to host
@@ -114,7 +101,7 @@ def _field_error(field, allowed, value):
 
 
 def resolve_config(preset_or_config):
-    return preset_or_config if isinstance(preset_or_config, GPTConfig) else get_preset(preset_or_config)
+    return preset_or_config if isinstance(preset_or_config, ModelConfig) else get_preset(preset_or_config)
 
 
 def runtime_cuda(runtime):
@@ -139,16 +126,18 @@ def resolve_precision(precision, instance):
     return precision
 
 
-def cannot_run(strategy, instance_type, instance_count=1, recompute=False):
-    """Why `strategy` cannot run on this instance type and count (or with `recompute`: the input
-    rules of lm.spec.job, then the hardware), or None when it can."""
+def cannot_run(strategy, instance_type, instance_count=1, recompute=False, model=None):
+    """Why `strategy` cannot run on this instance type and count (or with `recompute`, or for the
+    model family `model`: the input rules of lm.spec.job, the family's capabilities among them,
+    then the hardware), or None when it can."""
     if strategy not in job.STRATEGIES:
         raise _field_error("strategy", job.STRATEGIES, strategy)
     instance = hardware.get_instance(instance_type)
     refused = broken(job.job_rules(), {STRATEGY_FIELD: strategy,
                                        INSTANCE_TYPE_FIELD: instance_type,
                                        INSTANCE_COUNT_FIELD: instance_count,
-                                       "hyperparameters": {"recompute": recompute}})
+                                       "hyperparameters": dict({"recompute": recompute},
+                                                               **({"model": model} if model else {}))})
     if refused:
         return refused
     if strategy == "smp" and instance.gpus < 2:
@@ -165,15 +154,8 @@ def cannot_run(strategy, instance_type, instance_count=1, recompute=False):
 # ---- memory ----
 
 def layer_activation_bytes(config, micro_batch, seq_len, compute_bytes, xla=False):
-    """Bytes one block keeps for its backward pass (see the module docstring)."""
-    u = micro_batch * seq_len * config.d_model
-    w = micro_batch * config.n_head * seq_len * seq_len
-    elements_u = MEASURED_U_ELEMENTS["xla" if xla else "graph"] - (16 if config.activation == "relu" else 0)
-    scores = 4 * w + (compute_bytes * w if compute_bytes != 4 else 0)
-    total = elements_u * u * compute_bytes + scores
-    if config.dropout:
-        total += compute_bytes * w + w + 2 * u
-    return total
+    """Bytes one block keeps for its backward pass: the family's own count (see the module docstring)."""
+    return config.block_activation_bytes(micro_batch, seq_len, compute_bytes, xla)
 
 
 def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1,
@@ -201,8 +183,9 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
     (CHECKPOINT_SNAPSHOT_BYTES a parameter)."""
     c = COMPUTE_BYTES[precision]
     layers = -(-config.n_layer // partitions)
-    embedding = parameter_count(config) - config.n_layer * block_parameter_count(config)
-    params = embedding + layers * block_parameter_count(config) if partitions > 1 else parameter_count(config)
+    block = config.block_parameter_count()
+    embedding = parameter_count(config) - config.n_layer * block
+    params = embedding + layers * block if partitions > 1 else parameter_count(config)
     u = micro_batch * seq_len * config.d_model
     z = micro_batch * seq_len * config.padded_vocab_size
     per_layer = layer_activation_bytes(config, micro_batch, seq_len, c, xla)
@@ -234,15 +217,12 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
 
 
 def step_flops(config, batch, seq_len, recompute=False):
-    """Matmul FLOPs one training step of `lm.models.gpt` executes on `batch` sequences: forward
-    (the projections, the full [t, t] attention products, the tied output layer) and a backward
-    pass of twice that, plus one more forward of the blocks under recomputation. Unlike the MFU
-    convention `flops_per_token` it counts the output layer."""
-    tokens = batch * seq_len
-    inner = config.n_head * config.attention_head_dim
-    d = config.d_model
-    blocks = config.n_layer * (2 * tokens * (4 * d * inner + 8 * d * d) + 4 * batch * seq_len * seq_len * inner)
-    head = 2 * tokens * config.padded_vocab_size * d
+    """Matmul FLOPs one training step executes on `batch` sequences: forward (the family's blocks,
+    `block_forward_flops`: for GPT the projections and the full [t, t] attention products; the
+    output layer) and a backward pass of twice that, plus one more forward of the blocks under
+    recomputation. Unlike the MFU convention `flops_per_token` it counts the output layer."""
+    blocks = config.n_layer * config.block_forward_flops(batch, seq_len)
+    head = 2 * batch * seq_len * config.padded_vocab_size * config.d_model
     return 3 * (blocks + head) + (blocks if recompute else 0)
 
 
@@ -455,7 +435,8 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
          precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
          partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=True,
          traffic_encryption=False, usd_per_instance_hour=None):
-    """Everything `python -m lmstack.plan` prints, as a dict. `model` is a preset name or a GPTConfig;
+    """Everything `python -m lmstack.plan` prints, as a dict. `model` is a preset name or a model config
+    of any family (`lm.spec.families`);
     `global_batch` in sequences (default lm.spec.job's), `tokens` the training budget (default 20 per
     parameter); strategy "auto" picks the cheapest strategy that fits. `xla`: whether lm.training.train
     compiles the step with XLA (its hyperparameter; it decides when the all-reduce runs). SMP's
@@ -483,7 +464,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
     tokens = TOKENS_PER_PARAMETER * params if tokens is None else tokens
 
     def one(name, recompute):
-        reason = cannot_run(name, instance_type, instance_count, recompute)
+        reason = cannot_run(name, instance_type, instance_count, recompute, config.family)
         runnable = reason is None
         searchable = name == "smp" and instance.gpus >= 2
         if searchable and partitions and (partitions < 2 or instance.gpus % partitions):
@@ -554,8 +535,8 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         chosen = next(c for c in candidates if c["strategy"] == strategy)
     out = collections.OrderedDict([
         ("model", collections.OrderedDict([
-            ("params", params), ("n_layer", config.n_layer), ("d_model", config.d_model),
-            ("n_head", config.n_head), ("vocab", config.padded_vocab_size),
+            ("params", params), ("family", config.family), ("n_layer", config.n_layer), ("d_model", config.d_model),
+            ("vocab", config.padded_vocab_size),
             ("flops_per_token", flops_per_token(config, seq_len)),
             ("step_flops", step_flops(config, global_batch, seq_len, recompute))])),
         ("instance", collections.OrderedDict([
@@ -642,7 +623,7 @@ def gpu_instance_types():
 
 
 def feasibility_table(seq_len=TABLE_SEQ_LEN):
-    """One row per preset x GPU instance type x strategy: can the smallest possible run fit and
+    """One row per preset (of every family) x GPU instance type x strategy: can the smallest possible run fit and
     run (one instance, one sequence of `seq_len` tokens per data-parallel replica, precision
     auto, recomputation allowed where the strategy takes it: not with smp)? A combination that
     fails here fails for every batch size, so the state machine can reject it before any job exists.
@@ -651,7 +632,7 @@ def feasibility_table(seq_len=TABLE_SEQ_LEN):
     recompute=true), reason (None when ok), suggested_strategy (when not ok: the cheapest
     strategy that fits on this instance type, None when none does), suggestion (a sentence)."""
     rows = []
-    for preset in PRESETS:
+    for preset in ALL_PRESETS:
         length = min(seq_len, get_preset(preset).block_size)
         for instance_type in gpu_instance_types():
             gpus = hardware.get_instance(instance_type).gpus

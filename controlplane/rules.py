@@ -17,8 +17,9 @@ import json
 
 from controlplane import containers, planner
 from lm.spec import job
-from lm.spec.conditions import INSTANCE_TYPE_FIELD, PLAN_REJECTED, STRATEGY_FIELD, Above, All, Is, OneOf, rule
-from lm.spec.families import ALL_PRESETS
+from lm.spec.conditions import (INSTANCE_TYPE_FIELD, PLAN_REJECTED, STRATEGY_FIELD, Above, All, Is, OneOf, broken,
+                                rule)
+from lm.spec.families import ALL_PRESETS, family_rules, get_family
 from lm.spec.hardware import HOSTING_INSTANCE_TYPES
 
 
@@ -26,9 +27,14 @@ def plan_rules():
     """What `lm.planner.feasibility_table()` says cannot fit or run (one row per preset x GPU
     instance type x strategy, for the smallest run: one sequence per replica), grouped by
     instance type, strategy and reason. A combination that fits only with activation
-    recomputation is rejected while `hyperparameters.recompute` is false."""
+    recomputation is rejected while `hyperparameters.recompute` is false. A strategy the preset's
+    family cannot use at all is left to the family's rule (`lm.spec.families.family_rules`, in
+    `cross_field_rules`: InvalidInput, one rule instead of one per instance type)."""
     grouped = collections.OrderedDict()  # (instance type, strategy, message, needs recompute) -> presets
     for row in planner.feasibility_table():
+        if broken(family_rules(), {STRATEGY_FIELD: row["strategy"],
+                                   "hyperparameters": {"model": ALL_PRESETS[row["preset"]].family}}):
+            continue
         if not row["ok"]:
             key = (row["instance_type"], row["strategy"], "lmstack.plan: %s" % (row["reason"] or ""), False)
             if row["suggestion"]:
@@ -57,7 +63,7 @@ def serving_rules():
 
     A tuple, built once: it depends only on the preset, instance and container tables."""
     found = []
-    for container in containers.SERVED_FAMILIES:
+    for container in containers.HF_CONTAINERS:
         found.extend(_container_fit_rules(container))
     return tuple(found)
 
@@ -66,8 +72,7 @@ def _container_fit_rules(container):
     chosen = (Is("deploy.enabled", True), Is("deploy.container", container))
     found = [rule("deploy.container.%s.export_hf" % container, All(chosen + (Is("hyperparameters.export_hf", False),)),
                   "deploy.container %s serves the Hugging Face export: set hyperparameters.export_hf to true" % container)]
-    exported = [preset for preset, config in ALL_PRESETS.items()
-                if config.family in containers.SERVED_FAMILIES[container]]
+    exported = [preset for preset, config in ALL_PRESETS.items() if get_family(config.family).supports(container)]
     cannot = collections.OrderedDict()  # instance type -> [(preset, reason)]
     for preset in exported:
         for instance_type in HOSTING_INSTANCE_TYPES:

@@ -1,6 +1,8 @@
 """`python -m lmstack.plan`: memory, strategy, time and cost of a run, as a table, JSON or a chart.
 
     python -m lmstack.plan --preset gpt-1.3b --instance-type ml.p4d.24xlarge --instance-count 2
+    python -m lmstack.plan --list               every preset of every family, one a line
+    python -m lmstack.plan --describe gpt-1.3b  one preset's shape and size as JSON
 
 The arithmetic is `controlplane.planner`'s (its docstring says what is counted and why).
 """
@@ -12,7 +14,7 @@ import sys
 from controlplane import prices
 from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, plan, resolve_config)
 from lm.spec import hardware, job
-from lm.spec.families import PRESETS, GPTConfig
+from lm.spec.families import ALL_PRESETS, FAMILIES, flops_per_token, get_family, get_preset
 
 
 def parse_global_batch(text, seq_len):
@@ -159,11 +161,42 @@ def _usd(value):
     return "-" if value is None else "%.0f" % value
 
 
+def describe(config):
+    """Shape and size of a model config of any family, from the formulas in lm.spec.families (no model
+    is built)."""
+    info = config.to_dict()
+    info.update(padded_vocab_size=config.padded_vocab_size, params=config.parameter_count(),
+                non_embedding_params=config.non_embedding_parameter_count(), flops_per_token=flops_per_token(config),
+                capabilities=list(get_family(config.family).capabilities))
+    if hasattr(config, "attention_head_dim"):
+        info["attention_head_dim"] = config.attention_head_dim
+    return info
+
+
+def _count(value):
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= scale:
+            return "%.3g%s" % (value / scale, suffix)
+    return str(value)
+
+
+def preset_lines():
+    """`--list`: one line per preset of every family, its name first."""
+    width = max(len(name) for name in ALL_PRESETS)
+    return ["%-*s  family %-5s %7s parameters, %3d layers, width %5d, context %5d, vocab %6d" % (
+        width, name, config.family, _count(config.parameter_count()), config.n_layer, config.d_model,
+        config.block_size, config.padded_vocab_size) for name, config in ALL_PRESETS.items()]
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m lmstack.plan", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(PRESETS))
-    parser.add_argument("--config", default=None, help="a GPTConfig as JSON (instead of --preset)")
-    parser.add_argument("--instance-type", required=True, help="one of: %s" % ", ".join(hardware.INSTANCES))
+    parser.add_argument("--list", action="store_true", help="print every preset of every family and exit")
+    parser.add_argument("--describe", metavar="PRESET", default=None,
+                        help="print a preset's shape and size as JSON and exit (no model is built)")
+    parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(ALL_PRESETS))
+    parser.add_argument("--config", default=None, help="a model config as JSON (instead of --preset), of --family")
+    parser.add_argument("--family", default="gpt", choices=tuple(FAMILIES), help="the family of --config")
+    parser.add_argument("--instance-type", help="one of: %s" % ", ".join(hardware.INSTANCES))
     parser.add_argument("--instance-count", type=int, default=1)
     parser.add_argument("--tokens", default=None, help="training tokens (e.g. 26B); default 20 per parameter")
     parser.add_argument("--seq-len", type=int, default=0, help="default: the model's block size")
@@ -194,10 +227,18 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(preset_lines()))
+        return 0
     try:
+        if args.describe:
+            print(json.dumps(describe(get_preset(args.describe)), indent=2, sort_keys=True))
+            return 0
         if bool(args.preset) == bool(args.config):
             raise ValueError("give exactly one of --preset or --config")
-        model = args.preset if args.preset else GPTConfig.from_dict(json.loads(args.config))
+        if not args.instance_type:
+            raise ValueError("--instance-type is required to plan a run")
+        model = args.preset if args.preset else get_family(args.family).config_class.from_dict(json.loads(args.config))
         config = resolve_config(model)
         seq_len = args.seq_len or config.block_size
         settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,

@@ -90,7 +90,7 @@ def states(settings, first, next_state):
         "polls": 0}, result_path=names)
     result[d + ".Container"] = asl.choice([asl.rule(
         {"Variable": "$.config.deploy.container", "StringEquals": container}, "%s.%s" % (d, container.title()))
-        for container in containers.SERVED_FAMILIES], d + ".Model")
+        for container in containers.HF_CONTAINERS], d + ".Model")
 
     def create_model(name, image, environment):
         result[name] = asl.task(asl.sdk("sagemaker", "createModel"), {
@@ -104,7 +104,7 @@ def states(settings, first, next_state):
 
     create_model(d + ".Model", "${%s}" % image_placeholder(job.SERVING_RUNTIME),
                  {"Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}})
-    for container in containers.SERVED_FAMILIES:
+    for container in containers.HF_CONTAINERS:
         first = "%s.%s" % (d, container.title())
         result.update(_environment_states(container, first, first + "Model"))
         create_model(first + "Model", containers.image(container, settings.region),

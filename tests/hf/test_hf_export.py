@@ -102,10 +102,12 @@ def test_export_refuses_configs_that_are_not_gpt2(tmp_path, exported, changes, m
 
 
 def test_export_refuses_the_rnn_family(tmp_path, exported):
+    """python -m lm.hf --format hf reads the family's declaration: rnn has no hf_export."""
     config = get_preset("rnn-tiny")
     other = str(tmp_path / "export")
     lm_export.export_model(models.build(config), config, os.path.join(exported[2], "tokenizer.json"), other)
-    with pytest.raises(hf.HFError, match="family 'rnn'"):
+    with pytest.raises(hf.HFError, match=r"model rnn cannot use the Hugging Face export \(capability hf_export: .*\); "
+                                         r"families with it: gpt"):
         hf.export_hf(other, str(tmp_path / "hf"))
 
 

@@ -150,6 +150,38 @@ def test_a_checkpoint_of_another_shape_than_the_preset_is_refused(corpus, tmp_pa
     assert hf.init_config(hf_dir, get_preset("tiny"), "preset tiny").block_size == values["n_positions"]
 
 
+def test_a_checkpoint_of_another_family_is_refused_naming_both(tmp_path, monkeypatch):
+    """init_from reads the checkpoint's config.json model_type and the model_type the trained family
+    declares (lm.spec.families: gpt -> gpt2): a GPT-2 checkpoint under a family of another layout is
+    refused, not trained as a GPT. Shown with gpt declaring another layout, and with a checkpoint of one."""
+    from lm.spec import families
+    from lm.spec.families import get_preset
+
+    hf_dir = _our_gpt2(tmp_path)
+    monkeypatch.setitem(families.FAMILIES, "gpt", families.FAMILIES["gpt"]._replace(hf_model_type="llama"))
+    with pytest.raises(hf.HFError, match=r"config.json: model_type 'gpt2' is not the Hugging Face layout of model gpt "
+                                         r"\(model_type 'llama'\)"):
+        hf.init_config(hf_dir, get_preset("tiny"), "preset tiny")
+    monkeypatch.undo()
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        values = json.load(f)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(dict(values, model_type="llama"), f)
+    with pytest.raises(hf.HFError, match=r"model_type 'llama' is not the Hugging Face layout of model gpt "
+                                         r"\(model_type 'gpt2'\)"):
+        hf.init_config(hf_dir, get_preset("tiny"), "preset tiny")
+    with pytest.raises(hf.HFError, match=r"model_type 'llama'; the families that import a Hugging Face layout read "
+                                         r"model_type 'gpt2' \(model gpt\)"):
+        hf.import_hf(hf_dir, str(tmp_path / "imported"))
+
+
+def test_init_from_with_a_family_without_hf_import_is_refused_before_any_work(tmp_path):
+    with pytest.raises(train.UsageError, match=r"^model rnn cannot use init_from \(a Hugging Face checkpoint\) "
+                                               r"\(capability hf_import: .*\); families with it: gpt$"):
+        train.parse_args(train_arguments(str(tmp_path), str(tmp_path), "--init-from", str(tmp_path), model="rnn",
+                                         preset="rnn-tiny"))
+
+
 BLOCK_TRANSFORMERS = "raise ImportError('transformers is not in the training image')\n"
 
 

@@ -95,3 +95,29 @@ def test_config_dicts_round_trip_for_every_preset():
     for name, config in lm_config.ALL_PRESETS.items():
         assert models.config_from_dict(config.family, config.to_dict()) == config
         assert lm_config.flops_per_token(config) > 0 < lm_config.non_embedding_parameter_count(config)
+
+
+def test_a_family_declares_its_capabilities_in_its_one_entry(monkeypatch):
+    """A new family with everything but smp (as the Llama family will be) is one ModelFamily entry;
+    the rules every consumer reads follow from it: one rule, for smp, naming both families that have it."""
+    declared = lm_config.ModelFamily(lm_config.GPTConfig, {}, "lm.models.gpt:build_model",
+                                     ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
+    lm_config.check_declaration("llama", declared)
+    monkeypatch.setitem(lm_config.FAMILIES, "llama", declared)
+    made = {found.name: found for found in lm_config.family_rules()}
+    assert [name for name in made if name.startswith("family.llama.")] == ["family.llama.smp"]
+    assert made["family.llama.smp"].message.startswith("model llama cannot use strategy smp (capability smp: SMP v1")
+    assert made["family.rnn.tgi"].message.endswith("families with it: gpt, llama")
+    assert "family.llama.smp" in {found.name for found in job.job_rules()}
+
+
+@pytest.mark.parametrize("capabilities,hf_model_type,problem", [
+    (("kv_cache", "beam_search"), None, "unknown capabilities \\['beam_search'\\]"),
+    (("hf_export",), None, "hf_model_type"),
+    (("kv_cache",), "gpt2", "hf_model_type"),
+    (("tgi", "hf_import"), "gpt2", "tgi serves the Hugging Face export, which needs hf_export"),
+])
+def test_an_inconsistent_declaration_is_refused(capabilities, hf_model_type, problem):
+    with pytest.raises(ValueError, match=problem):
+        lm_config.check_declaration("x", lm_config.ModelFamily(lm_config.GPTConfig, {}, "m:f", capabilities,
+                                                               hf_model_type))

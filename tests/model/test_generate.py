@@ -172,3 +172,20 @@ def test_generator_cuts_at_the_first_stop_string(gpt, tokenizer):
         generator.generate(["x"], 4, stop=[""])
     with pytest.raises(ValueError, match="list of strings"):
         generator.generate("x", 4)
+
+
+def test_the_cache_is_used_exactly_where_the_family_declares_kv_cache(gpt, monkeypatch):
+    """lm.serving.generate reads the family's declaration (lm.spec.families), not the model: without
+    kv_cache it recomputes, with it the cached path runs (init_cache is called)."""
+    from lm.spec import families
+
+    calls = []
+    monkeypatch.setattr(gpt, "init_cache", lambda *args, init_cache=gpt.init_cache: calls.append(args) or init_cache(*args),
+                        raising=False)
+    cached = lm_generate.generate_tokens(gpt, TINY, PROMPTS[:1], 3, temperature=0.0)
+    assert len(calls) == 1
+    declared = families.FAMILIES["gpt"]
+    monkeypatch.setitem(families.FAMILIES, "gpt", declared._replace(
+        capabilities=tuple(c for c in declared.capabilities if c != "kv_cache")))
+    assert lm_generate.generate_tokens(gpt, TINY, PROMPTS[:1], 3, temperature=0.0) == cached
+    assert len(calls) == 1

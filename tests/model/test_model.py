@@ -11,7 +11,8 @@ from lm.compat import keras, tf
 from lm.spec.families import GPTConfig, get_preset, non_embedding_parameter_count, parameter_count
 
 TINY = get_preset("tiny")
-IMAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "training_image")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+IMAGE_DIR = os.path.join(ROOT, "training_image")
 SEED_STYLE = dict(norm="post", activation="relu")
 
 
@@ -176,8 +177,8 @@ def test_config_round_trip():
 
 @pytest.mark.slow
 def test_cli_prints_the_size_of_a_big_preset_without_building_it():
-    env = dict(os.environ, PYTHONPATH=IMAGE_DIR)
-    out = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", "gpt-1.3b"], env=env,
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, IMAGE_DIR]))
+    out = subprocess.run([sys.executable, "-m", "lmstack.plan", "--describe", "gpt-1.3b"], env=env,
                          capture_output=True, text=True, check=True).stdout
     info = json.loads(out)
     config = get_preset("gpt-1.3b")
@@ -189,8 +190,8 @@ def test_cli_prints_the_size_of_a_big_preset_without_building_it():
 
 @pytest.mark.slow
 def test_cli_describes_other_families_too():
-    env = dict(os.environ, PYTHONPATH=IMAGE_DIR)
-    out = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", "rnn-small"], env=env,
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, IMAGE_DIR]))
+    out = subprocess.run([sys.executable, "-m", "lmstack.plan", "--describe", "rnn-small"], env=env,
                          capture_output=True, text=True, check=True).stdout
     info = json.loads(out)
     assert info["family"] == "rnn" and info["params"] == parameter_count(get_preset("rnn-small"))
@@ -198,8 +199,8 @@ def test_cli_describes_other_families_too():
 
 @pytest.mark.slow
 def test_cli_names_the_allowed_presets_for_an_unknown_one():
-    env = dict(os.environ, PYTHONPATH=IMAGE_DIR)
-    result = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", "gpt-9"], env=env,
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, IMAGE_DIR]))
+    result = subprocess.run([sys.executable, "-m", "lmstack.plan", "--describe", "gpt-9"], env=env,
                             capture_output=True, text=True)
     assert result.returncode != 0 and "gpt-125m" in result.stderr and "gpt-9" in result.stderr
 

@@ -15,6 +15,7 @@ Prints one JSON line. How it measures:
 - FLOPs: the graph of `lm.distributed.base.compute_gradients` (forward and backward) is
   traced and every MatMul, BatchMatMulV2 and Einsum op is counted from its static shapes
   (2 x the product of all distinct dimension sizes of a two-operand einsum).
+  (An RNN's recurrent matmuls run inside a while loop's body, which this count does not enter.)
 - parameters: the built model's trainable variables, summed.
 - with "snapshot": lm.training.checkpoint.Checkpointer's snapshot of the state (weights, m, v) is taken
   after the warm-up step and held, as a background save holds it until its writer has copied it
@@ -28,9 +29,8 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 
 from lm.training import checkpoint
 from lm.compat import tf  # noqa: E402
-from lm.spec.families import GPTConfig
+from lm import models
 from lm.distributed.base import apply_update, compute_gradients  # noqa: E402
-from lm.models.gpt import build_model
 from lm.training.optim import AdamW
 
 
@@ -77,9 +77,9 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.random.set_seed(0)
-    config = GPTConfig.from_dict(spec["config"])
+    config = models.config_from_dict(spec["config"]["family"], spec["config"])
     batch, seq_len = spec["batch"], spec["seq_len"]
-    model = build_model(config, recompute=spec.get("recompute", False))
+    model = models.build(config, recompute=spec.get("recompute", False))
     params = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     optimizer = AdamW(model.trainable_variables, lambda step: 1e-4)
     forward_backward = tf.function(lambda x, y: compute_gradients(model, loss_fn, x, y),

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from controlplane import planner
-from lm.spec.families import GPTConfig, get_preset
+from lm.spec.families import GPTConfig, RNNConfig, get_preset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -48,6 +48,20 @@ def measured(request):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_the_rnn_memory_estimate_is_within_15_percent_of_the_allocator_peak(cell):
+    """The RNN family's block_activation_bytes (lm.spec.families.rnn) through the same planner.memory."""
+    case = dict(config=RNNConfig(n_layer=6, d_model=256, block_size=256, vocab_size=4096, cell=cell), batch=16,
+                seq_len=128, recompute=False)
+    result = measure(case)
+    assert result["params"] == case["config"].parameter_count()
+    predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32")["peak"]
+    error = predicted / float(result["peak_bytes"]) - 1.0
+    assert abs(error) <= TOLERANCE, "predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
+        predicted / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error)
+
+
+@pytest.mark.slow
 def test_predicted_peak_memory_within_15_percent_of_the_allocator_peak(measured):
     case, result = measured
     predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32", recompute=case["recompute"])
@@ -80,8 +94,8 @@ def test_parameter_count_equals_the_built_model(measured):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny", "gpt-1.3b"])
-def test_parameter_count_agrees_with_python_m_lm_model(preset):
-    result = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", preset], cwd=ROOT, env=_env(),
+def test_parameter_count_agrees_with_lmstack_plan_describe(preset):
+    result = subprocess.run([sys.executable, "-m", "lmstack.plan", "--describe", preset], cwd=ROOT, env=_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     described = json.loads(result.stdout)

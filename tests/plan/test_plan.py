@@ -11,7 +11,7 @@ from controlplane import planner
 from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
-from lm.spec.families import PRESETS, flops_per_token, get_preset, parameter_count
+from lm.spec.families import ALL_PRESETS, flops_per_token, get_preset, parameter_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA_PARALLEL = ("mwms", "horovod", "smddp")
@@ -44,12 +44,60 @@ def test_imports_without_tensorflow():
 
 def test_table_covers_every_preset_gpu_instance_and_strategy(table):
     gpu_types = [name for name, inst in hardware.INSTANCES.items() if inst.gpus]
-    assert len(table) == len(PRESETS) * len(gpu_types) * len(job.STRATEGIES)
+    assert len(table) == len(ALL_PRESETS) * len(gpu_types) * len(job.STRATEGIES)  # every family's presets
     assert {r["instance_type"] for r in table} == set(gpu_types)
     for row in table:
         assert set(row) == {"preset", "instance_type", "strategy", "ok", "recompute_required", "reason",
                             "suggested_strategy", "suggestion"}
         assert (row["reason"] is None) == row["ok"]
+
+
+@pytest.mark.parametrize("preset", list(ALL_PRESETS))
+def test_every_preset_of_every_family_plans(preset):
+    """No family-specific field is read: each preset plans on a GPU instance (fitting or not)."""
+    result = planner.plan(preset, "ml.g5.12xlarge")
+    config = get_preset(preset)
+    assert result["model"]["params"] == parameter_count(config) and result["model"]["family"] == config.family
+    assert result["chosen"]["memory_gib"]["peak"] > 0
+    assert {c["strategy"] for c in result["candidates"]} == set(job.STRATEGIES)
+
+
+def test_the_plan_reads_the_family_s_capabilities():
+    """rnn declares neither smp nor recompute: the planner refuses both, naming the capability."""
+    smp = planner.plan("rnn-tiny", "ml.p3.16xlarge", 1, "smp")["chosen"]
+    assert not smp["ok"] and smp["reason"].startswith("model rnn cannot use strategy smp (capability smp:")
+    recomputed = planner.plan("rnn-tiny", "ml.g5.xlarge", 1, "single", recompute=True)
+    assert recomputed["chosen"]["reason"].startswith("model rnn cannot use hyperparameters.recompute true")
+    assert planner.plan("rnn-tiny", "ml.g5.xlarge", 1, "single")["ok"]
+    assert planner.plan("tiny", "ml.p3.16xlarge", 1, "smp", global_batch=8)["chosen"]["reason"] is None
+
+
+def test_the_plan_gate_covers_every_family(table):
+    """The state machine's plan rules cover rnn presets as they do GPT presets (horovod's CUDA 11.2
+    image cannot run on H100s), and leave the strategy rnn cannot use at all (smp) to the family's rule."""
+    from controlplane import rules
+    from lm.spec import conditions
+
+    row = _row(table, "rnn-small", "ml.p5.48xlarge", "horovod")
+    assert not row["ok"] and "CUDA 11.2" in row["reason"] and row["suggested_strategy"] == "mwms"
+    config = {"preset": "rnn-small", "strategy": "horovod", "instance_type": "ml.p5.48xlarge",
+              "hyperparameters": {"model": "rnn", "recompute": False}}
+    assert conditions.broken(rules.plan_rules(), config).startswith("lmstack.plan: horovod on 1 x ml.p5.48xlarge")
+    smp = dict(config, strategy="smp", instance_type="ml.p3.16xlarge")
+    assert conditions.broken(rules.plan_rules(), smp) is None
+    assert conditions.broken(rules.cross_field_rules(), smp).startswith("model rnn cannot use strategy smp")
+
+
+def test_list_prints_every_preset_of_every_family_name_first():
+    result = subprocess.run([sys.executable, "-m", "lmstack.plan", "--list"], cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(ALL_PRESETS)
+    for line, config in zip(lines, ALL_PRESETS.values()):
+        assert line.split()[1:3] == ["family", config.family]
+    assert "12.9B parameters, " in lines[list(ALL_PRESETS).index("gpt-13b")]
+    assert "64.1M parameters, " in lines[list(ALL_PRESETS).index("rnn-small")]
 
 
 @pytest.mark.parametrize("strategy", DATA_PARALLEL)

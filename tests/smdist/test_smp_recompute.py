@@ -82,12 +82,12 @@ def test_the_fake_refuses_recompute_grad_on_the_ranks_that_import_the_graph(fake
 
 
 def test_lm_train_refuses_recompute_with_smp_before_any_job():
-    from lm.training.train import UsageError, parse_args
+    from lm.training.train import parse_args
     # The rule table's strategy.smp.recompute, run by validate_hyperparameters (ValueError, as every
     # hyperparameter check; lm.training.train's main reports it before any work).
     with pytest.raises(ValueError, match="hyperparameters.recompute must be false with strategy smp"):
         parse_args(["--strategy", "smp", "--recompute", "true", "--data-dir", "x"])
-    with pytest.raises(UsageError, match="hyperparameters.model rnn is not supported with strategy smp"):
+    with pytest.raises(ValueError, match=r"model rnn cannot use strategy smp \(capability smp: .*\); families with it: gpt"):
         parse_args(["--strategy", "smp", "--model", "rnn", "--preset", "rnn-tiny", "--data-dir", "x"])
     hyperparameters, _ = parse_args(["--strategy", "horovod", "--recompute", "true", "--data-dir", "x"])
     assert hyperparameters.recompute

@@ -116,8 +116,43 @@ def test_flags_override_a_given_input(aws):
     assert sent == dict(given, preset="gpt-350m", hyperparameters={"max_steps": 10, "seed": 3})
 
 
-def test_the_plan_estimate_is_left_out_for_a_family_the_planner_does_not_know():
-    assert start.plan_estimate({"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}, Settings()) is None
+def test_the_plan_estimate_covers_every_family():
+    from controlplane import planner
+
+    estimate = start.plan_estimate({"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}, Settings())
+    assert estimate["ok"] and estimate["hours"] > 0
+    # rnn cannot use smp: the planner reads the family's declaration and says so
+    chosen = planner.plan("rnn-tiny", "ml.p3.16xlarge", 1, "smp")["chosen"]
+    assert not chosen["ok"] and chosen["reason"].startswith("model rnn cannot use strategy smp (capability smp:")
+
+
+# One input per capability rnn does not declare: lmstack.start refuses each before starting anything,
+# naming the family and the capability (the state machine's Validate stage: tests/state_machine).
+RNN = {"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}
+RNN_ASKS = [
+    (dict(RNN, strategy="smp", instance_type="ml.p3.16xlarge"), "strategy smp", "smp"),
+    (dict(RNN, hyperparameters={"model": "rnn", "recompute": True}), "hyperparameters.recompute true", "recompute"),
+    (dict(RNN, hyperparameters={"model": "rnn", "export_hf": True}), "hyperparameters.export_hf true", "hf_export"),
+    (dict(RNN, init_from="s3://lmstack-artifacts/init/gpt2/"), "init_from (a Hugging Face checkpoint)", "hf_import"),
+    (dict(RNN, deploy={"enabled": True, "container": "tgi", "instance_type": "ml.g4dn.12xlarge"}),
+     "deploy.container tgi", "tgi"),
+    (dict(RNN, deploy={"enabled": True, "container": "lmi", "instance_type": "ml.g4dn.12xlarge"}),
+     "deploy.container lmi", "lmi"),
+]
+
+
+@pytest.mark.parametrize("execution_input,asked,capability", RNN_ASKS)
+def test_start_refuses_what_the_family_does_not_declare(execution_input, asked, capability):
+    with pytest.raises(start.StartError) as raised:
+        start.validate_input(execution_input, Settings())
+    assert str(raised.value).startswith("model rnn cannot use %s (capability %s: " % (asked, capability))
+    assert str(raised.value).endswith("; families with it: gpt")
+    # the same input for gpt passes that check (it declares every capability)
+    gpt = dict(execution_input, preset="tiny", hyperparameters=dict(execution_input["hyperparameters"], model="gpt"))
+    try:
+        start.validate_input(gpt, Settings())
+    except start.StartError as error:
+        assert "capability" not in str(error), error
 
 
 def test_the_example_input_of_the_state_machine_passes():

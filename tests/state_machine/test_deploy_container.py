@@ -78,7 +78,7 @@ def test_lmi_serves_the_hugging_face_export_with_vllm(deployment):
     assert invalid_sagemaker_requests(run) == []
 
 
-@pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
+@pytest.mark.parametrize("container", list(containers.HF_CONTAINERS))
 def test_images_cover_every_deployable_region(container):
     from stacks.settings import REGIONS
 
@@ -113,7 +113,7 @@ def test_shards_follow_the_gpu_memory():
     assert containers.gpu_shards(containers.TGI, config, "ml.p3.16xlarge") == (4, None)
 
 
-@pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
+@pytest.mark.parametrize("container", list(containers.HF_CONTAINERS))
 def test_the_environment_states_choose_what_lm_containers_computes(engine, container):
     """The per-preset, per-instance-type Choice of the deploy stage, run on moto alone, for pairs
     the container can serve: its Environment is `controlplane.containers.environment` with the computed shards."""
@@ -175,7 +175,7 @@ def test_the_validate_stage_refuses_what_tgi_cannot_serve(deployment, execution_
     assert message.replace('"', "'") in str(raised.value)  # Python's repr quotes where the ASL writes JSON
 
 
-@pytest.mark.parametrize("container", list(containers.SERVED_FAMILIES))
+@pytest.mark.parametrize("container", list(containers.HF_CONTAINERS))
 def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint(container):
     """The plan gate would reject gpt-13b on the default training instance first, so the rule is
     shown on the rule table itself (what the Validate stage and lmstack.start both read)."""
@@ -190,9 +190,10 @@ def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint(container):
     assert conditions.broken(table, dict(config, deploy=dict(config["deploy"], container="lmstack"))) is None
 
 
-def test_export_hf_needs_the_gpt_family():
+def test_export_hf_needs_a_family_with_hf_export():
     from lm.spec import job
 
-    with pytest.raises(ValueError, match="hyperparameters.export_hf needs model gpt .*, got model 'rnn'"):
+    with pytest.raises(ValueError, match=r"model rnn cannot use hyperparameters.export_hf true \(capability hf_export: "
+                                         r".*\); families with it: gpt"):
         job.validate_hyperparameters({"model": "rnn", "preset": "rnn-tiny", "export_hf": True})
     assert job.validate_hyperparameters({"model": "gpt", "preset": "tiny", "export_hf": True})["export_hf"] is True

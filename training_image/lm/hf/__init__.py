@@ -28,7 +28,7 @@ import numpy as np
 
 from lm.serving import export as lm_export
 from lm import models
-from lm.spec.families import GPTConfig
+from lm.spec.families import FAMILIES, GPTConfig, capability_message, families_with, get_family
 from lm.data.tokenizer import EOD_TOKEN, eod_id
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -89,8 +89,10 @@ def read_safetensors(path):
 
 
 def _check_gpt2_shaped(config):
+    if not get_family(config.family).supports("hf_export"):
+        raise HFError(capability_message(config.family, "the Hugging Face export", "hf_export"))
     if config.family != "gpt":
-        raise HFError("family %r cannot be exported as GPT-2; only family 'gpt' can" % config.family)
+        raise HFError("family %r has no GPT-2 layout; this converter writes family 'gpt' only" % config.family)
     problems = []
     if config.norm != "pre":
         problems.append("norm=%r (GPT-2 is 'pre')" % config.norm)
@@ -205,7 +207,13 @@ def _config_values(hf_dir):
 
 
 def _read_hf_config(hf_dir):
-    return _gpt_config(*_config_values(hf_dir))
+    path, values = _config_values(hf_dir)
+    importing = [name for name in families_with("hf_import") if FAMILIES[name].hf_model_type == values.get("model_type")]
+    if not importing:
+        raise HFError("%s: model_type %r; the families that import a Hugging Face layout read model_type %s" % (
+            path, values.get("model_type"), ", ".join("%r (model %s)" % (FAMILIES[name].hf_model_type, name)
+                                                      for name in families_with("hf_import"))))
+    return _gpt_config(path, values)
 
 
 def _gpt_config(path, values):
@@ -284,8 +292,15 @@ def import_hf(hf_dir, export_dir):
 
 def init_config(hf_dir, preset_config, label):
     """The config to train from the GPT-2 in `hf_dir` (lm.training.train's init_from): the preset's shape
-    (layers, width, heads) must be the checkpoint's; vocabulary and context come from config.json."""
-    config = _read_hf_config(hf_dir)
+    (layers, width, heads) must be the checkpoint's; vocabulary and context come from config.json.
+    The checkpoint's model_type must be the Hugging Face layout the preset's family declares."""
+    path, values = _config_values(hf_dir)
+    expected = get_family(preset_config.family).hf_model_type
+    if values.get("model_type") != expected:
+        raise HFError("%s: model_type %r is not the Hugging Face layout of model %s (model_type %r): init_from "
+                      "must be a checkpoint of the family being trained" % (
+                          path, values.get("model_type"), preset_config.family, expected))
+    config = _gpt_config(path, values)
     differ = ["%s %r (checkpoint) vs %r" % (name, getattr(config, name), getattr(preset_config, name))
               for name in ("n_layer", "d_model", "n_head") if getattr(config, name) != getattr(preset_config, name)]
     if differ:

@@ -7,17 +7,15 @@ activation="relu", head_dim=d_model` is the seed's block, kept for the benchmark
 `GPT.decode` is the generation path: the same blocks, with left padding masked out and an
 optional per-layer key/value cache (see `lm.serving.generate`).
 """
-import argparse
 import contextlib
-import json
 import math
 
 from lm.compat import keras, tf
 from lm.models.layers import (INIT_STDDEV, MASKED, causal_bias, dense, dropout, matmul_last, normal, sub_seed,
                               update_cache)
-from lm.spec.families import ALL_PRESETS, PRESETS, GPTConfig, flops_per_token, get_preset, non_embedding_parameter_count, parameter_count
+from lm.spec.families import PRESETS, GPTConfig
 
-__all__ = ["PRESETS", "GPT", "build_model", "describe"]
+__all__ = ["PRESETS", "GPT", "build_model"]
 
 LAYER_NORM_EPSILON = 1e-5
 
@@ -227,8 +225,6 @@ class GPT(keras.Model):
         with self._placed(None):
             return self._logits(x)
 
-    supports_cache = True
-
     def init_cache(self, batch, length):
         """Empty key/value caches for `length` slots: one (keys, values) pair per layer."""
         c = self.model_config
@@ -273,28 +269,3 @@ def build_model(config, recompute=False, build=True, model_class=GPT):
         model(tf.zeros([1, 1], tf.int32))
     return model
 
-
-def describe(config):
-    """Shape and size of a model config of any family, from the formulas in lm.spec.families (no model
-    is built)."""
-    info = config.to_dict()
-    info.update(padded_vocab_size=config.padded_vocab_size, params=parameter_count(config),
-                non_embedding_params=non_embedding_parameter_count(config), flops_per_token=flops_per_token(config))
-    if isinstance(config, GPTConfig):
-        info["attention_head_dim"] = config.attention_head_dim
-    return info
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m lm.models.gpt", description="Print a preset's size as JSON.")
-    parser.add_argument("--preset", required=True, help="one of: %s" % ", ".join(ALL_PRESETS))
-    args = parser.parse_args(argv)
-    try:
-        config = get_preset(args.preset)
-    except ValueError as error:
-        parser.error(str(error))
-    print(json.dumps(describe(config), indent=2, sort_keys=True))
-
-
-if __name__ == "__main__":
-    main()

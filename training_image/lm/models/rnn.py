@@ -11,8 +11,6 @@ INIT_STDDEV = 0.02
 
 
 class RNNLM(keras.Model):
-    supports_cache = False
-
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
         self.model_config = config if isinstance(config, RNNConfig) else RNNConfig.from_dict(config)

@@ -5,9 +5,9 @@ and gives each prompt the positions it would have alone. Sampling runs on the ho
 float64 from a seeded NumPy generator, so the cached and the recomputing paths draw the same
 tokens from the same logits, and padded vocabulary ids are never drawn.
 
-A model generates through `model.decode(tokens, valid, caches=None, index=0)`; one with
-`supports_cache = True` also has `init_cache(batch, length)` (see `lm.models.gpt.GPT`). Others
-(the RNN family) always recompute.
+A model generates through `model.decode(tokens, valid, caches=None, index=0)`; one whose family
+declares the capability `kv_cache` (`lm.spec.families`) also has `init_cache(batch, length)` (see
+`lm.models.gpt.GPT`). Others (the RNN family) always recompute.
 """
 import weakref
 from typing import Callable, List, Optional, Sequence
@@ -16,6 +16,7 @@ import numpy as np
 
 from lm.compat import tf
 from lm.data.tokenizer import EOD_TOKEN
+from lm.spec.families import get_family
 
 __all__ = ["Generator", "generate_tokens", "sample"]
 
@@ -115,7 +116,7 @@ def generate_tokens(model, config, prompt_ids: List[List[int]], max_new_tokens: 
         tokens[row, prompt_len - len(ids):prompt_len] = ids
         valid[row, prompt_len - len(ids):] = True
 
-    if use_cache and getattr(model, "supports_cache", False):
+    if use_cache and get_family(config.family).supports("kv_cache"):
         caches = model.init_cache(batch, total)
         step = _cached_step(model, caches)
         valid_t = tf.constant(valid)

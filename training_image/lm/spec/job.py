@@ -14,7 +14,7 @@ import re
 
 from lm.spec import contract
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken, rule
-from lm.spec.families import ALL_PRESETS, FAMILIES
+from lm.spec.families import ALL_PRESETS, FAMILIES, family_rules
 from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
@@ -89,7 +89,7 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("allow_new_data", bool, False,
         help="resume a checkpoint on a dataset other than the one it was trained on"),
     _hp("export_hf", bool, False,
-        help="also write the Hugging Face GPT-2 files (lm.hf) into the export directory (model gpt)"),
+        help="also write the Hugging Face files (lm.hf) into the export directory (families with hf_export)"),
 ])
 
 
@@ -241,17 +241,11 @@ def smp_recompute_rule():
                 "without it")
 
 
-def export_hf_family_rule():
-    return rule("export_hf.family", All((Is("hyperparameters.export_hf", True), Not(Is("hyperparameters.model", "gpt")))),
-                "hyperparameters.export_hf needs model gpt (the GPT-2 layout), got model {value}",
-                subject="hyperparameters.model")
-
-
 def job_rules(preset_label="preset"):
     """The rules between fields every job obeys (the deployment adds its own: `controlplane.rules`).
     Rules reading a path an input does not have are skipped (`conditions.broken`)."""
     found = [preset_family_rule(family, spec.presets, preset_label) for family, spec in FAMILIES.items()]
-    found.append(export_hf_family_rule())
+    found.extend(family_rules())  # what each model family cannot do (its declared capabilities)
     for strategy, instance_types in STRATEGY_INSTANCE_TYPES.items():
         found.append(rule("strategy.%s.instance_type" % strategy,
                           All((Is(STRATEGY_FIELD, strategy), Not(OneOf(INSTANCE_TYPE_FIELD, instance_types)))),

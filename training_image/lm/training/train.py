@@ -40,7 +40,8 @@ from lm.spec import job
 from lm.spec import shards
 from lm.training import summaries
 from lm.training import tracking
-from lm.spec.families import flops_per_token, get_preset, parameter_count, peak_learning_rate
+from lm.spec.conditions import broken
+from lm.spec.families import family_rules, flops_per_token, get_preset, parameter_count, peak_learning_rate
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
@@ -88,7 +89,7 @@ def build_parser():
                         help="dataset directory with manifest.json [env SM_CHANNEL_TRAIN]")
     parser.add_argument("--init-from",
                         default=os.environ.get(contract.channel_environment_variable(contract.INIT_CHANNEL)),
-                        help="start from the Hugging Face GPT-2 directory there (lm.hf) [env SM_CHANNEL_INIT]")
+                        help="start from the Hugging Face directory there (lm.hf; families with hf_import) [env SM_CHANNEL_INIT]")
     parser.add_argument("--export-dir", default=os.environ.get("SM_MODEL_DIR"),
                         help="where rank 0 exports the model [env SM_MODEL_DIR, else ./%s]" % LOCAL_EXPORT_DIR)
     parser.add_argument("--allow-new-data", dest="allow_new_data", action="store_const", const="true",
@@ -132,7 +133,7 @@ def parse_args(argv=None):
     given = {name: decode_cli_value(job.HYPERPARAMETERS[name], getattr(args, name))
              for name in job.HYPERPARAMETERS if getattr(args, name) is not None}
     hyperparameters = Hyperparameters.from_values(given)
-    check_strategy_options(hyperparameters)
+    check_init_from(hyperparameters, args.init_from)
     if not args.data_dir and not args.dry_run:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")
     under_sagemaker = "SM_MODEL_DIR" in os.environ
@@ -148,13 +149,12 @@ def parse_args(argv=None):
     return hyperparameters, args
 
 
-def check_strategy_options(hp):
-    """What a strategy cannot run, refused before any job starts."""
-    if hp.strategy != "smp":
-        return
-    if hp.model != "gpt":
-        raise UsageError("hyperparameters.model %s is not supported with strategy smp; allowed: gpt (lm.distributed.smp "
-                         "partitions the GPT's blocks)" % hp.model)
+def check_init_from(hp, init_from):
+    """init_from needs a family that reads the Hugging Face layout: the family rule the Validate stage
+    applies (the hyperparameters alone cannot ask it, so `job.validate_hyperparameters` skips it)."""
+    message = broken(family_rules(), {"hyperparameters": hp.as_dict(), "init_from": init_from})
+    if message:
+        raise UsageError(message)
 
 
 def failure_file():

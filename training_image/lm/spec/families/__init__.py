@@ -2,31 +2,77 @@
 
 A family is one entry of FAMILIES; its config lives in `lm.spec.families.<family>` (TF-free,
 read at synth time by the control plane) and its Keras model in `lm.models.<family>` (imported
-only when a model is built).
+only when a model is built). What a family can do is declared, not assumed: its `capabilities`
+are names of CAPABILITIES, and `family_rules()` turns what a family lacks into the rules every
+consumer reads (`lm.spec.job.job_rules`: the Validate stage, `lmstack.start`, the planner,
+`lm.training.train`), each refusing before any job starts, naming the family and the capability.
 
 Imports nothing heavy: the CDK app and the planner use it at synth time, without TensorFlow.
 """
 import collections
 
+from lm.spec.conditions import STRATEGY_FIELD, All, Is, Not, rule
 from lm.spec.families.base import ModelConfig, padded_vocab_size, peak_learning_rate
-from lm.spec.families.gpt import PRESETS, GPTConfig, block_parameter_count
+from lm.spec.families.gpt import PRESETS, GPTConfig
 from lm.spec.families.rnn import RNN_PRESETS, RNNConfig
 
-__all__ = ["ALL_PRESETS", "FAMILIES", "PRESETS", "RNN_PRESETS", "GPTConfig", "ModelConfig", "ModelFamily",
-           "RNNConfig", "block_parameter_count", "flops_per_token", "get_family", "get_preset",
+__all__ = ["ALL_PRESETS", "CAPABILITIES", "FAMILIES", "PRESETS", "RNN_PRESETS", "GPTConfig", "ModelConfig", "ModelFamily",
+           "RNNConfig", "families_with", "family_rules", "flops_per_token", "get_family", "get_preset",
            "non_embedding_parameter_count", "padded_vocab_size", "parameter_count", "peak_learning_rate"]
 
 
-class ModelFamily(collections.namedtuple("ModelFamily", "config_class presets builder")):
-    """A model family: its config dataclass, its presets, and "module:function" building its
-    Keras model (imported only when a model is built, so this table needs no TensorFlow)."""
+# What a family may declare: name -> what it means. A consumer of a capability reads the
+# declaration (`ModelFamily.supports`), never the family's name.
+CAPABILITIES = collections.OrderedDict([
+    ("smp", "SMP v1 placement: the model can be an smp.DistributedModel (lm.distributed.smp)"),
+    ("recompute", "activation recomputation in the backward pass (hyperparameters.recompute)"),
+    ("kv_cache", "incremental decoding with a key/value cache (lm.serving.generate, our server); "
+                 "without it generation recomputes the whole sequence at every token"),
+    ("hf_export", "writes the Hugging Face layout (hyperparameters.export_hf, python -m lm.hf --format hf)"),
+    ("hf_import", "reads the Hugging Face layout (init_from, python -m lm.hf --from-hf)"),
+    ("tgi", "served by Hugging Face TGI from its Hugging Face export (deploy.container tgi)"),
+    ("lmi", "served by AWS LMI (vLLM) from its Hugging Face export (deploy.container lmi)"),
+])
+
+
+class ModelFamily(collections.namedtuple("ModelFamily", "config_class presets builder capabilities hf_model_type")):
+    """A model family: its config dataclass, its presets, "module:function" building its Keras
+    model (imported only when a model is built, so this table needs no TensorFlow), the names of
+    the CAPABILITIES it has, and the Hugging Face config.json `model_type` of its layout (None
+    without hf_export and hf_import)."""
+
+    def supports(self, capability):
+        if capability not in CAPABILITIES:
+            raise ValueError("unknown capability %r; allowed: %s" % (capability, ", ".join(CAPABILITIES)))
+        return capability in self.capabilities
 
 
 # Bring your own model: one module with a build function, one config dataclass, one line here.
 FAMILIES = collections.OrderedDict([
-    ("gpt", ModelFamily(GPTConfig, PRESETS, "lm.models.gpt:build_model")),
-    ("rnn", ModelFamily(RNNConfig, RNN_PRESETS, "lm.models.rnn:build_model")),
+    ("gpt", ModelFamily(GPTConfig, PRESETS, "lm.models.gpt:build_model", tuple(CAPABILITIES), "gpt2")),
+    # No key/value cache (generation recomputes), no recompute_grad, no Hugging Face layout, no SMP class.
+    ("rnn", ModelFamily(RNNConfig, RNN_PRESETS, "lm.models.rnn:build_model", (), None)),
 ])
+
+
+def check_declaration(name, family):
+    """A family's declaration is consistent: known capabilities, a Hugging Face model_type exactly
+    where it reads or writes that layout, and the serving containers only on its export."""
+    unknown = sorted(set(family.capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError("family %s declares unknown capabilities %s; allowed: %s" % (
+            name, unknown, ", ".join(CAPABILITIES)))
+    if bool(family.hf_model_type) != bool({"hf_export", "hf_import"} & set(family.capabilities)):
+        raise ValueError("family %s: hf_model_type (its Hugging Face config.json model_type) is given exactly "
+                         "when it declares hf_export or hf_import" % name)
+    for container in ("tgi", "lmi"):
+        if family.supports(container) and not family.supports("hf_export"):
+            raise ValueError("family %s: %s serves the Hugging Face export, which needs hf_export" % (name, container))
+
+
+for _name, _family in FAMILIES.items():
+    check_declaration(_name, _family)
+
 ALL_PRESETS = collections.OrderedDict(
     (name, config) for family in FAMILIES.values() for name, config in family.presets.items())
 if len(ALL_PRESETS) != sum(len(f.presets) for f in FAMILIES.values()):
@@ -62,3 +108,41 @@ def non_embedding_parameter_count(config):
 def flops_per_token(config, seq_len=None):
     """Training FLOPs per token, as used for MFU: for GPT 6N + 12*L*d*T (N without embeddings)."""
     return config.flops_per_token(seq_len)
+
+
+def families_with(capability):
+    return [name for name, family in FAMILIES.items() if family.supports(capability)]
+
+
+def capability_message(family, asked, capability):
+    """"model rnn cannot use strategy smp (capability smp: ...); families with it: gpt"."""
+    having = families_with(capability)
+    return "model %s cannot use %s (capability %s: %s); %s" % (
+        family, asked, capability, CAPABILITIES[capability],
+        "families with it: %s" % ", ".join(having) if having else "no family has it")
+
+
+MODEL_FIELD = "hyperparameters.model"
+# capability -> (what an input asks that needs it, the condition on the input that asks it). A
+# capability without an entry (kv_cache) is not asked by an input: its consumer reads the declaration.
+ASKED_BY = collections.OrderedDict([
+    ("smp", ("strategy smp", Is(STRATEGY_FIELD, "smp"))),
+    ("recompute", ("hyperparameters.recompute true", Is("hyperparameters.recompute", True))),
+    ("hf_export", ("hyperparameters.export_hf true", Is("hyperparameters.export_hf", True))),
+    ("hf_import", ("init_from (a Hugging Face checkpoint)", Not(Is("init_from", None)))),
+    ("tgi", ("deploy.container tgi", All((Is("deploy.enabled", True), Is("deploy.container", "tgi"))))),
+    ("lmi", ("deploy.container lmi", All((Is("deploy.enabled", True), Is("deploy.container", "lmi"))))),
+])
+
+
+def family_rules():
+    """One rule per family and capability it lacks that an input can ask for. Rules reading a
+    path an input does not have are skipped (`conditions.broken`): lm.training.train's
+    hyperparameters have no deploy or init_from, so it checks init_from itself."""
+    found = []
+    for name, family in FAMILIES.items():
+        for capability, (asked, when) in ASKED_BY.items():
+            if not family.supports(capability):
+                found.append(rule("family.%s.%s" % (name, capability), All((Is(MODEL_FIELD, name), when)),
+                                  capability_message(name, asked, capability)))
+    return found

@@ -23,7 +23,19 @@ def check_positive_ints(config, names):
 
 class ModelConfig:
     """What every family's config dataclass shares: a `family` field, a padded vocabulary,
-    dict round trips, and the sizes `controlplane.planner` and the MFU figures use."""
+    dict round trips, and the sizes `controlplane.planner` and the MFU figures use.
+
+    The interface the planner reads (it reads no family's own fields; a new family implements it):
+    - fields n_layer (the blocks stacked), d_model (the width of what flows between them: a block's
+      input is micro_batch x seq_len x d_model), block_size (the context), vocab_size, dropout;
+    - parameter_count(): exact trainable parameters of the model the family builds;
+      non_embedding_parameter_count(); block_parameter_count(): one of the n_layer blocks (what
+      an SMP partition holds besides the rest, parameter_count() - n_layer x block);
+    - flops_per_token(seq_len=None): training FLOPs per token, the MFU convention;
+    - block_forward_flops(batch, seq_len): the matmul FLOPs one block's forward pass executes
+      (the planner adds the output layer and the backward pass);
+    - block_activation_bytes(micro_batch, seq_len, compute_bytes, xla=False): the bytes one
+      block keeps for its backward pass (attention scores included where it has them)."""
 
     @property
     def padded_vocab_size(self):

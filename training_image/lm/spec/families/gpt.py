@@ -7,6 +7,9 @@ from typing import Dict
 
 from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, check_positive_ints
 
+# u-sized activation elements one pre-LN GELU block keeps, op by op ("graph") and under XLA
+# (`GPTConfig.block_activation_bytes`; measured against TF's allocator in tests/plan).
+MEASURED_U_ELEMENTS = {"graph": 34, "xla": 26}
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig(ModelConfig):
@@ -48,14 +51,53 @@ class GPTConfig(ModelConfig):
         d = self.d_model
         embeddings = self.padded_vocab_size * d + self.block_size * d
         head = 0 if self.tie_embeddings else self.padded_vocab_size * d
-        return embeddings + self.n_layer * block_parameter_count(self) + 2 * d + head
+        return embeddings + self.n_layer * self.block_parameter_count() + 2 * d + head
 
     def non_embedding_parameter_count(self):
-        return self.n_layer * block_parameter_count(self) + 2 * self.d_model
+        return self.n_layer * self.block_parameter_count() + 2 * self.d_model
+
+    def block_parameter_count(self):
+        """Parameters of one transformer block: attention, MLP and two LayerNorms."""
+        d, inner = self.d_model, self.n_head * self.attention_head_dim
+        attention = d * 3 * inner + 3 * inner + inner * d + d
+        mlp = d * 4 * d + 4 * d + 4 * d * d + d
+        return attention + mlp + 2 * 2 * d
 
     def flops_per_token(self, seq_len=None):
         seq_len = self.block_size if seq_len is None else seq_len
         return 6 * self.non_embedding_parameter_count() + 12 * self.n_layer * self.d_model * seq_len
+
+    def block_forward_flops(self, batch, seq_len):
+        """The projections (QKV, output, the two MLP matmuls) and the full [t, t] attention products."""
+        tokens, d, inner = batch * seq_len, self.d_model, self.n_head * self.attention_head_dim
+        return 2 * tokens * (4 * d * inner + 8 * d * d) + 4 * batch * seq_len * seq_len * inner
+
+    def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
+        """Bytes one block keeps for its backward pass; u = micro_batch * seq_len * d_model,
+        w = micro_batch * n_head * seq_len^2 (the attention scores).
+
+        Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+        eq. 1 without tensor or sequence parallelism) count 34 u + 5 w bytes at 16 bit with dropout,
+        i.e. 17 u elements: LayerNorm inputs 2u, QKV input u, q and k 2u, v u, projection input u,
+        first MLP matmul input u, GELU input 4u, second MLP matmul input 4u, dropout masks.
+        Adapted to `lm.models.gpt` and TF:
+        - TF materializes the [b, h, t, t] scores; the softmax output is kept in float32 (4w)
+          and, under mixed precision, again as the cast copy the value matmul reads (c w).
+        - run op by op (no XLA), Keras LayerNormalization also keeps the normalized value and the
+          tanh GELU its intermediates (x, tanh, 0.5 x, 1 + tanh: four 4u tensors, not one):
+          MEASURED_U_ELEMENTS["graph"] = 34 u elements per block, measured (tests/plan); with
+          XLA (measured on the CPU backend; GPU XLA fuses at least as much) 26 u.
+        - ReLU (the seed's block) keeps its output only: 16 u fewer (not measured).
+        - dropout > 0: 1-byte masks on the probabilities and both sublayer outputs, plus the
+          dropped probabilities (c w + w + 2u)."""
+        u = micro_batch * seq_len * self.d_model
+        w = micro_batch * self.n_head * seq_len * seq_len
+        elements_u = MEASURED_U_ELEMENTS["xla" if xla else "graph"] - (16 if self.activation == "relu" else 0)
+        scores = 4 * w + (compute_bytes * w if compute_bytes != 4 else 0)
+        total = elements_u * u * compute_bytes + scores
+        if self.dropout:
+            total += compute_bytes * w + w + 2 * u
+        return total
 
 
 # GPT-3 paper, Table 2.1 (n_layers, d_model, n_heads); context 2048 for all.
@@ -70,10 +112,3 @@ PRESETS: Dict[str, GPTConfig] = {
     "gpt-13b": GPTConfig(n_layer=40, d_model=5120, n_head=40),
 }
 
-
-def block_parameter_count(config):
-    """Parameters of one transformer block: attention, MLP and two LayerNorms."""
-    d, inner = config.d_model, config.n_head * config.attention_head_dim
-    attention = d * 3 * inner + 3 * inner + inner * d + d
-    mlp = d * 4 * d + 4 * d + 4 * d * d + d
-    return attention + mlp + 2 * 2 * d

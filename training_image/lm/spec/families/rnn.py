@@ -9,6 +9,13 @@ from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, ch
 
 
 RNN_CELL_GATES = {"gru": (3, 2), "lstm": (4, 1)}  # cell -> (gates, bias vectors per gate)
+# u-sized (micro_batch x seq_len x d_model) elements one recurrent layer keeps for its backward
+# pass: the input, the state and the gates of every step. Measured once on TF's CPU allocator
+# (Keras' generic while-loop kernel, float32, d_model 256, seq_len 128, batch 16: the peak of a
+# step with 6 layers minus that with 2, less the layers' weights, gradients and AdamW state) at
+# 8.6 (GRU) and 11.0 (LSTM), rounded up. An estimate for GPUs: cuDNN's kernel keeps its own
+# reserve space, not measured.
+RNN_CELL_U_ELEMENTS = {"gru": 9, "lstm": 11}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +39,14 @@ class RNNConfig(ModelConfig):
         if self.cell not in RNN_CELL_GATES:
             raise ValueError("RNNConfig.cell must be one of %s, got %r" % (", ".join(RNN_CELL_GATES), self.cell))
 
-    def non_embedding_parameter_count(self):
-        # Keras GRU (reset_after=True) has two bias vectors per gate, LSTM one.
+    def block_parameter_count(self):
+        """One recurrent layer: input and recurrent kernels and biases per gate (Keras GRU,
+        reset_after=True, has two bias vectors per gate, LSTM one)."""
         gates, biases = RNN_CELL_GATES[self.cell]
-        d = self.d_model
-        return self.n_layer * gates * (2 * d * d + biases * d) + 2 * d
+        return gates * (2 * self.d_model * self.d_model + biases * self.d_model)
+
+    def non_embedding_parameter_count(self):
+        return self.n_layer * self.block_parameter_count() + 2 * self.d_model
 
     def parameter_count(self):
         head = 0 if self.tie_embeddings else self.padded_vocab_size * self.d_model
@@ -44,6 +54,20 @@ class RNNConfig(ModelConfig):
 
     def flops_per_token(self, seq_len=None):
         return 6 * self.non_embedding_parameter_count()
+
+    def block_forward_flops(self, batch, seq_len):
+        """The input and the recurrent matmul of every gate, at every step; no attention."""
+        gates, _ = RNN_CELL_GATES[self.cell]
+        return 2 * batch * seq_len * 2 * gates * self.d_model * self.d_model
+
+    def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
+        """RNN_CELL_U_ELEMENTS u elements at the compute precision (XLA not measured: the same), plus
+        the dropout after the layer (its output and a 1-byte mask) when dropout > 0."""
+        u = micro_batch * seq_len * self.d_model
+        total = RNN_CELL_U_ELEMENTS[self.cell] * u * compute_bytes
+        if self.dropout:
+            total += compute_bytes * u + u
+        return total
 
 
 RNN_PRESETS: Dict[str, RNNConfig] = {
