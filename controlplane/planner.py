@@ -70,8 +70,8 @@ from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
-from lm.spec.families import (PRESETS, GPTConfig, block_parameter_count, flops_per_token, get_preset,
-                              parameter_count, peak_learning_rate)
+from controlplane.presets import GPT_PRESETS, get_preset
+from lm.spec.families import GPTConfig, block_parameter_count, flops_per_token, parameter_count, peak_learning_rate
 from lm.spec.families.base import gpt3_training
 
 GIB = 2 ** 30
@@ -651,7 +651,7 @@ def feasibility_table(seq_len=TABLE_SEQ_LEN):
     recompute=true), reason (None when ok), suggested_strategy (when not ok: the cheapest
     strategy that fits on this instance type, None when none does), suggestion (a sentence)."""
     rows = []
-    for preset in PRESETS:
+    for preset in GPT_PRESETS:
         length = min(seq_len, get_preset(preset).block_size)
         for instance_type in gpu_instance_types():
             gpus = hardware.get_instance(instance_type).gpus

@@ -12,7 +12,8 @@ import sys
 from controlplane import prices
 from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, plan, resolve_config)
 from lm.spec import hardware, job
-from lm.spec.families import PRESETS, GPTConfig
+from controlplane.presets import GPT_PRESETS
+from lm.spec.families import GPTConfig
 
 
 def parse_global_batch(text, seq_len):
@@ -161,7 +162,7 @@ def _usd(value):
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m lmstack.plan", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(PRESETS))
+    parser.add_argument("--preset", default=None, help="one of: %s" % ", ".join(GPT_PRESETS))
     parser.add_argument("--config", default=None, help="a GPTConfig as JSON (instead of --preset)")
     parser.add_argument("--instance-type", required=True, help="one of: %s" % ", ".join(hardware.INSTANCES))
     parser.add_argument("--instance-count", type=int, default=1)

@@ -39,7 +39,7 @@ from lm.spec import conditions
 from lm.spec import contract
 from controlplane import request
 from lm.data.pile import INPUT_SUFFIXES
-from lm.spec.families import ALL_PRESETS, PRESETS
+from controlplane.presets import ALL_PRESETS, GPT_PRESETS
 from lm.spec.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
 from stacks.settings import CONTEXT_KEY, Settings, SettingsError
 from stacks.state_machine import inputs, jobs
@@ -201,7 +201,7 @@ def validate_input(execution_input, settings):
 def batch_problem(config):
     """controlplane.planner's word when the runtime would refuse the global batch (not a multiple of the
     data-parallel size): the state machine cannot check it (intrinsics do not multiply)."""
-    if config["preset"] not in PRESETS:
+    if config["preset"] not in GPT_PRESETS:
         return None
     hyperparameters = validate_hyperparameters(
         dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
@@ -220,11 +220,11 @@ def plan_estimate(execution_input, settings):
     """`controlplane.planner.estimate` of this run, for the execution output (the state machine cannot compute
     it: intrinsic functions have no arithmetic). None for a model family the planner does not know."""
     config = with_defaults(inputs.schema(settings), execution_input)
-    if config["preset"] not in PRESETS:
+    if config["preset"] not in GPT_PRESETS:
         return None
     hyperparameters = validate_hyperparameters(
         dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
-    seq_len = hyperparameters["seq_len"] or PRESETS[config["preset"]].block_size
+    seq_len = hyperparameters["seq_len"] or GPT_PRESETS[config["preset"]].block_size
     batch = hyperparameters["global_batch_size"]
     return planner.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
                          global_batch=batch, seq_len=seq_len, tokens=hyperparameters["max_steps"] * batch * seq_len,

@@ -13,9 +13,9 @@ import json
 import math
 
 from lm.compat import keras, tf
-from lm.spec.families import ALL_PRESETS, PRESETS, GPTConfig, flops_per_token, get_preset, non_embedding_parameter_count, parameter_count
+from lm.spec.families import GPTConfig, config_from_dict, flops_per_token, non_embedding_parameter_count, parameter_count
 
-__all__ = ["PRESETS", "GPT", "build_model", "causal_bias", "describe"]
+__all__ = ["GPT", "build_model", "causal_bias", "describe"]
 
 # Added to masked attention scores (in float32); finite so a fully masked row stays NaN-free.
 MASKED = -1e9
@@ -334,13 +334,16 @@ def describe(config):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m lm.models.gpt", description="Print a preset's size as JSON.")
-    parser.add_argument("--preset", required=True, help="one of: %s" % ", ".join(ALL_PRESETS))
+    parser = argparse.ArgumentParser(prog="python -m lm.models.gpt",
+                                     description="Print a model configuration's size as JSON.")
+    parser.add_argument("--model_config", required=True,
+                        help="a config of any family as JSON (controlplane.presets.model_config(preset) gives a preset's)")
     args = parser.parse_args(argv)
     try:
-        config = get_preset(args.preset)
+        values = json.loads(args.model_config)
+        config = config_from_dict(values.get("family", "gpt") if isinstance(values, dict) else "gpt", values)
     except ValueError as error:
-        parser.error(str(error))
+        parser.error("--model_config: %s" % error)
     print(json.dumps(describe(config), indent=2, sort_keys=True))
 
 
