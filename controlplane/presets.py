@@ -14,6 +14,7 @@ is written, and a comment beside it gives its source.
 Pure Python, no TensorFlow: imported at synth time and on a laptop.
 """
 import collections
+import json
 
 from lm.spec.families import GPTConfig, RNNConfig, get_family
 
@@ -61,13 +62,23 @@ def get_preset(name, family=None):
 
 
 def model_config(preset):
-    """The hyperparameter `model_config` of a preset: its configuration as a JSON object."""
-    return get_preset(preset).to_dict()
+    """The hyperparameter `model_config` of a preset: its configuration (`to_dict()`) as JSON text.
+
+    Text, not an object: the SageMaker training toolkit passes a hyperparameter that decodes to an
+    object on the command line as `k=v,k=v` (sagemaker_training.mapping.to_cmd_args), a string as it
+    is; `lm.training.train` decodes the text."""
+    return json.dumps(get_preset(preset).to_dict(), separators=(",", ":"))
 
 
 def resolve(hyperparameters):
-    """`lm.training.train`'s values with the preset resolved: `model_config` added, `preset` kept as
-    its label (logs, MLflow). Every local run (tests, bench, the demo) starts a job through this."""
+    """`lm.training.train`'s values with the preset resolved: `model_config` added (unless given),
+    `preset` kept as its label (logs, MLflow). Local runs (tests, bench, the demo) start a job so."""
     values = collections.OrderedDict(hyperparameters)
-    values["model_config"] = model_config(values["preset"])
+    if "model_config" not in values:
+        values["model_config"] = model_config(values["preset"])
     return values
+
+
+def train_arguments(preset):
+    """`python -m lm.training.train`'s arguments for `preset`: its label and its configuration."""
+    return ["--preset", preset, "--model_config", json.dumps(model_config(preset))]

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane import planner
 from lm.training import train
-from lm.spec.families import PRESETS
+from controlplane.presets import GPT_PRESETS
 from lmstack import diagram, start
 from stacks.settings import Settings
 from stacks.state_machine import build_training_definition
@@ -70,7 +70,7 @@ def test_each_readme_example_passes_every_check_and_reaches_the_training_job(ind
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     hyperparameters, _ = train.parse_args(argv + ["--dry-run"])
-    if hyperparameters.preset in PRESETS:
+    if hyperparameters.preset in GPT_PRESETS:
         mp = json.loads(environ.get("SM_HP_MP_PARAMETERS", "{}"))
         verdict = planner.check(hyperparameters.preset, resources["InstanceType"], resources["InstanceCount"],
                              hyperparameters.strategy, global_batch=hyperparameters.global_batch_size,

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from controlplane import planner
-from lm.spec.families import GPTConfig, get_preset
+from controlplane.presets import get_preset, model_config
+from lm.spec.families import GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -81,7 +82,7 @@ def test_parameter_count_equals_the_built_model(measured):
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny", "gpt-1.3b"])
 def test_parameter_count_agrees_with_python_m_lm_model(preset):
-    result = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--preset", preset], cwd=ROOT, env=_env(),
+    result = subprocess.run([sys.executable, "-m", "lm.models.gpt", "--model_config", model_config(preset)], cwd=ROOT, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     described = json.loads(result.stdout)

@@ -11,7 +11,8 @@ from controlplane import planner
 from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
-from lm.spec.families import PRESETS, flops_per_token, get_preset, parameter_count
+from controlplane.presets import GPT_PRESETS, get_preset
+from lm.spec.families import flops_per_token, parameter_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA_PARALLEL = ("mwms", "horovod", "smddp")
@@ -44,7 +45,7 @@ def test_imports_without_tensorflow():
 
 def test_table_covers_every_preset_gpu_instance_and_strategy(table):
     gpu_types = [name for name, inst in hardware.INSTANCES.items() if inst.gpus]
-    assert len(table) == len(PRESETS) * len(gpu_types) * len(job.STRATEGIES)
+    assert len(table) == len(GPT_PRESETS) * len(gpu_types) * len(job.STRATEGIES)
     assert {r["instance_type"] for r in table} == set(gpu_types)
     for row in table:
         assert set(row) == {"preset", "instance_type", "strategy", "ok", "recompute_required", "reason",

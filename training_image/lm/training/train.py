@@ -119,6 +119,10 @@ def decode_cli_value(spec, raw):
     value = job.decode_hyperparameter(raw)
     if spec.type is bool and value in ("True", "False"):
         return value == "True"
+    if spec.type is dict and isinstance(value, str):
+        # An object sent as JSON text (model_config), which the toolkit passes on as it is: an
+        # object it would write as k=v pairs.
+        return job.decode_hyperparameter(value)
     return value
 
 
