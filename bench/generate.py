@@ -25,8 +25,8 @@ from publish import publish  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lm.compat import TF_VERSION, keras, tf  # noqa: E402
-from controlplane.presets import get_preset
-from lm.spec.families import GPTConfig, parameter_count
+from controlplane.presets import get_preset  # noqa: E402
+from lm.spec.families import GPTConfig, parameter_count  # noqa: E402
 from lm.serving.generate import generate_tokens
 from lm.models.gpt import build_model
 
