@@ -29,9 +29,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+sys.path.insert(0, ROOT)  # controlplane.presets: the presets are the control plane's
 
 from publish import publish  # noqa: E402
 
+from controlplane import presets  # noqa: E402
 from lm.spec import shards  # noqa: E402
 
 EPOCH_STARTS = """
@@ -109,7 +111,7 @@ def main(argv=None):
         started = time.perf_counter()
         manifest = sparse_dataset(big, args.records, args.seq_len)
         written = time.perf_counter() - started
-        dry = [python, "-m", "lm.training.train", "--dry-run", "--strategy", "horovod", "--preset", "gpt-125m",
+        dry = [python, "-m", "lm.training.train", "--dry-run", "--strategy", "horovod", *presets.train_arguments("gpt-125m"),
                "--global_batch_size", "512", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "8"]
         for name, command in (("import_only", dry), ("dry_run", dry + ["--data-dir", big])):
             wall, rss, out = measured(command, env)

@@ -18,13 +18,15 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+sys.path.insert(0, ROOT)  # controlplane.presets: the presets are the control plane's
 
 from publish import publish  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from lm.compat import TF_VERSION, keras, tf  # noqa: E402
-from lm.spec.families import GPTConfig, get_preset, parameter_count  # noqa: E402
+from controlplane.presets import get_preset  # noqa: E402
+from lm.spec.families import GPTConfig, parameter_count  # noqa: E402
 from lm.serving.generate import generate_tokens  # noqa: E402
 from lm.models.gpt import build_model  # noqa: E402
 

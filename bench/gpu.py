@@ -30,6 +30,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING_IMAGE = os.path.join(ROOT, "training_image")
 sys.path.insert(0, TRAINING_IMAGE)
+sys.path.insert(0, ROOT)  # controlplane.presets: the presets are the control plane's
 
 from publish import publish  # noqa: E402
 
@@ -111,7 +112,8 @@ def search_batch(fits, max_batch, fixed=0):
 def measure(preset, xla, args):
     """JSON-ready results of one (preset, xla) configuration, timed in this process."""
     from lm.compat import TF_VERSION, keras, tf
-    from lm.spec.families import flops_per_token, get_preset, parameter_count
+    from controlplane.presets import get_preset
+    from lm.spec.families import flops_per_token, parameter_count
     from lm.distributed import get_strategy
     from lm.models.gpt import build_model
     from lm.training.optim import AdamW, DynamicLossScale, learning_rate_at

@@ -31,6 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "training_image"))
+sys.path.insert(0, ROOT)  # controlplane.presets: the presets are the control plane's
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
@@ -40,7 +41,7 @@ from publish import publish  # noqa: E402
 from lm.serving import export as lm_export  # noqa: E402
 from lm import hf  # noqa: E402
 from lm.compat import tf  # noqa: E402
-from lm.spec.families import get_preset  # noqa: E402
+from controlplane.presets import get_preset  # noqa: E402
 from lm.distributed import get_strategy  # noqa: E402
 from lm.serving.generate import generate_tokens  # noqa: E402
 from lm.models.gpt import build_model  # noqa: E402

@@ -59,7 +59,8 @@ from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
-from lm.spec.families import ALL_PRESETS, ModelConfig, flops_per_token, get_preset, parameter_count, peak_learning_rate
+from controlplane.presets import ALL_PRESETS, get_preset
+from lm.spec.families import ModelConfig, flops_per_token, parameter_count, peak_learning_rate
 from lm.spec.families.base import gpt3_training
 from lm.spec.families.gpt import MEASURED_U_ELEMENTS  # noqa: F401 (GPT's measured figure, checked in tests/plan)
 

@@ -1,7 +1,7 @@
 """The deployment's policy: what an execution may ask of this stack, beyond what a job accepts.
 
 `cross_field_rules(runtimes)` is every rule between input fields: the job's own
-(`lm.spec.job.job_rules`: presets of the family, capabilities, strategies and instance types),
+(`lm.spec.job.job_rules`: capabilities, strategies and instance types), the presets of each family,
 the images this deployment builds, the serving containers' fit, and the prepare stage's.
 `plan_rules()` are rules of the same kind made from the planner's feasibility table (error
 PlanRejected). `name_rules` restrict the names an execution gives AWS resources.
@@ -16,10 +16,11 @@ import functools
 import json
 
 from controlplane import containers, planner
+from controlplane.presets import ALL_PRESETS, FAMILY_PRESETS
 from lm.spec import job
-from lm.spec.conditions import (INSTANCE_TYPE_FIELD, PLAN_REJECTED, STRATEGY_FIELD, Above, All, Is, OneOf, broken,
+from lm.spec.conditions import (INSTANCE_TYPE_FIELD, PLAN_REJECTED, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken,
                                 rule)
-from lm.spec.families import ALL_PRESETS, family_rules, get_family
+from lm.spec.families import FAMILIES, family_rules, get_family
 from lm.spec.hardware import HOSTING_INSTANCE_TYPES
 
 
@@ -92,10 +93,22 @@ def _container_fit_rules(container):
     return found
 
 
+def preset_family_rules(label="preset"):
+    """The preset must be one of the model family's (`controlplane.presets`)."""
+    found = []
+    for family in FAMILIES:
+        presets = tuple(FAMILY_PRESETS.get(family, ()))
+        found.append(rule("preset.family.%s" % family, All((Is("hyperparameters.model", family),
+                                                              Not(OneOf("preset", presets)))),
+                          "%s {value} is not a preset of model %s; allowed: %s" % (label, family, ", ".join(presets)),
+                          subject="preset"))
+    return found
+
+
 def cross_field_rules(runtimes=None):
     """The rules between fields for a deployment that builds `runtimes` (None: all of them)."""
     built = tuple(job.RUNTIMES) if runtimes is None else tuple(runtimes)
-    found = list(job.job_rules())
+    found = preset_family_rules() + job.job_rules()
     found.extend(serving_rules())
     for strategy in job.STRATEGIES:
         runtime = job.STRATEGY_RUNTIME[strategy]

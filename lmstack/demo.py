@@ -25,7 +25,7 @@ import sys
 import time
 
 from lm.spec import shards
-from lm.spec.families import get_preset
+from controlplane.presets import get_preset
 from lmstack import demo_report, demo_sfn, demo_train
 from lmstack.demo_run import ROOT, StepError, bar, cdk_environment, environment, run_logged, tail
 

@@ -14,7 +14,8 @@ import sys
 from controlplane import prices
 from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, plan, resolve_config)
 from lm.spec import hardware, job
-from lm.spec.families import ALL_PRESETS, FAMILIES, flops_per_token, get_family, get_preset
+from controlplane.presets import ALL_PRESETS, get_preset
+from lm.spec.families import FAMILIES, flops_per_token, get_family
 
 
 def parse_global_batch(text, seq_len):

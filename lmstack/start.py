@@ -39,7 +39,7 @@ from lm.spec import conditions
 from lm.spec import contract
 from controlplane import request
 from lm.data.pile import INPUT_SUFFIXES
-from lm.spec.families import ALL_PRESETS
+from controlplane.presets import ALL_PRESETS
 from lm.spec.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
 from stacks.settings import CONTEXT_KEY, Settings, SettingsError
 from stacks.state_machine import inputs, jobs

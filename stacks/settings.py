@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from lm.spec import conditions
 from controlplane import rules
-from lm.spec.families import PRESETS
+from controlplane.presets import GPT_PRESETS
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_RUNTIME
 
@@ -281,7 +281,7 @@ def _check(settings):
     yield _check_range("default_instance_count", s.default_instance_count, 1, MAX_INSTANCE_COUNT)
     yield _check_choice("default_strategy", s.default_strategy, STRATEGIES)
     yield from _check_strategy_fit(s)
-    yield _check_choice("default_preset", s.default_preset, tuple(PRESETS))
+    yield _check_choice("default_preset", s.default_preset, tuple(GPT_PRESETS))
     yield _check_range("default_max_runtime_seconds", s.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS)
     if s.notification_email is not None:
         yield _check_pattern("notification_email", s.notification_email, _EMAIL, "an e-mail address")

@@ -16,7 +16,7 @@ import pytest
 from moto import mock_aws
 
 from lm.spec import job
-from controlplane import request
+from controlplane import presets, request
 
 pytest.importorskip("sagemaker")
 from sagemaker.session import Session  # noqa: E402
@@ -49,7 +49,7 @@ def sdk_hyperparameters(strategy, job_name, tmp_path):
     code = tmp_path / "train.py"
     code.write_text("print('lmstack')\n")
     user = collections.OrderedDict((name, spec.default) for name, spec in job.HYPERPARAMETERS.items())
-    user.update(preset="gpt-125m", strategy=strategy)
+    user.update(preset="gpt-125m", strategy=strategy, model_config=presets.model_config("gpt-125m"))
     with mock_aws():
         boto_session = boto3.Session(region_name="us-east-1")
         boto_session.client("s3").create_bucket(Bucket="lmstack-artifacts")
@@ -93,7 +93,7 @@ def test_lm_job_matches_the_sdk_for_every_strategy(tmp_path):
     for strategy in job.STRATEGIES:
         name = "lmstack-train-%s" % strategy
         user = collections.OrderedDict((key, spec.default) for key, spec in job.HYPERPARAMETERS.items())
-        user.update(preset="gpt-125m", strategy=strategy)
+        user.update(preset="gpt-125m", strategy=strategy, model_config=presets.model_config("gpt-125m"))
         ours = request.sdk_hyperparameters(
             user, strategy=strategy, instance_type=INSTANCE_TYPE, processes_per_host=job.processes_per_host(strategy, GPUS),
             job_name=name, region="us-east-1", output_path="s3://lmstack-artifacts/output")

@@ -30,7 +30,7 @@ import collections
 from lm.spec import conditions
 from controlplane import containers
 from lm.spec import job
-from lm.spec.families import ALL_PRESETS
+from controlplane.presets import ALL_PRESETS
 from lm.spec.hardware import HOSTING_INSTANCE_TYPES
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults

@@ -11,7 +11,7 @@ allowed fields and echoes the object that was given (no intrinsic can list an ob
 """
 import collections
 
-from controlplane import rules
+from controlplane import presets, rules
 from lm.spec.fields import Field, choice_message, prefix_message, range_message, type_message, unknown_message
 from lm.spec import conditions
 from controlplane import containers
@@ -43,6 +43,9 @@ def _mp_fields():
 
 # Top-level fields that are hyperparameters too: given once, at the top.
 TOP_LEVEL_HYPERPARAMETERS = ("preset", "strategy")
+# Hyperparameters the machine fills itself: model_config is the preset's configuration
+# (`controlplane.presets`, mapped by `stacks.state_machine.training`).
+RESOLVED_HYPERPARAMETERS = ("model_config",)
 DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
 
 
@@ -50,8 +53,8 @@ def schema(settings):
     """The execution input's fields, with this deployment's defaults."""
     instance_types = tuple(INSTANCES)
     return (
-        Field("preset", str, settings.default_preset, choices=job.HYPERPARAMETERS["preset"].choices,
-              help="model shape"),
+        Field("preset", str, settings.default_preset, choices=tuple(presets.ALL_PRESETS),
+              help="model shape: a preset of the model family (controlplane.presets)"),
         Field("strategy", str, settings.default_strategy, choices=job.STRATEGIES, help="distribution strategy"),
         Field("instance_type", str, settings.default_instance_type, choices=instance_types),
         Field("instance_count", int, settings.default_instance_count, 1, MAX_INSTANCE_COUNT),
@@ -71,7 +74,7 @@ def schema(settings):
               help="run on the reserved capacity of this SageMaker training plan (its ARN)"),
         Field("data_directory", str, settings.dataset_directory, prefix="/",
               help="dataset directory on the EFS file system (manifest.json and shards)"),
-        Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS),
+        Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS + RESOLVED_HYPERPARAMETERS),
               help="overrides of lm.training.train's hyperparameters"),
         Field("mp_parameters", dict, fields=_mp_fields(), help="SMP v1 parameters (strategy smp)"),
         Field("prepare", dict, fields=(

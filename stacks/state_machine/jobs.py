@@ -24,7 +24,7 @@ import collections
 import dataclasses
 
 from lm.spec import job
-from controlplane import request
+from controlplane import presets, request
 from lm.spec.hardware import INSTANCES
 from stacks.state_machine import asl
 from stacks.state_machine.inputs import TOP_LEVEL_HYPERPARAMETERS
@@ -73,8 +73,16 @@ DATASET_KEY_PATH = "$.run.dataset.key"  # what the prepare job is tagged with (s
 # The checkpoint prefix's name below checkpoints/: resume_from, or the execution's own name.
 CHECKPOINTS_PATH = "$.run.checkpoints.name"
 TRAINING_PLAN_PATH = "$.config.training_plan_arn"  # null: on-demand (or spot) capacity
+MODEL_CONFIG_PATH = "$.run.model_config"  # the preset's configuration (stacks.state_machine.training)
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
+
+
+def hyperparameter_path(name):
+    """Where the execution holds the training hyperparameter `name`."""
+    if name == "model_config":
+        return MODEL_CONFIG_PATH
+    return "$.config.%s" % name if name in TOP_LEVEL_HYPERPARAMETERS else "$.config.hyperparameters.%s" % name
 
 
 def job_values(kind, settings, value_at, strategy="single"):
@@ -85,9 +93,7 @@ def job_values(kind, settings, value_at, strategy="single"):
     (`controlplane.request.values_at`). `${Name}` placeholders are filled by the CDK at deploy time.
     """
     if kind is TRAIN:
-        hyperparameters = collections.OrderedDict(
-            (name, value_at("$.config.%s" % name if name in TOP_LEVEL_HYPERPARAMETERS
-                            else "$.config.hyperparameters.%s" % name)) for name in job.HYPERPARAMETERS)
+        hyperparameters = collections.OrderedDict((name, value_at(hyperparameter_path(name))) for name in job.HYPERPARAMETERS)
         runtime = job.STRATEGY_RUNTIME[strategy]
     else:
         hyperparameters = collections.OrderedDict(
@@ -124,7 +130,8 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
         "config": config,
         "hosts": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus)},
         "run": {"dataset": {"key": dataset_key},
-                "checkpoints": {"name": config["resume_from"] or execution_name}},
+                "checkpoints": {"name": config["resume_from"] or execution_name},
+                "model_config": presets.model_config(config["preset"])},
         kind.slot[len("$."):]: {"name": job_name},
     }
     value_at = request.values_at(state, {"Execution": {"Name": execution_name}})

@@ -22,7 +22,7 @@ import collections
 import hashlib
 import json
 
-from controlplane import rules
+from controlplane import presets, rules
 from lm.spec import contract
 from lm.spec import job
 from controlplane import request
@@ -81,9 +81,26 @@ def _dataset_key_state(next_state, key_fields):
     return asl.pass_state(next_state, {"key.$": dataset_key(key_fields)}, result_path="$.run.dataset")
 
 
+def _model_config_states(first, next_state):
+    """$.run.model_config: the preset's configuration (`controlplane.presets`), the training job's
+    hyperparameter `model_config`. One Choice rule and one Pass state per preset; the preset was
+    checked by the Validate stage, so the default is never taken."""
+    states = collections.OrderedDict()
+    names = collections.OrderedDict((preset, "%s.%s" % (first, preset)) for preset in presets.ALL_PRESETS)
+    states[first] = asl.choice([asl.rule({"Variable": "$.config.preset", "StringEquals": preset}, name)
+                                for preset, name in names.items()], first + ".Unknown")
+    for preset, name in names.items():
+        states[name] = asl.pass_state(next_state, result=presets.model_config(preset),
+                                      result_path=jobs.MODEL_CONFIG_PATH)
+    states[first + ".Unknown"] = asl.fail(inputs.ERROR, asl.fmt(
+        "preset {} has no model configuration", "$.config.preset"))
+    return states
+
+
 def _run_states(first, next_state):
     """$.run: the execution's id (in job names), the defaults of optional fields, the raw source
-    (`raw.source`), the checkpoint prefix's name (`checkpoints.name`) and the dataset key (`dataset.key`)."""
+    (`raw.source`), the checkpoint prefix's name (`checkpoints.name`), the dataset key (`dataset.key`)
+    and the preset's configuration (`model_config`)."""
     states = collections.OrderedDict()
     states[first] = asl.pass_state(first + ".RawSource", {
         "id.$": "States.Hash($$.Execution.Id, 'MD5')",
@@ -99,7 +116,8 @@ def _run_states(first, next_state):
     for name, path in (("Resume", RESUME_FROM_PATH), ("Own", "$$.Execution.Name")):
         states[first + ".Checkpoints." + name] = asl.pass_state(first + ".DatasetKey", {"name.$": path},
                                                                 result_path="$.run.checkpoints")
-    states[first + ".DatasetKey"] = _dataset_key_state(next_state, DATASET_KEY_FIELDS)
+    states[first + ".DatasetKey"] = _dataset_key_state(first + ".ModelConfig", DATASET_KEY_FIELDS)
+    states.update(_model_config_states(first + ".ModelConfig", next_state))
     return states
 
 

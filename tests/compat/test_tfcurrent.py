@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from controlplane import presets
 from lm.spec import job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +55,7 @@ def test_prepare_train_export_reload_on_current_tf(tmp_path):
     _run(["-m", "lm.data.prepare", corpus, "--output", data, "--train-tokenizer", "--vocab-size", "512",
           "--seq-len", "64", "--val-fraction", "0.05", "--workers", "1", "--threads", "1"])
     output = _run(["-m", "lm.training.train", "--data-dir", data, "--checkpoint-dir", os.path.join(out, "ckpt"),
-                   "--export-dir", os.path.join(out, "model"), "--strategy", "single", "--preset", "tiny",
+                   "--export-dir", os.path.join(out, "model"), "--strategy", "single", *presets.train_arguments("tiny"),
                    "--global_batch_size", "8", "--max_steps", str(STEPS), "--warmup_steps", "2",
                    "--learning_rate", "0.02", "--log_every", "1", "--eval_every", "0", "--eval_batches", "1",
                    "--checkpoint_every", "3", "--seed", "7"])

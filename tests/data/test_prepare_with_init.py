@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from controlplane import presets
 from lm.spec import contract
 from lm.spec import job
 from lm.data import prepare
@@ -47,7 +48,7 @@ def _set_config(hf_dir, **values):
 
 
 def _model_config(vocab_size):
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
     return get_preset("tiny").replace(vocab_size=vocab_size, pad_vocab_to=1)
 
 
@@ -137,8 +138,8 @@ def test_a_checkpoint_whose_vocabulary_the_tokenizer_overflows_is_refused(tokeni
 
 
 def _train_arguments(data_dir, hf_dir, tmp_path):
-    values = {"preset": "tiny", "global_batch_size": 4, "max_steps": 1, "eval_every": 0, "checkpoint_every": 0,
-              "checkpoint_minutes": 0, "xla": False}
+    values = presets.resolve({"preset": "tiny", "global_batch_size": 4, "max_steps": 1, "eval_every": 0,
+                              "checkpoint_every": 0, "checkpoint_minutes": 0, "xla": False})
     args = ["--data-dir", data_dir, "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir", str(tmp_path / "model"),
             "--init-from", hf_dir]
     for name, value in values.items():

@@ -12,7 +12,7 @@ import pytest
 from lm.serving import export as lm_export
 from lm import hf, models
 from lm.compat import keras, tf
-from lm.spec.families import get_preset
+from controlplane.presets import get_preset
 from lm.serving.generate import generate_tokens
 from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_hf_export import ROOT, requires_hf_venv, run_hf_side
 
+from controlplane import presets
 from lm.data import dataset
 from lm.data import prepare
 from lmstack import sample_corpus
@@ -32,9 +33,9 @@ BATCH = 8
 
 
 def train_arguments(data_dir, tmp, *extra, **hyperparameters):
-    values = dict({"preset": "tiny", "global_batch_size": BATCH, "max_steps": 1, "log_every": 1, "eval_every": 0,
-                   "eval_batches": 1, "checkpoint_every": 0, "checkpoint_minutes": 0, "seed": 7, "xla": False},
-                  **hyperparameters)
+    values = presets.resolve({"preset": "tiny", "global_batch_size": BATCH, "max_steps": 1, "log_every": 1, "eval_every": 0,
+                   "eval_batches": 1, "checkpoint_every": 0, "checkpoint_minutes": 0, "seed": 7, "xla": False,
+                              **hyperparameters})
     args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(tmp, "ckpt"),
             "--export-dir", os.path.join(tmp, "model")]
     for name, value in values.items():
@@ -116,7 +117,7 @@ def test_init_from_comes_from_the_init_channel_and_the_run_exports(transformers_
 def _our_gpt2(tmp_path, preset="tiny"):
     """An HF directory written by lm.hf (no transformers): enough for the refusals below."""
     from lm import models
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
 
     config = get_preset(preset).replace(vocab_size=300, pad_vocab_to=1)
     tokenizer_file = str(tmp_path / "tok.json")
@@ -143,7 +144,7 @@ def test_a_checkpoint_of_another_shape_than_the_preset_is_refused(corpus, tmp_pa
     hf_dir = _our_gpt2(tmp_path)
     with open(os.path.join(hf_dir, "config.json")) as f:
         values = json.load(f)
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
     with pytest.raises(hf.HFError, match=r"the checkpoint is not preset gpt-125m: n_layer 2 \(checkpoint\) vs 12; "
                                          r"d_model 64 \(checkpoint\) vs 768; n_head 4 \(checkpoint\) vs 12"):
         hf.init_config(hf_dir, get_preset("gpt-125m"), "preset gpt-125m")
@@ -155,7 +156,7 @@ def test_a_checkpoint_of_another_family_is_refused_naming_both(tmp_path, monkeyp
     declares (lm.spec.families: gpt -> gpt2): a GPT-2 checkpoint under a family of another layout is
     refused, not trained as a GPT. Shown with gpt declaring another layout, and with a checkpoint of one."""
     from lm.spec import families
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
 
     hf_dir = _our_gpt2(tmp_path)
     monkeypatch.setitem(families.FAMILIES, "gpt", families.FAMILIES["gpt"]._replace(hf_model_type="llama"))

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from lm.serving import export as lm_export
 from lm import models
 from lm.compat import keras, tf
-from lm.spec.families import get_preset
+from controlplane.presets import get_preset
 from lm.data.tokenizer import save, train_bpe
 
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from controlplane import presets
 from lm.spec import families as lm_config
 from lm.serving import generate as lm_generate
 from lm.spec import job
@@ -8,20 +9,23 @@ from lm import models
 from lm.compat import keras, tf
 from lm.models.rnn import RNNLM
 
-RNN_TINY = lm_config.get_preset("rnn-tiny")
+RNN_TINY = presets.get_preset("rnn-tiny")
 
 
 def test_the_registry_lists_both_families_and_the_job_reads_it():
     assert list(lm_config.FAMILIES) == ["gpt", "rnn"]
     assert job.HYPERPARAMETERS["model"].choices == tuple(lm_config.FAMILIES)
-    assert set(job.HYPERPARAMETERS["preset"].choices) == set(lm_config.PRESETS) | set(lm_config.RNN_PRESETS)
-    assert all(c.family == name for name, f in lm_config.FAMILIES.items() for c in f.presets.values())
+    assert all(c.family == name for name, family in presets.FAMILY_PRESETS.items() for c in family.values())
 
 
-def test_the_job_rejects_a_preset_of_another_family():
-    assert job.validate_hyperparameters({"model": "rnn", "preset": "rnn-tiny"})["preset"] == "rnn-tiny"
-    with pytest.raises(ValueError, match="hyperparameters.preset 'gpt-125m' is not a preset of model rnn"):
-        job.validate_hyperparameters({"model": "rnn"})
+def test_the_job_rejects_a_configuration_of_another_family():
+    rnn_tiny = presets.get_preset("rnn-tiny").to_dict()
+    assert job.validate_hyperparameters({"model": "rnn", "model_config": rnn_tiny})["model_config"] == rnn_tiny
+    with pytest.raises(ValueError, match="hyperparameters.model_config is not a configuration of model rnn: "
+                                         "unknown RNNConfig fields .'activation', 'head_dim', 'n_head', 'norm'."):
+        job.validate_hyperparameters({"model": "rnn", "model_config": presets.get_preset("gpt-125m").to_dict()})
+    with pytest.raises(ValueError, match="model_config is not a configuration of model gpt: GPTConfig.family must be"):
+        job.validate_hyperparameters({"model": "gpt", "model_config": dict(presets.get_preset("tiny").to_dict(), family="rnn")})
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
@@ -84,15 +88,15 @@ def test_family_errors_name_the_allowed_values():
     with pytest.raises(ValueError, match="cell must be one of gru, lstm"):
         RNN_TINY.replace(cell="elman")
     with pytest.raises(ValueError, match="rnn-tiny"):
-        lm_config.get_preset("tiny", family="rnn")
+        presets.get_preset("tiny", family="rnn")
     with pytest.raises(ValueError, match="recompute"):
         models.build(RNN_TINY, recompute=True)
     with pytest.raises(ValueError, match="family must be 'gpt'"):
-        lm_config.get_preset("tiny").replace(family="rnn")
+        presets.get_preset("tiny").replace(family="rnn")
 
 
 def test_config_dicts_round_trip_for_every_preset():
-    for name, config in lm_config.ALL_PRESETS.items():
+    for name, config in presets.ALL_PRESETS.items():
         assert models.config_from_dict(config.family, config.to_dict()) == config
         assert lm_config.flops_per_token(config) > 0 < lm_config.non_embedding_parameter_count(config)
 
@@ -100,7 +104,7 @@ def test_config_dicts_round_trip_for_every_preset():
 def test_a_family_declares_its_capabilities_in_its_one_entry(monkeypatch):
     """A new family with everything but smp (as the Llama family will be) is one ModelFamily entry;
     the rules every consumer reads follow from it: one rule, for smp, naming both families that have it."""
-    declared = lm_config.ModelFamily(lm_config.GPTConfig, {}, "lm.models.gpt:build_model",
+    declared = lm_config.ModelFamily(lm_config.GPTConfig, "lm.models.gpt:build_model",
                                      ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
     lm_config.check_declaration("llama", declared)
     monkeypatch.setitem(lm_config.FAMILIES, "llama", declared)
@@ -119,5 +123,5 @@ def test_a_family_declares_its_capabilities_in_its_one_entry(monkeypatch):
 ])
 def test_an_inconsistent_declaration_is_refused(capabilities, hf_model_type, problem):
     with pytest.raises(ValueError, match=problem):
-        lm_config.check_declaration("x", lm_config.ModelFamily(lm_config.GPTConfig, {}, "m:f", capabilities,
+        lm_config.check_declaration("x", lm_config.ModelFamily(lm_config.GPTConfig, "m:f", capabilities,
                                                                hf_model_type))

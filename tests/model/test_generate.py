@@ -4,7 +4,7 @@ import pytest
 from lm.serving import generate as lm_generate
 from lm.models import gpt as lm_model
 from lm.compat import keras, tf
-from lm.spec.families import get_preset
+from controlplane.presets import get_preset
 from lm.data.tokenizer import EOD_TOKEN, train_bpe
 
 TINY = get_preset("tiny")

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from controlplane import planner
-from lm.spec.families import GPTConfig, RNNConfig, get_preset
+from controlplane.presets import get_preset
+from lm.spec.families import GPTConfig, RNNConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -11,7 +11,8 @@ from controlplane import planner
 from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
-from lm.spec.families import ALL_PRESETS, flops_per_token, get_preset, parameter_count
+from controlplane.presets import ALL_PRESETS, get_preset
+from lm.spec.families import flops_per_token, parameter_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA_PARALLEL = ("mwms", "horovod", "smddp")

@@ -25,7 +25,7 @@ def tokenizer_texts():
 def export_tiny(out_dir, seed=0):
     """An untrained `tiny` GPT (seeded weights) and a BPE tokenizer trained on pydoc text."""
     from lm.compat import keras
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
     from lm.serving.export import export_model
     from lm.models.gpt import build_model
     from lm.data.tokenizer import save, train_bpe

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from controlplane import presets
 from serving import IMAGE, Server
 
 TRAIN_HYPERPARAMETERS = {"preset": "tiny", "global_batch_size": 8, "max_steps": 10, "warmup_steps": 2,
@@ -31,7 +32,7 @@ def trained_model_dir(tmp_path_factory):
     run(["lm.data.prepare", "raw", "--output", "data", "--train-tokenizer", "--vocab-size", "512", "--seq-len", "64",
          "--workers", "1", "--val-fraction", "0.1"], work)
     args = ["lm.training.train", "--data-dir", "data", "--checkpoint-dir", "checkpoints", "--export-dir", "model"]
-    for name, value in TRAIN_HYPERPARAMETERS.items():
+    for name, value in presets.resolve(TRAIN_HYPERPARAMETERS).items():
         args += ["--" + name, json.dumps(value)]
     output = run(args, work)
     assert "[eval]" in output

@@ -1,4 +1,5 @@
 """Shared by the tests of the SMDDP and SMP adapters (which run against fakes)."""
+from controlplane import presets
 from lm.compat import tf
 
 
@@ -15,9 +16,10 @@ def build_tiny(build=True, **options):
     """The `tiny` GPT with the same initial weights on every call (`build=False`: created by its
     first call, in the same order and so with the same values); `options` go to build_model."""
     from lm.compat import keras
-    from lm.models.gpt import PRESETS, build_model
+    from controlplane.presets import get_preset
+    from lm.models.gpt import build_model
     keras.utils.set_random_seed(7)
-    return build_model(PRESETS["tiny"], build=build, **options)
+    return build_model(get_preset("tiny"), build=build, **options)
 
 
 def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
@@ -87,7 +89,7 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
     environ.update(env)
     values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02,
                   warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
-    values.update(hyperparameters)
+    values = presets.resolve(dict(values, **hyperparameters))
     launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]
     args = [sys.executable] + launcher + ["lm.training.train", "--data-dir", data_dir,
             "--checkpoint-dir", os.path.join(out_dir, "ckpt"), "--export-dir", os.path.join(out_dir, "model")]

@@ -12,7 +12,8 @@ import pytest
 from lm.compat import tf
 from controlplane import planner
 from lmstack import plan
-from lm.spec.families import PRESETS, parameter_count
+from controlplane.presets import GPT_PRESETS
+from lm.spec.families import parameter_count
 from lm.distributed import get_strategy
 from lm.models.gpt import GPT
 from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
@@ -186,7 +187,7 @@ def test_model_is_one_distributed_model_called_only_in_steps(fake_smdist, monkey
     model = strategy.build_model(build_tiny)
     assert isinstance(model, smp.DistributedModel) and isinstance(model, GPT)
     # One partition holds every weight; Keras' count_params is not available on a rank.
-    assert sum(weight.shape.num_elements() for weight in model.weights) == parameter_count(PRESETS["tiny"])
+    assert sum(weight.shape.num_elements() for weight in model.weights) == parameter_count(GPT_PRESETS["tiny"])
     with pytest.raises(ValueError, match="count_params"):
         model.count_params()
     with pytest.raises(RuntimeError, match="outside smp.step"):
@@ -337,8 +338,8 @@ def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, 
     assert sorted(paths0 + paths1) == sorted(weight_paths(build_tiny()))
     assert (slots0, slots1) == (1 + 2 * len(paths0), 1 + 2 * len(paths1))
     # controlplane.planner's SMP memory model counts what partition 0, the busiest, holds.
-    assert held0 + held1 == parameter_count(PRESETS["tiny"])
-    assert planner.memory(PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
+    assert held0 + held1 == parameter_count(GPT_PRESETS["tiny"])
+    assert planner.memory(GPT_PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
 
 
 def _train_and_report(grad_clip=0.05):

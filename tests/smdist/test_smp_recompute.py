@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from controlplane import presets
 from lm.distributed import get_strategy
 from smdist_helpers import train
 
@@ -88,6 +89,7 @@ def test_lm_train_refuses_recompute_with_smp_before_any_job():
     with pytest.raises(ValueError, match="hyperparameters.recompute must be false with strategy smp"):
         parse_args(["--strategy", "smp", "--recompute", "true", "--data-dir", "x"])
     with pytest.raises(ValueError, match=r"model rnn cannot use strategy smp \(capability smp: .*\); families with it: gpt"):
-        parse_args(["--strategy", "smp", "--model", "rnn", "--preset", "rnn-tiny", "--data-dir", "x"])
-    hyperparameters, _ = parse_args(["--strategy", "horovod", "--recompute", "true", "--data-dir", "x"])
+        parse_args(["--strategy", "smp", "--model", "rnn", *presets.train_arguments("rnn-tiny"), "--data-dir", "x"])
+    hyperparameters, _ = parse_args(["--strategy", "horovod", "--recompute", "true", *presets.train_arguments("tiny"),
+                                     "--data-dir", "x"])
     assert hyperparameters.recompute

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from controlplane import presets
 from lm.spec import job
 from smdist_helpers import run_train, write_random_dataset
 
@@ -168,7 +169,7 @@ def test_smp_run_interrupted_in_a_save_resumes_from_the_last_complete_step_and_e
 def test_smp_dry_run_checks_the_newest_complete_smp_checkpoint(dataset, two_partition_run, capsys):
     from lm.training import train
     directory = os.path.join(two_partition_run[0], "ckpt")
-    arguments = ["--dry-run", "--preset", "tiny", "--strategy", "smp", "--global_batch_size", "8",
+    arguments = ["--dry-run", *presets.train_arguments("tiny"), "--strategy", "smp", "--global_batch_size", "8",
                  "--mp_parameters", json.dumps({"partitions": 2, "microbatches": 2, "horovod": True,
                                                    "auto_partition": False, "default_partition": 0}),
                  "--instance-type", "ml.p3.16xlarge", "--instance-count", "1", "--data-dir", dataset,

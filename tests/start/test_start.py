@@ -9,7 +9,7 @@ import pytest
 from moto import mock_aws
 
 from lm.spec import job
-from lm.spec.families import PRESETS
+from controlplane.presets import GPT_PRESETS
 from lmstack import start
 from stacks.settings import Settings
 
@@ -245,7 +245,7 @@ def test_dry_run_prints_the_input_and_calls_nothing(capsys):
     out = io.StringIO()
     assert start.main(["--preset", "tiny", "--hp", "max_steps=5", "--dry-run"], session=NoAws(), out=out) == 0
     printed = json.loads(out.getvalue())
-    tiny_block = PRESETS["tiny"].block_size
+    tiny_block = GPT_PRESETS["tiny"].block_size
     assert printed.pop("plan_estimate")["tokens"] == 5 * job.HYPERPARAMETERS["global_batch_size"].default * tiny_block
     assert printed == {"preset": "tiny", "hyperparameters": {"max_steps": 5}}
 

@@ -18,7 +18,7 @@ from state_machine.harness import ROLE, invalid_sagemaker_requests
 from lm.spec import conditions
 from controlplane import rules
 from controlplane import containers
-from lm.spec.families import get_preset
+from controlplane.presets import get_preset
 from lmstack import start
 from lmstack.local_sfn import REGION
 from stacks.state_machine import deploy

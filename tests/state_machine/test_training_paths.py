@@ -6,6 +6,7 @@ import pytest
 
 from state_machine.harness import COMPLETED_EXTRA, SUCCESS, StandInSettings, invalid_sagemaker_requests
 
+from controlplane.presets import get_preset
 from stacks.settings import MAX_RUNTIME_SECONDS, Settings
 from stacks.state_machine import build_training_definition, jobs
 
@@ -36,6 +37,8 @@ def test_success_path_outputs_and_requests(deployment):
     hyperparameters = request["HyperParameters"]
     assert hyperparameters["max_steps"] == "50"
     assert hyperparameters["preset"] == '"tiny"'
+    # The job is given the preset's configuration (controlplane.presets), as text the toolkit passes on.
+    assert json.loads(json.loads(hyperparameters["model_config"])) == get_preset("tiny").to_dict()
     assert hyperparameters["sagemaker_job_name"] == json.dumps(name)
     assert hyperparameters["sagemaker_program"] == '"train.py"'
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith("/lmstack:tfcurrent")

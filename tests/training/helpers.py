@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+from controlplane import presets
 from lm.spec import job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,7 +27,7 @@ def environment(**extra):
 
 def cli_args(data_dir, tmp, **hyperparameters):
     """`lm.training.train`'s arguments, values JSON-encoded as SageMaker's toolkit passes them."""
-    values = dict(TINY, **hyperparameters)
+    values = presets.resolve(dict(TINY, **hyperparameters))
     args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(tmp, "ckpt"),
             "--export-dir", os.path.join(tmp, "model")]
     for name, value in values.items():

@@ -306,7 +306,7 @@ def test_fingerprint_follows_the_tokens_not_the_statistics():
 
 
 def test_dropout_masks_are_a_function_of_seed_step_and_replica():
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
     from lm.models.gpt import build_model
 
     config = get_preset("tiny").replace(dropout=0.5)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from lm.compat import tf
-from lm.spec.families import get_preset, peak_learning_rate
+from controlplane.presets import get_preset
+from lm.spec.families import peak_learning_rate
 from lm.training.optim import AdamW, DynamicLossScale, learning_rate_at
 
 

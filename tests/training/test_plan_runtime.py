@@ -11,6 +11,7 @@ import json
 import pytest
 
 from controlplane import planner
+from controlplane import presets
 from lm.spec import hardware
 from lm.spec import job
 from lm.training import train
@@ -86,7 +87,7 @@ def test_the_grid_holds_batches_the_plan_moved_to_the_nearest_valid_one():
 
 def _dry_run_arguments(preset, instance_type, count, strategy, chosen, recompute=True):
     """The plan's hyperparameters and layout as lm.training.train's command line (as the toolkit passes them)."""
-    argv = ["--dry-run", "--preset", preset, "--strategy", strategy, "--global_batch_size", str(chosen["global_batch"]),
+    argv = ["--dry-run", *presets.train_arguments(preset), "--strategy", strategy, "--global_batch_size", str(chosen["global_batch"]),
             "--recompute", str(recompute).lower(), "--instance-type", instance_type, "--instance-count", str(count)]
     if strategy == "smp":
         argv += ["--mp_parameters", json.dumps(chosen["mp_parameters"])]
@@ -118,7 +119,8 @@ def test_the_dry_run_accepts_every_configuration_the_plan_approves(capsys):
      "mp_parameters.auto_partition must be false and mp_parameters.default_partition 0 with 2 partitions"),
 ])
 def test_the_dry_run_refuses_what_the_runtime_refuses(change, message, capsys):
-    arguments = {"--dry-run": None, "--preset": "gpt-125m", "--strategy": "smp", "--global_batch_size": "64",
+    arguments = {"--dry-run": None, "--preset": "gpt-125m", "--model_config": presets.model_config("gpt-125m"),
+                 "--strategy": "smp", "--global_batch_size": "64",
                  "--mp_parameters": '{"partitions": 2, "microbatches": 4, "horovod": true, "auto_partition": false, '
                                     '"default_partition": 0}',
                  "--instance-type": "ml.p3.16xlarge", "--instance-count": "2"}
@@ -129,7 +131,7 @@ def test_the_dry_run_refuses_what_the_runtime_refuses(change, message, capsys):
 
 
 def test_the_dry_run_opens_the_dataset_as_training_does(text_dataset, tmp_path, capsys):
-    base = ["--dry-run", "--preset", "tiny", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
+    base = ["--dry-run", *presets.train_arguments("tiny"), "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
             "--instance-count", "1", "--data-dir", text_dataset, "--checkpoint-dir", str(tmp_path)]
     assert train.main(base + ["--global_batch_size", "16"]) == 0
     assert "dataset %s" % text_dataset in capsys.readouterr().out
@@ -181,7 +183,7 @@ def _train_step_graph(strategy, xla):
     from lm.training import optim
     from lm import models
     from lm.compat import tf
-    from lm.spec.families import get_preset
+    from controlplane.presets import get_preset
 
     with strategy.scope():
         model = models.build(get_preset("tiny"))

@@ -14,7 +14,7 @@ import pytest
 
 from lm.spec import contract
 from lm.spec import job
-from controlplane import request
+from controlplane import presets, request
 
 from . import helpers
 
@@ -52,7 +52,7 @@ def run_toolkit(root):
 @pytest.mark.slow
 def test_toolkit_runs_train_py_and_the_model_is_written(text_dataset, tmp_path):
     root = str(tmp_path / "opt_ml")
-    hyperparameters = dict(helpers.TINY, max_steps=4, log_every=2, scale_lr=False, xla=False)
+    hyperparameters = presets.resolve(dict(helpers.TINY, max_steps=4, log_every=2, scale_lr=False, xla=False))
     encoded = opt_ml_tree(root, text_dataset, hyperparameters)
     assert encoded["scale_lr"] == "false" and encoded["preset"] == '"tiny"'
     result = run_toolkit(root)

@@ -165,10 +165,33 @@ def test_the_rnn_family_trains_through_the_same_loop(text_dataset, tmp_path, cap
     assert sorted(helpers.losses(output)) == [1, 2, 3]
 
 
-def test_a_preset_of_another_family_is_an_error(text_dataset, tmp_path, capsys):
+def test_a_configuration_of_another_family_is_an_error(text_dataset, tmp_path, capsys):
     status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), model="gpt", preset="rnn-tiny")
     assert status == 2
-    assert "rnn-tiny" in output and "allowed:" in output
+    assert "hyperparameters.model_config is not a configuration of model gpt: unknown GPTConfig fields ['cell']" in output
+
+
+@pytest.mark.parametrize("model_config, message", [
+    (None, "hyperparameters.model_config is required: the configuration of model gpt as a JSON object"),
+    ({"n_layer": 2, "d_model": 64}, "hyperparameters.model_config is not a configuration of model gpt: "
+                                    "GPTConfig needs the fields ['n_head']"),
+    ({"n_layer": 2, "d_model": 66, "n_head": 4}, "GPTConfig.d_model (66) must be divisible by n_head (4)"),
+    ("tiny", "hyperparameters.model_config must be a JSON object"),
+])
+def test_the_job_builds_only_a_valid_configuration_and_names_what_is_wrong(text_dataset, tmp_path, capsys,
+                                                                         model_config, message):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), model_config=model_config)
+    assert status == 2
+    assert message in output
+
+
+def test_a_configuration_no_preset_names_trains(text_dataset, tmp_path, capsys):
+    """The image builds whatever valid configuration it is given: a shape that is no preset's."""
+    shape = {"n_layer": 1, "d_model": 32, "n_head": 2, "block_size": 64, "vocab_size": 512, "pad_vocab_to": 64}
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), preset="my-shape",
+                                            model_config=shape, max_steps=2, xla=False)
+    assert status == 0, output
+    assert "training my-shape (gpt" in output and sorted(helpers.losses(output)) == [1, 2]
 
 
 def test_hyperparameters_are_one_validated_frozen_dataclass_of_the_table():

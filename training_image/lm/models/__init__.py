@@ -1,21 +1,15 @@
 """Model families ("bring your own model"): build any family's Keras model from its config.
 
 The registry is `lm.spec.families.FAMILIES` (TF-free, so `lm.spec.job` and the CDK app read the family
-and preset names from it); each entry names its config dataclass, presets, and the
-"module:function" that builds the model. Every family's model maps int32 tokens [batch, seq]
+names from it); each entry names its config dataclass and the "module:function" that builds the model. Every family's model maps int32 tokens [batch, seq]
 to float32 logits [batch, seq, padded_vocab_size] and generates through
 `decode(tokens, valid, caches=None, index=0)` (see `lm.serving.generate`).
 """
 import importlib
 
-from lm.spec.families import FAMILIES, get_family, get_preset, parameter_count
+from lm.spec.families import FAMILIES, config_from_dict, get_family, parameter_count
 
-__all__ = ["FAMILIES", "build", "config_from_dict", "get_family", "get_preset", "parameter_count"]
-
-
-def config_from_dict(family, values):
-    """The config of `family` from its `to_dict()` form; unknown families or fields are an error."""
-    return get_family(family).config_class.from_dict(values)
+__all__ = ["FAMILIES", "build", "config_from_dict", "get_family", "parameter_count"]
 
 
 def build(config, **options):

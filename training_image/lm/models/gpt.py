@@ -13,9 +13,9 @@ import math
 from lm.compat import keras, tf
 from lm.models.layers import (INIT_STDDEV, MASKED, causal_bias, dense, dropout, matmul_last, normal, sub_seed,
                               update_cache)
-from lm.spec.families import PRESETS, GPTConfig
+from lm.spec.families import GPTConfig
 
-__all__ = ["PRESETS", "GPT", "build_model"]
+__all__ = ["GPT", "build_model"]
 
 LAYER_NORM_EPSILON = 1e-5
 

@@ -14,7 +14,7 @@ import re
 
 from lm.spec import contract
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken, rule
-from lm.spec.families import ALL_PRESETS, FAMILIES, family_rules
+from lm.spec.families import FAMILIES, config_from_dict, family_rules
 from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
@@ -54,14 +54,18 @@ def base_image_uri(runtime, region):
     return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (DLC_ACCOUNT, region, DLC_REPOSITORY, RUNTIMES[runtime])
 
 
-def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help=""):
-    return field(name, type_, default, minimum, maximum, choices, help=help)
+def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help="", **options):
+    return field(name, type_, default, minimum, maximum, choices, help=help, **options)
 
 
 # What `lm.training.train` accepts. The state machine's input validation is generated from this table.
 HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("model", str, "gpt", choices=tuple(FAMILIES), help="model family (see lm.models)"),
-    _hp("preset", str, "gpt-125m", choices=tuple(ALL_PRESETS), help="model shape (one of the model family's presets)"),
+    _hp("preset", str, "", help="the name of the model configuration, for logs and MLflow (the preset it was resolved from)"),
+    # Filled by the control plane, never given in an execution input: the preset's configuration
+    # (controlplane.presets), so a new preset rebuilds no image.
+    _hp("model_config", dict, None, nullable=True,
+        help="the model's configuration: the fields of the model family's config (lm.spec.families), as a JSON object"),
     _hp("strategy", str, "single", choices=STRATEGIES, help="distribution strategy"),
     _hp("global_batch_size", int, 64, 1, 65536, help="sequences per optimizer step, all replicas together"),
     _hp("max_steps", int, 1000, 1, 10000000, help="optimizer steps"),
@@ -102,11 +106,21 @@ def validate_hyperparameters(values, table=HYPERPARAMETERS):
     for name, spec in table.items():
         merged[name] = check(spec, values.get(name, spec.default), "hyperparameters.%s" % name)
     if table is HYPERPARAMETERS:
-        message = broken(job_rules("hyperparameters.preset"),
-                         {"preset": merged["preset"], STRATEGY_FIELD: merged["strategy"], "hyperparameters": merged})
+        if merged["model_config"] is not None:
+            check_model_config(merged["model"], merged["model_config"])
+        message = broken(job_rules(), {STRATEGY_FIELD: merged["strategy"], "hyperparameters": merged})
         if message:
             raise ValueError(message)
     return merged
+
+
+def check_model_config(family, values):
+    """The config of model `family` that the hyperparameter `model_config` holds; a ValueError naming
+    the field otherwise."""
+    try:
+        return config_from_dict(family, values)
+    except (ValueError, TypeError) as error:
+        raise ValueError("hyperparameters.model_config is not a configuration of model %s: %s" % (family, error))
 
 
 def encode_hyperparameters(values):
@@ -223,12 +237,6 @@ PREPARE_INSTANCE_COUNT = 5
 
 # ---- what a job refuses, whoever asks: lm.training.train, the Validate stage, lmstack.start, the planner ----
 
-def preset_family_rule(family, presets, label="preset"):
-    return rule("preset.family.%s" % family, All((Is("hyperparameters.model", family), Not(OneOf("preset", presets)))),
-                "%s {value} is not a preset of model %s; allowed: %s" % (label, family, ", ".join(presets)),
-                subject="preset")
-
-
 def smp_recompute_rule():
     """SMP with activation recomputation cannot train: the ranks other than the one that traces the
     model import its serialized graph, and `tf.recompute_grad`'s gradient (a Python custom
@@ -241,11 +249,10 @@ def smp_recompute_rule():
                 "without it")
 
 
-def job_rules(preset_label="preset"):
+def job_rules():
     """The rules between fields every job obeys (the deployment adds its own: `controlplane.rules`).
     Rules reading a path an input does not have are skipped (`conditions.broken`)."""
-    found = [preset_family_rule(family, spec.presets, preset_label) for family, spec in FAMILIES.items()]
-    found.extend(family_rules())  # what each model family cannot do (its declared capabilities)
+    found = list(family_rules())  # what each model family cannot do (its declared capabilities)
     for strategy, instance_types in STRATEGY_INSTANCE_TYPES.items():
         found.append(rule("strategy.%s.instance_type" % strategy,
                           All((Is(STRATEGY_FIELD, strategy), Not(OneOf(INSTANCE_TYPE_FIELD, instance_types)))),

@@ -2,7 +2,8 @@
 
 Hyperparameters are the ones in `lm.spec.job.HYPERPARAMETERS`, given as `--name value` with
 JSON-decoded values, as the SageMaker training toolkit passes them (`--max_steps 100`,
-`--scale_lr false`, `--preset tiny`). Paths come from the SageMaker environment
+`--scale_lr false`, `--model_config '{"n_layer": 2, ...}'`). The model is built from `model_config`, the
+configuration the control plane resolved from a preset (`controlplane.presets`); `preset` only names it. Paths come from the SageMaker environment
 (SM_CHANNEL_TRAIN, SM_MODEL_DIR, /opt/ml/checkpoints) or from `--data-dir`, `--export-dir`,
 `--checkpoint-dir` on a laptop. A bad value exits non-zero with one readable line on stderr
 and in SageMaker's failure file.
@@ -41,7 +42,7 @@ from lm.spec import shards
 from lm.training import summaries
 from lm.training import tracking
 from lm.spec.conditions import broken
-from lm.spec.families import family_rules, flops_per_token, get_preset, parameter_count, peak_learning_rate
+from lm.spec.families import family_rules, flops_per_token, parameter_count, peak_learning_rate
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
@@ -119,6 +120,10 @@ def decode_cli_value(spec, raw):
     value = job.decode_hyperparameter(raw)
     if spec.type is bool and value in ("True", "False"):
         return value == "True"
+    if spec.type is dict and isinstance(value, str):
+        # An object sent as JSON text (model_config), which the toolkit passes on as it is: an
+        # object it would write as k=v pairs.
+        return job.decode_hyperparameter(value)
     return value
 
 
@@ -133,6 +138,10 @@ def parse_args(argv=None):
     given = {name: decode_cli_value(job.HYPERPARAMETERS[name], getattr(args, name))
              for name in job.HYPERPARAMETERS if getattr(args, name) is not None}
     hyperparameters = Hyperparameters.from_values(given)
+    if hyperparameters.model_config is None:
+        raise UsageError("hyperparameters.model_config is required: the configuration of model %s as a JSON object "
+                         "(the control plane resolves a preset into it: controlplane.presets.resolve)"
+                         % hyperparameters.model)
     check_init_from(hyperparameters, args.init_from)
     if not args.data_dir and not args.dry_run:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")
@@ -234,14 +243,14 @@ def token_loss(tf):
 
 
 def model_config(hp, manifest, data_dir):
-    config = get_preset(hp.preset, family=hp.model).replace(dropout=hp.dropout)
+    config = job.check_model_config(hp.model, hp.model_config).replace(dropout=hp.dropout)
     source = shards.manifest_path(data_dir)
     if hp.seq_len and hp.seq_len != manifest.seq_len:
         raise UsageError("hyperparameters.seq_len is %d but the dataset's records hold %d tokens (%s); "
                          "use 0 or %d" % (hp.seq_len, manifest.seq_len, source, manifest.seq_len))
     if manifest.seq_len > config.block_size:
-        raise UsageError("%s: seq_len %d exceeds preset %s's context %d"
-                         % (source, manifest.seq_len, hp.preset, config.block_size))
+        raise UsageError("%s: seq_len %d exceeds model_config.block_size %d (preset %s)"
+                         % (source, manifest.seq_len, config.block_size, hp.preset))
     return config
 
 
@@ -261,7 +270,7 @@ def init_from_config(hp, preset_config, manifest, paths):
 
 
 def check_resume(meta, hp, path):
-    for name in ("global_batch_size", "seed", "preset", "model"):
+    for name in ("global_batch_size", "seed", "preset", "model", "model_config"):
         if meta["hyperparameters"].get(name) != getattr(hp, name):
             raise checkpoint.CheckpointError(
                 "%s: was written with hyperparameters.%s=%r, this run has %r (%s)"

@@ -1,4 +1,4 @@
-"""The model families: each one's config dataclass, presets, builder and capabilities.
+"""The model families: each one's config dataclass (its shape rules), builder and capabilities.
 
 A family is one entry of FAMILIES; its config lives in `lm.spec.families.<family>` (TF-free,
 read at synth time by the control plane) and its Keras model in `lm.models.<family>` (imported
@@ -6,6 +6,8 @@ only when a model is built). What a family can do is declared, not assumed: its 
 are names of CAPABILITIES, and `family_rules()` turns what a family lacks into the rules every
 consumer reads (`lm.spec.job.job_rules`: the Validate stage, `lmstack.start`, the planner,
 `lm.training.train`), each refusing before any job starts, naming the family and the capability.
+The presets, named configurations, are data of the control plane (`controlplane.presets`): a job is
+given its configuration (the hyperparameter `model_config`).
 
 Imports nothing heavy: the CDK app and the planner use it at synth time, without TensorFlow.
 """
@@ -13,12 +15,12 @@ import collections
 
 from lm.spec.conditions import STRATEGY_FIELD, All, Is, Not, rule
 from lm.spec.families.base import ModelConfig, padded_vocab_size, peak_learning_rate
-from lm.spec.families.gpt import PRESETS, GPTConfig
-from lm.spec.families.rnn import RNN_PRESETS, RNNConfig
+from lm.spec.families.gpt import GPTConfig
+from lm.spec.families.rnn import RNNConfig
 
-__all__ = ["ALL_PRESETS", "CAPABILITIES", "FAMILIES", "PRESETS", "RNN_PRESETS", "GPTConfig", "ModelConfig", "ModelFamily",
-           "RNNConfig", "families_with", "family_rules", "flops_per_token", "get_family", "get_preset",
-           "non_embedding_parameter_count", "padded_vocab_size", "parameter_count", "peak_learning_rate"]
+__all__ = ["CAPABILITIES", "FAMILIES", "GPTConfig", "ModelConfig", "ModelFamily", "RNNConfig", "config_from_dict",
+           "families_with", "family_rules", "flops_per_token", "get_family", "non_embedding_parameter_count",
+           "padded_vocab_size", "parameter_count", "peak_learning_rate"]
 
 
 # What a family may declare: name -> what it means. A consumer of a capability reads the
@@ -35,11 +37,11 @@ CAPABILITIES = collections.OrderedDict([
 ])
 
 
-class ModelFamily(collections.namedtuple("ModelFamily", "config_class presets builder capabilities hf_model_type")):
-    """A model family: its config dataclass, its presets, "module:function" building its Keras
-    model (imported only when a model is built, so this table needs no TensorFlow), the names of
-    the CAPABILITIES it has, and the Hugging Face config.json `model_type` of its layout (None
-    without hf_export and hf_import)."""
+class ModelFamily(collections.namedtuple("ModelFamily", "config_class builder capabilities hf_model_type")):
+    """A model family: its config dataclass, "module:function" building its Keras model (imported
+    only when a model is built, so this table needs no TensorFlow), the names of the CAPABILITIES
+    it has, and the Hugging Face config.json `model_type` of its layout (None without hf_export
+    and hf_import). Its presets are the control plane's (`controlplane.presets`)."""
 
     def supports(self, capability):
         if capability not in CAPABILITIES:
@@ -49,9 +51,9 @@ class ModelFamily(collections.namedtuple("ModelFamily", "config_class presets bu
 
 # Bring your own model: one module with a build function, one config dataclass, one line here.
 FAMILIES = collections.OrderedDict([
-    ("gpt", ModelFamily(GPTConfig, PRESETS, "lm.models.gpt:build_model", tuple(CAPABILITIES), "gpt2")),
+    ("gpt", ModelFamily(GPTConfig, "lm.models.gpt:build_model", tuple(CAPABILITIES), "gpt2")),
     # No key/value cache (generation recomputes), no recompute_grad, no Hugging Face layout, no SMP class.
-    ("rnn", ModelFamily(RNNConfig, RNN_PRESETS, "lm.models.rnn:build_model", (), None)),
+    ("rnn", ModelFamily(RNNConfig, "lm.models.rnn:build_model", (), None)),
 ])
 
 
@@ -73,11 +75,6 @@ def check_declaration(name, family):
 for _name, _family in FAMILIES.items():
     check_declaration(_name, _family)
 
-ALL_PRESETS = collections.OrderedDict(
-    (name, config) for family in FAMILIES.values() for name, config in family.presets.items())
-if len(ALL_PRESETS) != sum(len(f.presets) for f in FAMILIES.values()):
-    raise ValueError("preset names must be unique across model families")
-
 
 def get_family(name):
     try:
@@ -86,14 +83,10 @@ def get_family(name):
         raise ValueError("unknown model family %r; allowed: %s" % (name, ", ".join(FAMILIES)))
 
 
-def get_preset(name, family=None):
-    """The preset `name` of any family, or of `family` only when given."""
-    presets = ALL_PRESETS if family is None else get_family(family).presets
-    try:
-        return presets[name]
-    except KeyError:
-        raise ValueError("unknown preset %r%s; allowed: %s" % (
-            name, "" if family is None else " for model %s" % family, ", ".join(presets)))
+def config_from_dict(family, values):
+    """The config of `family` from its `to_dict()` form (the hyperparameter `model_config`): its
+    dataclass checks every field; unknown families or fields are an error."""
+    return get_family(family).config_class.from_dict(values)
 
 
 def parameter_count(config):

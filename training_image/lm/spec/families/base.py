@@ -49,10 +49,18 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values):
-        known = {f.name for f in dataclasses.fields(cls)}
+        """The config of `values` (its `to_dict()` form); the dataclass checks each value."""
+        fields = dataclasses.fields(cls)
+        if not isinstance(values, dict):
+            raise ValueError("a %s must be a JSON object, got %r" % (cls.__name__, values))
+        known = {f.name for f in fields}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError("unknown %s fields %s; allowed: %s" % (cls.__name__, unknown, sorted(known)))
+        missing = [f.name for f in fields if f.name not in values
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError("%s needs the fields %s" % (cls.__name__, missing))
         return cls(**values)
 
     def _check_common(self, family):

@@ -1,9 +1,8 @@
-"""The GPT family's configuration (GPT-2/3 architecture), its presets and its arithmetic.
+"""The GPT family's configuration (GPT-2/3 architecture) and its arithmetic (presets: `controlplane.presets`).
 
 The model is `lm.models.gpt`. Pure Python 3.8, no TensorFlow: imported at synth time.
 """
 import dataclasses
-from typing import Dict
 
 from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, check_positive_ints
 
@@ -98,17 +97,3 @@ class GPTConfig(ModelConfig):
         if self.dropout:
             total += compute_bytes * w + w + 2 * u
         return total
-
-
-# GPT-3 paper, Table 2.1 (n_layers, d_model, n_heads); context 2048 for all.
-PRESETS: Dict[str, GPTConfig] = {
-    "tiny": GPTConfig(n_layer=2, d_model=64, n_head=4, block_size=128, vocab_size=512, pad_vocab_to=64),
-    "gpt-125m": GPTConfig(n_layer=12, d_model=768, n_head=12),
-    "gpt-350m": GPTConfig(n_layer=24, d_model=1024, n_head=16),
-    "gpt-760m": GPTConfig(n_layer=24, d_model=1536, n_head=16),
-    "gpt-1.3b": GPTConfig(n_layer=24, d_model=2048, n_head=16),
-    "gpt-2.7b": GPTConfig(n_layer=32, d_model=2560, n_head=32),
-    "gpt-6.7b": GPTConfig(n_layer=32, d_model=4096, n_head=32),
-    "gpt-13b": GPTConfig(n_layer=40, d_model=5120, n_head=40),
-}
-

@@ -3,7 +3,6 @@
 The model is `lm.models.rnn`. Pure Python 3.8, no TensorFlow: imported at synth time.
 """
 import dataclasses
-from typing import Dict
 
 from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, check_positive_ints
 
@@ -68,9 +67,3 @@ class RNNConfig(ModelConfig):
         if self.dropout:
             total += compute_bytes * u + u
         return total
-
-
-RNN_PRESETS: Dict[str, RNNConfig] = {
-    "rnn-tiny": RNNConfig(n_layer=1, d_model=64, block_size=128, vocab_size=512, pad_vocab_to=64),
-    "rnn-small": RNNConfig(n_layer=2, d_model=1024),
-}
