@@ -202,7 +202,8 @@ def test_cli_names_the_allowed_presets_for_an_unknown_one():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, IMAGE_DIR]))
     result = subprocess.run([sys.executable, "-m", "lmstack.plan", "--describe", "gpt-9"], env=env,
                             capture_output=True, text=True)
-    assert result.returncode != 0 and "--model_config: unknown GPTConfig fields ['n_heads']" in result.stderr
+    assert result.returncode != 0 and "unknown preset 'gpt-9'; allowed: tiny, gpt-125m" in result.stderr
+    assert "rnn-small" in result.stderr
 
 
 def test_bad_config_names_the_field():
