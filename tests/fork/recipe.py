@@ -70,8 +70,8 @@ def run_in_place(monkeypatch, module, source):
 def _parent_binding(monkeypatch, name):
     """Keep the parent package's attribute for `name` as it is now, for after the test."""
     parent, _, child = name.rpartition(".")
-    if parent and parent in sys.modules:
-        package = sys.modules[parent]
+    if parent:
+        package = importlib.import_module(parent)
         monkeypatch.setattr(package, child, getattr(package, child, None), raising=False)
 
 
@@ -79,8 +79,9 @@ def reimport(monkeypatch, *names):
     """Import `names` afresh, in order (the old modules are back in sys.modules after the test)."""
     for name in names:
         _parent_binding(monkeypatch, name)
-        if name in sys.modules:
-            monkeypatch.delitem(sys.modules, name)
+        # present or not before, `name` is back as it was after the test
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name))
+        monkeypatch.delitem(sys.modules, name)
     return [importlib.import_module(name) for name in names]
 
 
