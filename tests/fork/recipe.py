@@ -1,7 +1,7 @@
 """Perform a checklist of docs/fork.md in this process, as an edit of the source files would.
 
 A recipe edits source files; the next process that imports them sees the edit everywhere. Here
-the edit is made to a copy of a module's source (`edited`: each insertion at an anchor that must
+the edit is made to a copy of a module's source (`edited`, `replaced`: each at an anchor that must
 occur exactly once, so a checklist whose file moved fails loudly) and run in the place of the
 module, in one of two ways:
 
