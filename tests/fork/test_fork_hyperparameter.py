@@ -15,6 +15,7 @@ import json
 import pytest
 from state_machine.harness import StandInSettings
 
+from controlplane import presets
 from lm.spec import job
 from stacks.settings import Settings
 
@@ -26,7 +27,9 @@ ENTRY = '    _hp("z_loss", float, 0.0, 0.0, 1.0, help="weight of the z-loss, log
 TABLE_END = "])\n\n\ndef validate_hyperparameters("
 GOOD, BAD = 0.25, 1.5
 MESSAGE = "hyperparameters.z_loss must be between 0.0 and 1.0, got 1.5"  # lm.spec.fields.range_message
-DRY_RUN = ["--dry-run", "--instance-type", StandInSettings.default_instance_type]
+# A dry run of the deployment's default preset, with the configuration the control plane resolves for it.
+DRY_RUN = ["--dry-run", "--instance-type", StandInSettings.default_instance_type] + presets.train_arguments(
+    StandInSettings.default_preset)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from state_machine.harness import StandInSettings
 
 from controlplane import planner, rules
 from lm.distributed import single
+from controlplane import presets
 from lm.spec import job
 from stacks.state_machine.names import image_placeholder
 
@@ -72,7 +73,7 @@ def data_dir(tmp_path):
 
 def train_args(data_dir, tmp_path, **hyperparameters):
     args = ["--data-dir", data_dir, "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir", str(tmp_path / "model")]
-    for name, value in dict(TINY, **hyperparameters).items():
+    for name, value in presets.resolve(dict(TINY, **hyperparameters)).items():
         args += ["--" + name, job.encode_hyperparameters({name: value})[name]]
     return args
 
