@@ -400,5 +400,7 @@ def _check_strategy_fit(s):
     for found in rules.cross_field_rules():
         message = conditions.broken([found], defaults)
         if message:
-            field = next(path for path in conditions.paths(found.when) if path != conditions.STRATEGY_FIELD)
+            # The default the rule reads besides the strategy (the strategy itself for a rule over it alone).
+            field = next((path for path in conditions.paths(found.when) if path != conditions.STRATEGY_FIELD),
+                         conditions.STRATEGY_FIELD)
             yield "%s: %s" % (_key("default_" + field), message)

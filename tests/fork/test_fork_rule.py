@@ -18,6 +18,7 @@ import pytest
 from state_machine import test_rules
 
 from controlplane import planner, rules
+from controlplane import presets
 from lm.spec import job
 from lmstack import start
 from stacks.settings import Settings, SettingsError
@@ -93,10 +94,6 @@ def test_each_table_is_enforced_on_its_paths(with_rules, make_deployment):
     assert len(deployment.jobs.created) == 2  # horovod-plain and mwms-4
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "stacks.settings._check_strategy_fit names the field of a broken rule by its first path other than "
-    "strategy: a rule over the strategy alone has none, and the settings fail with StopIteration "
-    "(RuntimeError in a generator) instead of the rule's message"))
 def test_the_settings_refuse_a_rule_over_the_strategy_alone(monkeypatch):
     withdrawn = '''
     found.append(rule("strategy.smddp.withdrawn", Is(STRATEGY_FIELD, "smddp"), "strategy smddp is withdrawn here"))
@@ -107,15 +104,11 @@ def test_the_settings_refuse_a_rule_over_the_strategy_alone(monkeypatch):
         Settings(default_strategy="smddp", default_instance_type="ml.p4d.24xlarge", default_instance_count=2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "docs/fork.md says the runtime enforces a job rule such as strategy x instance type, but "
-    "lm.spec.job.validate_hyperparameters checks job_rules without the instance type and count, and "
-    "lm.training.train --dry-run (which has both) does not check job_rules: such a rule is skipped at run time"))
 def test_the_runtime_refuses_a_job_rule_over_the_instance_type(capsys):
     from lm.training import train
 
     refused = "strategy smddp runs only on instance_type"
     assert refused in " ".join(found.message for found in job.job_rules())
     assert train.main(["--dry-run", "--strategy", "smddp", "--instance-type", "ml.g5.2xlarge",
-                       "--instance-count", "2"]) == 2
+                       "--instance-count", "2"] + presets.train_arguments("tiny")) == 2
     assert refused in capsys.readouterr().err

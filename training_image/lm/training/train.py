@@ -41,8 +41,8 @@ from lm.spec import job
 from lm.spec import shards
 from lm.training import summaries
 from lm.training import tracking
-from lm.spec.conditions import broken
-from lm.spec.families import family_rules, flops_per_token, parameter_count, peak_learning_rate
+from lm.spec import conditions
+from lm.spec.families import flops_per_token, parameter_count, peak_learning_rate
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
@@ -142,7 +142,7 @@ def parse_args(argv=None):
         raise UsageError("hyperparameters.model_config is required: the configuration of model %s as a JSON object "
                          "(the control plane resolves a preset into it: controlplane.presets.resolve)"
                          % hyperparameters.model)
-    check_init_from(hyperparameters, args.init_from)
+    check_job_rules(hyperparameters, args)
     if not args.data_dir and not args.dry_run:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")
     under_sagemaker = "SM_MODEL_DIR" in os.environ
@@ -158,10 +158,16 @@ def parse_args(argv=None):
     return hyperparameters, args
 
 
-def check_init_from(hp, init_from):
-    """init_from needs a family that reads the Hugging Face layout: the family rule the Validate stage
-    applies (the hyperparameters alone cannot ask it, so `job.validate_hyperparameters` skips it)."""
-    message = broken(family_rules(), {"hyperparameters": hp.as_dict(), "init_from": init_from})
+def check_job_rules(hp, args):
+    """The rules every job obeys (`lm.spec.job.job_rules`) over what the hyperparameters alone cannot
+    say, so `job.validate_hyperparameters` skipped them: the instance type and count this job runs on
+    (SageMaker's resource config, or --instance-type/--instance-count in a dry run) and init_from (a
+    family that reads the Hugging Face layout)."""
+    given = {conditions.STRATEGY_FIELD: hp.strategy, "hyperparameters": hp.as_dict(), "init_from": args.init_from,
+             conditions.INSTANCE_COUNT_FIELD: args.instance_count}
+    if args.instance_type:
+        given[conditions.INSTANCE_TYPE_FIELD] = args.instance_type
+    message = conditions.broken(job.job_rules(), given)
     if message:
         raise UsageError(message)
 
