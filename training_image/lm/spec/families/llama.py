@@ -93,8 +93,8 @@ class LlamaConfig(ModelConfig):
         - SwiGLU: gate output, its silu, up output, their product (4f);
         - dropout > 0: the dropped probabilities and 1-byte masks, and the two sublayer masks
           (c w + w + 2u).
-        Not measured against an allocator for every op: tests/plan checks the total against TF's
-        peak for a small config (within the planner's 15 %); XLA is taken to keep the same."""
+        An estimate from the ops, not yet measured against an allocator as GPT's count is
+        (tests/plan: GPT keeps twice what such a count gives); XLA is taken to keep the same."""
         u = micro_batch * seq_len * self.d_model
         k = micro_batch * seq_len * self.kv_width
         f = micro_batch * seq_len * self.d_ff
