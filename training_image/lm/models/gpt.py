@@ -12,7 +12,7 @@ import math
 
 from lm.compat import keras, tf
 from lm.models.layers import (INIT_STDDEV, causal_bias, decode_bias_and_positions, dense, dropout, dropout_seeds,
-                              matmul_last, normal, sub_seed, update_cache)
+                              empty_caches, matmul_last, normal, sub_seed, update_cache)
 from lm.spec.families import GPTConfig
 
 __all__ = ["GPT", "build_model"]
@@ -222,8 +222,7 @@ class GPT(keras.Model):
     def init_cache(self, batch, length):
         """Empty key/value caches for `length` slots: one (keys, values) pair per layer."""
         c = self.model_config
-        shape = [batch, c.n_head, length, c.attention_head_dim]
-        return [(tf.zeros(shape, self.compute_dtype), tf.zeros(shape, self.compute_dtype)) for _ in self.blocks]
+        return empty_caches(len(self.blocks), [batch, c.n_head, length, c.attention_head_dim], self.compute_dtype)
 
     def decode(self, tokens, valid, caches=None, index=0):
         """Inference on tokens [b, s] (left padding allowed) -> (float32 logits [b, s, vocab], caches).

@@ -74,6 +74,11 @@ def dense(x, kernel, bias=None):
     return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, x.dtype))
 
 
+def empty_caches(layers, shape, dtype):
+    """One (keys, values) pair of zeros `shape` [batch, heads, slots, head_dim] per layer."""
+    return [(tf.zeros(shape, dtype), tf.zeros(shape, dtype)) for _ in range(layers)]
+
+
 def update_cache(cache, new, index):
     """Write `new` [b, h, s, d] into `cache` [b, h, T, d] at positions index..index+s-1.
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from lm.compat import keras, tf
 from lm.models.layers import (INIT_STDDEV, causal_bias, decode_bias_and_positions, dropout, dropout_seeds,
-                              matmul_last, normal, sub_seed, update_cache)
+                              empty_caches, matmul_last, normal, sub_seed, update_cache)
 from lm.spec.families import LlamaConfig
 
 __all__ = ["Llama", "build_model"]
@@ -187,8 +187,7 @@ class Llama(keras.Model):
     def init_cache(self, batch, length):
         """Empty key/value caches for `length` slots: one (keys, values) pair per layer, n_kv_head heads."""
         c = self.model_config
-        shape = [batch, c.n_kv_head, length, c.head_dim]
-        return [(tf.zeros(shape, self.compute_dtype), tf.zeros(shape, self.compute_dtype)) for _ in self.blocks]
+        return empty_caches(len(self.blocks), [batch, c.n_kv_head, length, c.head_dim], self.compute_dtype)
 
     def decode(self, tokens, valid, caches=None, index=0):
         """As lm.models.gpt.GPT.decode: tokens [b, s] (left padding allowed) -> (float32 logits, caches)."""

@@ -94,7 +94,7 @@ class LlamaConfig(ModelConfig):
         - dropout > 0: the dropped probabilities and 1-byte masks, and the two sublayer masks
           (c w + w + 2u).
         An estimate from the ops, not yet measured against an allocator as GPT's count is
-        (tests/plan: GPT keeps twice what such a count gives); XLA is taken to keep the same."""
+        (GPT's measured count, tests/plan, is twice the paper's); XLA is taken to keep the same."""
         u = micro_batch * seq_len * self.d_model
         k = micro_batch * seq_len * self.kv_width
         f = micro_batch * seq_len * self.d_ff
