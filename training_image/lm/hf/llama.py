@@ -87,8 +87,15 @@ def hf_config(config, eos_id):
     }
 
 
+REQUIRED_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                   "max_position_embeddings", "vocab_size")
+
+
 def read_config(path, values):
     """The LlamaConfig of config.json's `values` (read from `path`); HFError where lm.models.llama differs."""
+    missing = [name for name in REQUIRED_FIELDS if name not in values]
+    if missing:
+        raise HFError("%s: model_type llama needs the fields %s" % (path, ", ".join(missing)))
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     refusals = [
         (values.get("hidden_act", "silu") != "silu", "hidden_act %r; lm.models.llama's MLP is SwiGLU (silu)"
