@@ -10,7 +10,8 @@ TGI's SageMaker entrypoint reads HF_MODEL_ID (a hub id or a local directory) and
 (the tensor-parallel shards), and the launcher's MAX_INPUT_LENGTH / MAX_TOTAL_TOKENS (prompt
 tokens, prompt + generated tokens per request) and DTYPE (TGI docs, "Text-generation-launcher
 arguments": each option's `[env: ...]`). Tensor parallelism splits the attention heads, so the
-shard count divides n_head.
+shard count divides n_head, and the key/value heads of grouped-query attention (Llama's n_kv_head)
+alike: TGI's and vLLM's sharded attention layers split both by the shard count.
 
 Image table: TGI_TAGS and TGI_REGISTRIES, taken on TGI_IMAGES_TAKEN from the SageMaker Python SDK's
 `src/sagemaker/image_uri_config/huggingface-llm.json` (versions 3.0.1, added by commit
@@ -118,17 +119,26 @@ def serving_parameters(config):
     return config.parameter_count() - padding * (1 if config.tie_embeddings else 2)
 
 
+def key_value_heads(config):
+    """The heads the KV cache holds and tensor parallelism splits: grouped-query attention (family
+    llama) shares n_kv_head of them among the n_head query heads; GPT has n_head."""
+    return getattr(config, "n_kv_head", config.n_head)
+
+
 def memory_per_gpu_gib(config, shards):
-    """Weights and one MAX_TOTAL_TOKENS sequence's KV cache, split over `shards`, plus overhead."""
+    """Weights and one MAX_TOTAL_TOKENS sequence's KV cache (keys and values of the key/value
+    heads, every layer), split over `shards`, plus overhead."""
     _, total_tokens = token_limits(config)
     weights = serving_parameters(config) * SERVING_BYTES
-    kv_cache = 2 * config.n_layer * config.d_model * total_tokens * SERVING_BYTES
+    kv_width = key_value_heads(config) * (config.d_model // config.n_head)
+    kv_cache = 2 * config.n_layer * kv_width * total_tokens * SERVING_BYTES
     return (weights + kv_cache) / shards / 2 ** 30 + OVERHEAD_GIB
 
 
 def gpu_shards(container, config, instance_type):
     """(tensor-parallel GPUs, None), or (None, why `container` (tgi or lmi) cannot serve `config`
-    on `instance_type`): the fewest GPUs (a divisor of n_head) whose memory holds the model."""
+    on `instance_type`): the fewest GPUs (a divisor of n_head and of the key/value heads, which TGI
+    and vLLM shard alike) whose memory holds the model."""
     instance = INSTANCES[instance_type]
     if not get_family(config.family).supports(container):
         return None, capability_message(config.family, "deploy.container %s" % container, container)
@@ -136,11 +146,15 @@ def gpu_shards(container, config, instance_type):
         return None, "%s needs a GPU instance; %s has none" % (container.upper(), instance_type)
     usable = instance.gpu_memory_gib * USABLE_FRACTION
     for shards in range(1, instance.gpus + 1):
-        if config.n_head % shards == 0 and memory_per_gpu_gib(config, shards) <= usable:
+        if splits_heads(config, shards) and memory_per_gpu_gib(config, shards) <= usable:
             return shards, None
-    most = max(s for s in range(1, instance.gpus + 1) if config.n_head % s == 0)
+    most = max(s for s in range(1, instance.gpus + 1) if splits_heads(config, s))
     return None, "needs %.1f GiB per GPU on %d GPUs, %s has %.1f usable per GPU" % (
         memory_per_gpu_gib(config, most), most, instance_type, usable)
+
+
+def splits_heads(config, shards):
+    return config.n_head % shards == 0 and key_value_heads(config) % shards == 0
 
 
 def tgi_environment(config, shards):

@@ -16,7 +16,8 @@ Pure Python, no TensorFlow: imported at synth time and on a laptop.
 import collections
 import json
 
-from lm.spec.families import GPTConfig, RNNConfig, get_family
+from lm.spec.families import GPTConfig, LlamaConfig, RNNConfig, get_family
+from lm.spec.families.llama import LLAMA3_VOCAB_SIZE
 
 # GPT-3 paper (Brown et al. 2020, "Language Models are Few-Shot Learners"), Table 2.1 (n_layers,
 # d_model, n_heads); context 2048 for all. `tiny` is the demo's model (the sample corpus trains it).
@@ -37,8 +38,31 @@ RNN_PRESETS = collections.OrderedDict([
     ("rnn-small", RNNConfig(n_layer=2, d_model=1024)),
 ])
 
+
+
+def llama3(**shape):
+    """A Llama 3 shape: its 128256-token vocabulary, 8192 positions, rope_theta 500000."""
+    return LlamaConfig(block_size=8192, vocab_size=LLAMA3_VOCAB_SIZE, rope_theta=500000.0, **shape)
+
+
+# The released models' shapes, from their config.json on the Hugging Face Hub (meta-llama/Llama-3.2-1B,
+# Llama-3.2-3B, Llama-2-7b-hf, Meta-Llama-3-8B, Llama-2-13b-hf); tests/model/test_llama.py checks the
+# parameter counts against the totals of the Hub's safetensors. Llama 3.2 extends its context to
+# 131072 with "llama3" rope scaling, which lm.models.llama does not implement: its presets keep the
+# 8192 positions Llama 3 was trained at, unscaled.
+LLAMA_PRESETS = collections.OrderedDict([
+    # The demo's shape (`tiny`: vocabulary 512, context 128), two query heads per key/value head.
+    ("llama-tiny", LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=176, block_size=128,
+                               vocab_size=512, pad_vocab_to=64)),
+    ("llama3.2-1b", llama3(n_layer=16, d_model=2048, n_head=32, n_kv_head=8, d_ff=8192, tie_embeddings=True)),
+    ("llama3.2-3b", llama3(n_layer=28, d_model=3072, n_head=24, n_kv_head=8, d_ff=8192, tie_embeddings=True)),
+    ("llama2-7b", LlamaConfig(n_layer=32, d_model=4096, n_head=32, n_kv_head=32, d_ff=11008)),
+    ("llama3-8b", llama3(n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336)),
+    ("llama2-13b", LlamaConfig(n_layer=40, d_model=5120, n_head=40, n_kv_head=40, d_ff=13824)),
+])
+
 # Every family's presets; a family with presets is one more entry.
-FAMILY_PRESETS = collections.OrderedDict([("gpt", GPT_PRESETS), ("rnn", RNN_PRESETS)])
+FAMILY_PRESETS = collections.OrderedDict([("gpt", GPT_PRESETS), ("rnn", RNN_PRESETS), ("llama", LLAMA_PRESETS)])
 ALL_PRESETS = collections.OrderedDict(
     (name, config) for presets in FAMILY_PRESETS.values() for name, config in presets.items())
 if len(ALL_PRESETS) != sum(len(presets) for presets in FAMILY_PRESETS.values()):

@@ -4,7 +4,6 @@ Both definitions come from `stacks.state_machine` as plain JSON (so cfn-lint val
 ASL and the tests execute the very document we ship); their `${Name}` placeholders are
 filled by CloudFormation from `definition_substitutions`.
 """
-import json
 from typing import Mapping
 
 from aws_cdk import aws_events as events
@@ -61,7 +60,7 @@ class Orchestration(Construct):
     def _machine(self, construct_id, name, definition, substitutions, role, settings):
         machine = sfn.StateMachine(
             self, construct_id, state_machine_name=name, state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_string(json.dumps(definition)),
+            definition_body=sfn.DefinitionBody.from_string(state_machine.definition_text(definition)),
             definition_substitutions=dict(substitutions), role=role, tracing_enabled=True,
             logs=sfn.LogOptions(
                 destination=log_group(self, construct_id + "Logs", retention_days=settings.log_retention_days,

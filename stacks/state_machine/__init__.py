@@ -11,9 +11,13 @@ Pure Python, no CDK: the CDK app passes the documents to `DefinitionBody.from_st
   placeholder each definition uses (fixed names in TRAINING_SUBSTITUTIONS /
   STOP_SUBSTITUTIONS, plus `Subnet<i>` for i < subnet_count and `Image_<runtime>` per enabled
   runtime). `render(definition, values)` fills them (tests; the CDK does it at deploy).
+- `definition_text(definition)`: the JSON text the CDK app deploys (no spaces between tokens:
+  CreateStateMachine's request, which holds it, is limited to 1 MB).
 - `EXAMPLE_INPUT`: a small execution input.
 - `REQUIRED_ACTIONS`: the IAM actions each definition calls and the resource each targets.
 """
+import json
+
 from stacks.state_machine.names import (
     REQUIRED_ACTIONS,
     STOP_SUBSTITUTIONS,
@@ -32,7 +36,13 @@ __all__ = [
     "TRAINING_SUBSTITUTIONS",
     "build_stop_definition",
     "build_training_definition",
+    "definition_text",
     "render",
     "stop_substitutions",
     "training_substitutions",
 ]
+
+
+def definition_text(definition):
+    """The definition as the CDK app deploys it: compact JSON."""
+    return json.dumps(definition, separators=(",", ":"))

@@ -59,7 +59,7 @@ def tokenizer_checkpoint(tmp_path_factory):
     tokenizer = _checkpoint_tokenizer(os.path.join(hf_dir, "tokenizer.json"))
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     with open(os.path.join(hf_dir, hf.HF_CONFIG_FILE), "w") as f:
-        json.dump(hf.gpt2_config(_model_config(tokenizer.get_vocab_size()), eos_id), f)
+        json.dump(hf.gpt2.gpt2_config(_model_config(tokenizer.get_vocab_size()), eos_id), f)
     return hf_dir, eos_id
 
 

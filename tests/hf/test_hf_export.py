@@ -107,7 +107,7 @@ def test_export_refuses_the_rnn_family(tmp_path, exported):
     other = str(tmp_path / "export")
     lm_export.export_model(models.build(config), config, os.path.join(exported[2], "tokenizer.json"), other)
     with pytest.raises(hf.HFError, match=r"model rnn cannot use the Hugging Face export \(capability hf_export: .*\); "
-                                         r"families with it: gpt"):
+                                         r"families with it: gpt, llama"):
         hf.export_hf(other, str(tmp_path / "hf"))
 
 
@@ -173,7 +173,9 @@ def test_import_of_a_transformers_checkpoint_gives_transformers_loss(exported, t
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "llama"}, "model_type 'llama'"), ({"activation_function": "relu"}, "activation_function"),
+    ({"model_type": "bert"}, "model_type 'bert'; the families that import a Hugging Face layout read model_type "
+                             r"'gpt2' \(model gpt\), 'llama' \(model llama\)"),
+    ({"activation_function": "relu"}, "activation_function"),
     ({"n_inner": 7}, "n_inner 7"), ({"tie_word_embeddings": False}, "tie_word_embeddings"),
 ])
 def test_import_refuses_what_is_not_our_gpt2(tmp_path, exported, change, message):

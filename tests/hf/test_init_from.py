@@ -171,14 +171,14 @@ def test_a_checkpoint_of_another_family_is_refused_naming_both(tmp_path, monkeyp
     with pytest.raises(hf.HFError, match=r"model_type 'llama' is not the Hugging Face layout of model gpt "
                                          r"\(model_type 'gpt2'\)"):
         hf.init_config(hf_dir, get_preset("tiny"), "preset tiny")
-    with pytest.raises(hf.HFError, match=r"model_type 'llama'; the families that import a Hugging Face layout read "
-                                         r"model_type 'gpt2' \(model gpt\)"):
-        hf.import_hf(hf_dir, str(tmp_path / "imported"))
+    with pytest.raises(hf.HFError, match=r"config.json: model_type llama needs the fields hidden_size, "
+                                         r"num_attention_heads, num_hidden_layers, intermediate_size"):
+        hf.import_hf(hf_dir, str(tmp_path / "imported"))  # a GPT-2 config.json is not read as a Llama one
 
 
 def test_init_from_with_a_family_without_hf_import_is_refused_before_any_work(tmp_path):
     with pytest.raises(train.UsageError, match=r"^model rnn cannot use init_from \(a Hugging Face checkpoint\) "
-                                               r"\(capability hf_import: .*\); families with it: gpt$"):
+                                               r"\(capability hf_import: .*\); families with it: gpt, llama$"):
         train.parse_args(train_arguments(str(tmp_path), str(tmp_path), "--init-from", str(tmp_path), model="rnn",
                                          preset="rnn-tiny"))
 

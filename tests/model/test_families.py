@@ -12,8 +12,8 @@ from lm.models.rnn import RNNLM
 RNN_TINY = presets.get_preset("rnn-tiny")
 
 
-def test_the_registry_lists_both_families_and_the_job_reads_it():
-    assert list(lm_config.FAMILIES) == ["gpt", "rnn"]
+def test_the_registry_lists_the_families_and_the_job_reads_it():
+    assert list(lm_config.FAMILIES) == ["gpt", "rnn", "llama"]
     assert job.HYPERPARAMETERS["model"].choices == tuple(lm_config.FAMILIES)
     assert all(c.family == name for name, family in presets.FAMILY_PRESETS.items() for c in family.values())
 
@@ -39,8 +39,9 @@ def test_rnn_builds_with_the_counted_parameters(cell, tied):
     assert out.shape == (3, 7, config.padded_vocab_size) and out.dtype == tf.float32
 
 
-def test_rnn_is_causal():
-    model = models.build(RNN_TINY)
+@pytest.mark.parametrize("preset", ["rnn-tiny", "llama-tiny"])
+def test_the_model_is_causal(preset):
+    model = models.build(presets.get_preset(preset))
     x = np.arange(1, 11, dtype=np.int32)[np.newaxis]
     changed = x.copy()
     changed[0, 6] = 400
@@ -101,13 +102,12 @@ def test_config_dicts_round_trip_for_every_preset():
         assert lm_config.flops_per_token(config) > 0 < lm_config.non_embedding_parameter_count(config)
 
 
-def test_a_family_declares_its_capabilities_in_its_one_entry(monkeypatch):
-    """A new family with everything but smp (as the Llama family will be) is one ModelFamily entry;
-    the rules every consumer reads follow from it: one rule, for smp, naming both families that have it."""
-    declared = lm_config.ModelFamily(lm_config.GPTConfig, "lm.models.gpt:build_model",
-                                     ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
-    lm_config.check_declaration("llama", declared)
-    monkeypatch.setitem(lm_config.FAMILIES, "llama", declared)
+def test_a_family_declares_its_capabilities_in_its_one_entry():
+    """The Llama family, everything but smp, is one ModelFamily entry; the rules every consumer reads
+    follow from it: one rule, for smp, and the families with tgi named in rnn's rule."""
+    assert lm_config.FAMILIES["llama"] == lm_config.ModelFamily(
+        lm_config.LlamaConfig, "lm.models.llama:build_model",
+        ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
     made = {found.name: found for found in lm_config.family_rules()}
     assert [name for name in made if name.startswith("family.llama.")] == ["family.llama.smp"]
     assert made["family.llama.smp"].message.startswith("model llama cannot use strategy smp (capability smp: SMP v1")

@@ -1,5 +1,5 @@
-"""Serve what `python -m lm.training.train` exported: sample corpus -> `lm.data.prepare` -> `lm.training.train` (tiny,
-a few steps) -> the real server on 127.0.0.1."""
+"""Serve what `python -m lm.training.train` exported: sample corpus -> `lm.data.prepare` -> `lm.training.train` (the
+tiny preset of each transformer family, a few steps) -> the real server on 127.0.0.1."""
 import json
 import os
 import subprocess
@@ -8,14 +8,15 @@ import sys
 import pytest
 
 from controlplane import presets
-from serving import IMAGE, Server
+from serving import IMAGE, ROOT, Server
 
 TRAIN_HYPERPARAMETERS = {"preset": "tiny", "global_batch_size": 8, "max_steps": 10, "warmup_steps": 2,
                          "log_every": 5, "eval_every": 0, "eval_batches": 2, "checkpoint_every": 0, "xla": False}
 
 
 def run(args, cwd):
-    env = dict(os.environ, PYTHONPATH=IMAGE, TF_CPP_MIN_LOG_LEVEL="2")
+    # the image's packages, and the repository root for lmstack.sample_corpus (not in the image)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMAGE, ROOT]), TF_CPP_MIN_LOG_LEVEL="2")
     for name in list(env):
         if name.startswith("SM_"):
             del env[name]
@@ -25,18 +26,20 @@ def run(args, cwd):
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def trained_model_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=[("tiny", "gpt"), ("llama-tiny", "llama")], ids=["gpt", "llama"])
+def trained_model_dir(tmp_path_factory, request):
+    preset, family = request.param
     work = str(tmp_path_factory.mktemp("trained"))
     run(["lmstack.sample_corpus", "raw/sample.jsonl.zst", "--max-bytes", "400000"], work)
     run(["lm.data.prepare", "raw", "--output", "data", "--train-tokenizer", "--vocab-size", "512", "--seq-len", "64",
          "--workers", "1", "--val-fraction", "0.1"], work)
     args = ["lm.training.train", "--data-dir", "data", "--checkpoint-dir", "checkpoints", "--export-dir", "model"]
-    for name, value in presets.resolve(TRAIN_HYPERPARAMETERS).items():
+    hyperparameters = dict(TRAIN_HYPERPARAMETERS, preset=preset, model=family, export_hf=True)
+    for name, value in presets.resolve(hyperparameters).items():
         args += ["--" + name, json.dumps(value)]
     output = run(args, work)
     assert "[eval]" in output
-    return os.path.join(work, "model")
+    return os.path.join(work, "model"), family
 
 
 @pytest.mark.slow
@@ -44,6 +47,7 @@ def test_serves_the_model_lm_train_exported(trained_model_dir, tmp_path):
     from lm.serving.export import load_exported
     from lm.serving.generate import Generator
 
+    trained_model_dir, family = trained_model_dir
     server = Server(trained_model_dir, str(tmp_path / "server.log"))
     try:
         server.wait_ready()
@@ -54,5 +58,7 @@ def test_serves_the_model_lm_train_exported(trained_model_dir, tmp_path):
     finally:
         server.stop()
     model, config, tokenizer = load_exported(trained_model_dir)
-    assert config.family == "gpt" and config.block_size == 128
+    assert config.family == family and config.block_size == 128
+    with open(os.path.join(trained_model_dir, "config.json")) as f:  # export_hf: what TGI and LMI serve
+        assert json.load(f)["model_type"] == {"gpt": "gpt2", "llama": "llama"}[family]
     assert served == Generator(model, config, tokenizer).generate(request["inputs"], **request["parameters"])

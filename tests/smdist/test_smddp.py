@@ -254,7 +254,8 @@ def final_checkpoint(out_dir):
 
 
 @pytest.mark.slow
-def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path):
+@pytest.mark.parametrize("preset, model", [("tiny", "gpt"), ("llama-tiny", "llama")])
+def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, preset, model):
     dataset = write_random_dataset(str(tmp_path))
     rendezvous = str(tmp_path / "rendezvous")
     os.makedirs(rendezvous)
@@ -265,7 +266,7 @@ def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path):
     def rank_run(rank):
         runs[rank] = run_train(dataset, str(tmp_path / ("rank%d" % rank)), "smddp", {
             "FAKE_SDP_RANK": str(rank), "FAKE_SDP_SIZE": "2", "FAKE_SDP_RENDEZVOUS": rendezvous,
-            "LM_REPORT_WEIGHT_DIGEST": "1"})
+            "LM_REPORT_WEIGHT_DIGEST": "1"}, preset=preset, model=model)
 
     threads = [threading.Thread(target=rank_run, args=(rank,)) for rank in range(2)]
     for thread in threads:
@@ -284,7 +285,7 @@ def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path):
     logged = [[line for line in runs[rank][1].splitlines() if line.startswith(job.TRAIN_LOG_PREFIX)] for rank in range(2)]
     assert len(logged[0]) == 3 and logged[1] == []
 
-    status, output, _ = run_train(dataset, str(tmp_path / "single"), "single", {})
+    status, output, _ = run_train(dataset, str(tmp_path / "single"), "single", {}, preset=preset, model=model)
     assert status == 0, output
     (ours_name, ours), (single_name, single) = final_checkpoint(str(tmp_path / "rank0")), \
         final_checkpoint(str(tmp_path / "single"))

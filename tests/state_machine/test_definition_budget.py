@@ -4,14 +4,15 @@ covers every preset, and the definition stays under Step Functions' limit as pre
 The limit: "Maximum request size: 1 MB per request", which holds a CreateStateMachine or
 UpdateStateMachine definition (Step Functions developer guide, "Step Functions service quotas",
 quotas related to API action requests). The definition the stack deploys is
-`json.dumps(build_training_definition(settings))` (stacks.orchestration), placeholders filled by
-CloudFormation.
+`definition_text(build_training_definition(settings))` (stacks.orchestration: compact JSON),
+placeholders filled by CloudFormation.
 
 Measured here by adding synthetic presets (copies of the GPT-3 shapes, one layer more) and
-synthetic GPU instance types (copies of real ones, priced as a p4d): at the time of writing the
-definition is about 650 KB, each GPT-sized preset adds about 40 KB (almost all of it the plan gate:
+synthetic GPU instance types (copies of real ones, priced as a p4d): with the Llama presets the
+definition is about 750 KB, each GPT-sized preset adds about 44 KB (almost all of it the plan gate:
 one Choice rule and one Fail state per instance type x strategy it cannot run with its own
-message) and each GPU instance type about 13 KB.
+message; the gate branches on instance type and strategy before it tests presets,
+stacks.state_machine.plan_gate) and each GPU instance type a share of it too.
 """
 import collections
 import contextlib
@@ -23,7 +24,7 @@ import pytest
 from controlplane import presets, prices, rules
 from lm.spec import conditions, hardware
 from stacks.settings import Settings
-from stacks.state_machine import build_training_definition
+from stacks.state_machine import build_training_definition, definition_text
 
 DEFINITION_LIMIT = 1024 * 1024
 # What the definition must still hold: this many more GPT-sized presets and GPU instance types,
@@ -36,7 +37,7 @@ MARGIN = 0.05
 
 def definition_bytes():
     rules.serving_rules.cache_clear()  # cached per table; the tables are patched here
-    return len(json.dumps(build_training_definition(Settings())))
+    return len(definition_text(build_training_definition(Settings())))
 
 
 def synthetic_presets(count):

@@ -18,6 +18,7 @@ from lm.distributed.mwms import tf_config_from_sagemaker, worker_rank
 from . import helpers
 
 STEPS = {"max_steps": 5, "global_batch_size": 8}
+MODELS = {"tiny": "gpt", "llama-tiny": "llama"}  # preset -> its family: the tiny one of each transformer family
 DIGEST = re.compile(r"rank (\d+)/(\d+) weights sha256 ([0-9a-f]{64})")
 
 
@@ -35,17 +36,22 @@ def digests(output):
     return {int(rank): digest for rank, size, digest in DIGEST.findall(output)}
 
 
-@pytest.fixture(scope="module")
-def single_run(text_dataset, tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def single_run(text_dataset, tmp_path_factory, request):
+    """(directory, output, preset) of one process training the preset (each family's tiny one)."""
     tmp = str(tmp_path_factory.mktemp("single"))
     result = helpers.run_training(text_dataset, tmp, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"),
-                                  xla=False, **STEPS)
+                                  xla=False, **run_of(request.param))
     assert result.returncode == 0, result.stdout
-    return tmp, result.stdout
+    return tmp, result.stdout, request.param
+
+
+def run_of(preset):
+    return dict(STEPS, preset=preset, model=MODELS[preset])
 
 
 def assert_matches_single(tmp, output, single_run):
-    single_tmp, single_output = single_run
+    single_tmp, single_output, _ = single_run
     found = digests(output)
     assert sorted(found) == [0, 1], output
     assert found[0] == found[1], "the two ranks ended with different weights"
@@ -68,7 +74,7 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 def test_horovod_gloo_two_processes_match_one(text_dataset, tmp_path, single_run):
     tmp = str(tmp_path)
     command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo"] + \
-        helpers.train_args(text_dataset, tmp, strategy="horovod", xla=False, **STEPS)
+        helpers.train_args(text_dataset, tmp, strategy="horovod", xla=False, **run_of(single_run[2]))
     result = subprocess.run(command, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=600)
     assert result.returncode == 0, result.stdout
@@ -85,7 +91,7 @@ def test_mwms_two_workers_on_loopback_match_one(text_dataset, tmp_path, single_r
         env = helpers.environment(LM_REPORT_WEIGHT_DIGEST="1", TF_CONFIG=json.dumps(tf_config))
         # Each worker its own checkpoint directory (as each host has): only the chief may write.
         launches.append((helpers.train_args(text_dataset, os.path.join(tmp, "w%d" % index), strategy="mwms",
-                                            xla=False, **STEPS), env))
+                                            xla=False, **run_of(single_run[2])), env))
     processes = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   universal_newlines=True) for args, env in launches]
     outputs = [process.communicate(timeout=600)[0] for process in processes]

@@ -23,15 +23,17 @@ def checkpoint_arrays(path):
 
 
 @pytest.mark.slow
-def test_resume_with_dropout_is_bit_exact(text_dataset, tmp_path):
+@pytest.mark.parametrize("preset, model", [("tiny", "gpt"), ("llama-tiny", "llama")])
+def test_resume_with_dropout_is_bit_exact(text_dataset, tmp_path, preset, model):
     # Fresh processes: a resumed run is a new process, whose global random generator starts over.
-    straight = helpers.run_training(text_dataset, str(tmp_path / "straight"), **DROPOUT)
+    run = dict(DROPOUT, preset=preset, model=model)
+    straight = helpers.run_training(text_dataset, str(tmp_path / "straight"), **run)
     assert straight.returncode == 0, straight.stdout
     resumed_dir = str(tmp_path / "resumed")
     os.makedirs(os.path.join(resumed_dir, "ckpt"))
     shutil.copy(os.path.join(str(tmp_path / "straight"), "ckpt", checkpoint.checkpoint_name(4)),
                 os.path.join(resumed_dir, "ckpt"))  # as if killed after the checkpoint of step 4
-    resumed = helpers.run_training(text_dataset, resumed_dir, **DROPOUT)
+    resumed = helpers.run_training(text_dataset, resumed_dir, **run)
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stdout
     expected = checkpoint_arrays(os.path.join(str(tmp_path / "straight"), "ckpt", checkpoint.checkpoint_name(8)))
     got = checkpoint_arrays(os.path.join(resumed_dir, "ckpt", checkpoint.checkpoint_name(8)))

@@ -8,11 +8,12 @@ from lm.hf import export_hf, import_hf
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m lm.hf",
-        description="Convert exports: --format hf EXPORT_DIR OUTPUT_DIR writes a Hugging Face GPT-2 "
-                    "directory; --from-hf HF_DIR EXPORT_DIR reads one into this format.")
+        description="Convert exports: --format hf EXPORT_DIR OUTPUT_DIR writes a Hugging Face directory "
+                    "(the layout of the model's family: GPT-2 or Llama); --from-hf HF_DIR EXPORT_DIR reads one "
+                    "into this format.")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--format", choices=["hf"], help="write EXPORT_DIR (an lm.serving.export directory) as OUTPUT_DIR")
-    mode.add_argument("--from-hf", action="store_true", help="read a Hugging Face GPT-2 directory into EXPORT_DIR")
+    mode.add_argument("--from-hf", action="store_true", help="read a Hugging Face directory (GPT-2 or Llama) into EXPORT_DIR")
     parser.add_argument("source", help="EXPORT_DIR (--format) or HF_DIR (--from-hf)")
     parser.add_argument("destination", help="OUTPUT_DIR (--format) or EXPORT_DIR (--from-hf)")
     args = parser.parse_args(argv)

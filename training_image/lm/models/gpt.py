@@ -11,8 +11,8 @@ import contextlib
 import math
 
 from lm.compat import keras, tf
-from lm.models.layers import (INIT_STDDEV, MASKED, causal_bias, dense, dropout, matmul_last, normal, sub_seed,
-                              update_cache)
+from lm.models.layers import (INIT_STDDEV, causal_bias, decode_bias_and_positions, dense, dropout, dropout_seeds,
+                              empty_caches, matmul_last, normal, sub_seed, update_cache)
 from lm.spec.families import GPTConfig
 
 __all__ = ["GPT", "build_model"]
@@ -190,13 +190,7 @@ class GPT(keras.Model):
     dropout_key = None
 
     def _dropout_seeds(self, training):
-        if not training or not self.model_config.dropout:
-            return [None] * (self.model_config.n_layer + 1)
-        shape = [self.model_config.n_layer + 1, 2]
-        if self.dropout_key is not None:
-            return tf.unstack(tf.random.stateless_uniform(shape, seed=self.dropout_key(), minval=0,
-                                                          maxval=2 ** 31 - 1, dtype=tf.int32))
-        return tf.unstack(tf.random.uniform(shape, maxval=2 ** 31 - 1, dtype=tf.int32))
+        return dropout_seeds(self.model_config.n_layer + 1, self.model_config.dropout, self.dropout_key, training)
 
     def _logits(self, x):
         x = self.ln_f(x)
@@ -228,8 +222,7 @@ class GPT(keras.Model):
     def init_cache(self, batch, length):
         """Empty key/value caches for `length` slots: one (keys, values) pair per layer."""
         c = self.model_config
-        shape = [batch, c.n_head, length, c.attention_head_dim]
-        return [(tf.zeros(shape, self.compute_dtype), tf.zeros(shape, self.compute_dtype)) for _ in self.blocks]
+        return empty_caches(len(self.blocks), [batch, c.n_head, length, c.attention_head_dim], self.compute_dtype)
 
     def decode(self, tokens, valid, caches=None, index=0):
         """Inference on tokens [b, s] (left padding allowed) -> (float32 logits [b, s, vocab], caches).
@@ -238,12 +231,8 @@ class GPT(keras.Model):
         tokens (keys = s); with `caches` (from `init_cache`, keys = their length) the tokens are
         written at slots index..index+s-1 and attend to every valid slot up to their own.
         Positions count valid slots, so a left-padded prompt gets the positions it has alone."""
-        queries = index + tf.range(tf.shape(tokens)[1])
-        causal = tf.range(tf.shape(valid)[1])[tf.newaxis, :] <= queries[:, tf.newaxis]
-        allowed = tf.logical_and(causal[tf.newaxis], valid[:, tf.newaxis, :])
-        bias = tf.where(allowed, 0.0, MASKED)[:, tf.newaxis]
-        positions = tf.maximum(tf.cumsum(tf.cast(valid, tf.int32), axis=1) - 1, 0)
-        x = self.embedding(tokens, tf.gather(positions, queries, axis=1))
+        bias, positions = decode_bias_and_positions(valid, index, tf.shape(tokens)[1])
+        x = self.embedding(tokens, positions)
         new_caches = []
         for i, block in enumerate(self.blocks):
             x, kv = block.decode(x, bias, None if caches is None else caches[i], index)

@@ -16,9 +16,10 @@ import collections
 from lm.spec.conditions import STRATEGY_FIELD, All, Is, Not, rule
 from lm.spec.families.base import ModelConfig, padded_vocab_size, peak_learning_rate
 from lm.spec.families.gpt import GPTConfig
+from lm.spec.families.llama import LlamaConfig
 from lm.spec.families.rnn import RNNConfig
 
-__all__ = ["CAPABILITIES", "FAMILIES", "GPTConfig", "ModelConfig", "ModelFamily", "RNNConfig", "config_from_dict",
+__all__ = ["CAPABILITIES", "FAMILIES", "GPTConfig", "LlamaConfig", "ModelConfig", "ModelFamily", "RNNConfig", "config_from_dict",
            "families_with", "family_rules", "flops_per_token", "get_family", "non_embedding_parameter_count",
            "padded_vocab_size", "parameter_count", "peak_learning_rate"]
 
@@ -54,6 +55,9 @@ FAMILIES = collections.OrderedDict([
     ("gpt", ModelFamily(GPTConfig, "lm.models.gpt:build_model", tuple(CAPABILITIES), "gpt2")),
     # No key/value cache (generation recomputes), no recompute_grad, no Hugging Face layout, no SMP class.
     ("rnn", ModelFamily(RNNConfig, "lm.models.rnn:build_model", (), None)),
+    # No SMP v1 class (lm.distributed.smp places GPT blocks only).
+    ("llama", ModelFamily(LlamaConfig, "lm.models.llama:build_model",
+                          ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")),
 ])
 
 

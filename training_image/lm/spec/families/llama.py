@@ -1,0 +1,107 @@
+"""The Llama family's configuration (Llama 2 / 3 architecture) and its arithmetic (presets: `controlplane.presets`).
+
+RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention, no biases, an output head
+of its own unless `tie_embeddings`. The model is `lm.models.llama`. Pure Python 3.8, no TensorFlow:
+imported at synth time.
+"""
+import dataclasses
+
+from lm.spec.families.base import PAD_VOCAB_TO, ModelConfig, check_positive_ints
+
+LLAMA2_VOCAB_SIZE = 32000
+LLAMA3_VOCAB_SIZE = 128256
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig(ModelConfig):
+    """Field names as in GPTConfig; transformers' LlamaConfig calls them num_hidden_layers (n_layer),
+    hidden_size (d_model), num_attention_heads (n_head), num_key_value_heads (n_kv_head),
+    intermediate_size (d_ff), max_position_embeddings (block_size), rope_theta, rms_norm_eps
+    (norm_eps) and tie_word_embeddings (tie_embeddings)."""
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int  # key/value heads, each shared by n_head // n_kv_head query heads
+    d_ff: int  # width of the SwiGLU MLP's gate and up projections
+    block_size: int = 4096
+    vocab_size: int = LLAMA2_VOCAB_SIZE
+    pad_vocab_to: int = PAD_VOCAB_TO
+    dropout: float = 0.0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    # Llama 2 and 3 have an output head of their own; the Llama 3.2 1B and 3B releases use the
+    # embedding as the head.
+    tie_embeddings: bool = False
+    family: str = "llama"
+
+    def __post_init__(self):
+        check_positive_ints(self, ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "block_size", "vocab_size",
+                                   "pad_vocab_to"))
+        self._check_common("llama")
+        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+            raise ValueError("LlamaConfig.d_model (%d) must be n_head (%d) times an even head size (rotary "
+                             "embeddings rotate pairs of dimensions)" % (self.d_model, self.n_head))
+        if self.n_head % self.n_kv_head:
+            raise ValueError("LlamaConfig.n_head (%d) must be divisible by n_kv_head (%d)" % (
+                self.n_head, self.n_kv_head))
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError("LlamaConfig.%s must be a number > 0, got %r" % (name, value))
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.n_head
+
+    @property
+    def kv_width(self):
+        """The width of the keys (and of the values): n_kv_head heads of head_dim."""
+        return self.n_kv_head * self.head_dim
+
+    def block_parameter_count(self):
+        """q and o projections d x d, k and v d x kv_width, SwiGLU 3 x d x d_ff, two RMSNorm weights."""
+        d = self.d_model
+        return 2 * d * d + 2 * d * self.kv_width + 3 * d * self.d_ff + 2 * d
+
+    def non_embedding_parameter_count(self):
+        return self.n_layer * self.block_parameter_count() + self.d_model
+
+    def parameter_count(self):
+        tables = 1 if self.tie_embeddings else 2  # the token embedding, and the output head unless tied
+        return tables * self.padded_vocab_size * self.d_model + self.non_embedding_parameter_count()
+
+    def flops_per_token(self, seq_len=None):
+        """GPT's 6N + 12 * L * d * T: attention scores and sums run over every query head, shared keys or not."""
+        seq_len = self.block_size if seq_len is None else seq_len
+        return 6 * self.non_embedding_parameter_count() + 12 * self.n_layer * self.d_model * seq_len
+
+    def block_forward_flops(self, batch, seq_len):
+        """The projections (q and o d x d, k and v d x kv_width, the three SwiGLU matmuls) and the
+        [t, t] attention products of every query head (grouped heads share keys, not the products)."""
+        tokens, d = batch * seq_len, self.d_model
+        projections = 2 * d * d + 2 * d * self.kv_width + 3 * d * self.d_ff
+        return 2 * tokens * projections + 4 * batch * seq_len * seq_len * d
+
+    def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
+        """Bytes one block of `lm.models.llama` keeps for its backward pass, counted op by op (the
+        gradient of each op reads these), with u = micro_batch * seq_len * d_model, k = the same with
+        kv_width, f = with d_ff and w = micro_batch * n_head * seq_len^2 (the attention scores):
+        - each RMSNorm: its float32 input (4u bytes), the normalized value and its output (2u);
+        - attention: rotated queries (u), keys and values (2k), the softmax output in float32 (4w)
+          and, under mixed precision, its cast copy the value matmul reads (c w), the heads' output
+          the o projection reads (u);
+        - SwiGLU: gate output, its silu, up output, their product (4f);
+        - dropout > 0: the dropped probabilities and 1-byte masks, and the two sublayer masks
+          (c w + w + 2u).
+        An estimate from the ops, not yet measured against an allocator as GPT's count is
+        (GPT's measured count, tests/plan, is twice the paper's); XLA is taken to keep the same."""
+        u = micro_batch * seq_len * self.d_model
+        k = micro_batch * seq_len * self.kv_width
+        f = micro_batch * seq_len * self.d_ff
+        w = micro_batch * self.n_head * seq_len * seq_len
+        norms = 2 * (4 * u + 2 * compute_bytes * u)
+        attention = compute_bytes * (2 * u + 2 * k) + 4 * w + (compute_bytes * w if compute_bytes != 4 else 0)
+        total = norms + attention + 4 * compute_bytes * f
+        if self.dropout:
+            total += compute_bytes * w + w + 2 * u
+        return total
