@@ -144,9 +144,10 @@ def test_mwms_workers_resume_from_the_step_the_chief_chooses():
 
 
 def test_mwms_refuses_a_worker_batch_its_gpus_cannot_split_evenly():
-    from lm.training import train
+    from controlplane import presets
     from lm.compat import tf
     from lm.distributed.mwms import MultiWorkerMirroredStrategy, local_split_problem
+    from lm.training import train
 
     message = "a worker's 6 sequences (global_batch_size / 2 workers) do not split evenly over its 4 GPUs"
     assert local_split_problem(6, 2, 4) == message and local_split_problem(8, 2, 4) is None
@@ -161,7 +162,8 @@ def test_mwms_refuses_a_worker_batch_its_gpus_cannot_split_evenly():
         assert str(refused.value) == message
     # The dry run says the same, from the same function.
     hp, paths = train.parse_args(["--dry-run", "--strategy", "mwms", "--global_batch_size", "12",
-                                  "--instance-type", "ml.g5.12xlarge", "--instance-count", "2"])
+                                  "--instance-type", "ml.g5.12xlarge", "--instance-count", "2"]
+                                 + presets.train_arguments("tiny"))
     with pytest.raises(train.UsageError) as refused:
         train.dry_run(hp, paths)
     assert str(refused.value) == message

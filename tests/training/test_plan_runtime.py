@@ -111,7 +111,7 @@ def test_the_dry_run_accepts_every_configuration_the_plan_approves(capsys):
      "is not divisible by mp_parameters.microbatches=3"),
     ({"--strategy": "mwms", "--global_batch_size": "20"}, "a worker's 10 sequences (global_batch_size / 2 workers) "
                                                           "do not split evenly over its 8 GPUs"),
-    ({"--strategy": "single"}, "strategy single runs on one instance, got --instance-count 2"),
+    ({"--strategy": "single"}, "strategy single runs on one instance, got instance_count=2"),
     ({"--instance-type": "ml.p9.large"}, "ml.p9.large"),
     ({"--learning_rate": "7"}, "learning_rate must be between"),
     ({"--recompute": "true"}, "hyperparameters.recompute must be false with strategy smp"),

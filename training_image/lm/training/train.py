@@ -166,6 +166,7 @@ def check_job_rules(hp, args):
     given = {conditions.STRATEGY_FIELD: hp.strategy, "hyperparameters": hp.as_dict(), "init_from": args.init_from,
              conditions.INSTANCE_COUNT_FIELD: args.instance_count}
     if args.instance_type:
+        hardware.get_instance(args.instance_type)  # an unknown type is named with the known ones first
         given[conditions.INSTANCE_TYPE_FIELD] = args.instance_type
     message = conditions.broken(job.job_rules(), given)
     if message:
