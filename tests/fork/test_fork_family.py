@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,21 +123,6 @@ def _add_family(tree):
     models = os.path.join(tree, "training_image", "lm", "models")
     shutil.copy(os.path.join(models, "rnn.py"), os.path.join(models, "toy.py"))
     _edit(os.path.join(models, "toy.py"), MODEL_EDITS)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A few hundred records of random tokens below the toy preset's vocabulary, as lm.spec.shards keeps
-    them, with a word-level tokenizer of 256 tokens (the export carries it; generation loads it)."""
-    from tokenizers import Tokenizer, models
-    from training.conftest import write_dataset
-
-    directory = tmp_path_factory.mktemp("data")
-    tokenizer = directory / "tokenizer.json"
-    Tokenizer(models.WordLevel({"t%d" % index: index for index in range(256)}, unk_token="t0")).save(str(tokenizer))
-    tokens = np.random.default_rng(0).integers(1, 256, size=65 * 96)
-    write_dataset(str(directory), tokens, 64, 256, str(tokenizer), val_records=16)
-    return str(directory)
 
 
 def _checks(tree, data_dir, work):

@@ -15,7 +15,6 @@ not know as data parallelism over every GPU, so its estimates for `solo` are not
 """
 import os
 
-import numpy as np
 import pytest
 from state_machine.harness import StandInSettings
 
@@ -55,20 +54,6 @@ def with_strategy(monkeypatch, tmp_path):
     recipe.run_in_place(monkeypatch, distributed, recipe.edited(distributed, ("}\nassert set(ADAPTERS)", ADAPTER_ENTRY,
                                                                               True)))
     return recipe.reimport(monkeypatch, "stacks.settings", "lmstack.start", "lm.training.train")
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    """A few hundred records of random tokens below the tiny preset's vocabulary, as lm.spec.shards keeps them."""
-    from training.conftest import write_dataset
-
-    directory = tmp_path / "data"
-    directory.mkdir()
-    tokenizer = directory / "tokenizer.json"
-    tokenizer.write_text("{}")  # the manifest names it and its digest; training never reads it
-    tokens = np.random.default_rng(0).integers(1, 256, size=65 * 96)
-    write_dataset(str(directory), tokens, 64, 256, str(tokenizer), val_records=16)
-    return str(directory)
 
 
 def train_args(data_dir, tmp_path, **hyperparameters):
