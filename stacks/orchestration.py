@@ -1,10 +1,18 @@
 """Orchestration: the training state machine, the stop-on-abort machine and the rule that links them.
 
-Both definitions come from `stacks.state_machine` as plain JSON (so cfn-lint validates the
-ASL and the tests execute the very document we ship); their `${Name}` placeholders are
-filled by CloudFormation from `definition_substitutions`.
+Both definitions come from `stacks.state_machine` as plain JSON (the tests execute the very
+document we ship). Each is deployed as a file asset (DefinitionS3Location), not inline: the
+training definition alone is most of a megabyte, and CloudFormation's template limit (1,000,000
+bytes from S3) counts it with every other resource and its quotes escaped, while Step Functions'
+own limit (1,048,576 bytes) counts the definition alone. CloudFormation reads the object and fills
+its `${Name}` placeholders from `definition_substitutions` before CreateStateMachine, as it does an
+inline one (the resource provider's DefinitionProcessor). tests/cdk read the staged files back into
+the template, so cfn-lint and asl-validator check what CloudFormation creates.
 """
+import pathlib
 from typing import Mapping
+
+import aws_cdk as cdk
 
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -60,7 +68,7 @@ class Orchestration(Construct):
     def _machine(self, construct_id, name, definition, substitutions, role, settings):
         machine = sfn.StateMachine(
             self, construct_id, state_machine_name=name, state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_string(state_machine.definition_text(definition)),
+            definition_body=sfn.DefinitionBody.from_file(self._definition_file(name, definition)),
             definition_substitutions=dict(substitutions), role=role, tracing_enabled=True,
             logs=sfn.LogOptions(
                 destination=log_group(self, construct_id + "Logs", retention_days=settings.log_retention_days,
@@ -68,6 +76,13 @@ class Orchestration(Construct):
                 level=sfn.LogLevel.ALL, include_execution_data=True))
         acknowledge(role, "AwsSolutions-IAM5[Resource::*]", SERVICE_WILDCARD_REASON)
         return machine
+
+    def _definition_file(self, name, definition):
+        """The definition's text in a file of the cloud assembly, which the asset stages from."""
+        path = pathlib.Path(cdk.Stage.of(self).outdir) / ("%s.asl.json" % name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(state_machine.definition_text(definition))
+        return str(path)
 
 
 def _pick(values, definition, declared, machine):

@@ -1,7 +1,8 @@
 """The Step Functions definitions (Amazon States Language, JSONPath) as plain JSON documents.
 
-Pure Python, no CDK: the CDK app passes the documents to `DefinitionBody.from_string` with
-`definition_substitutions`; the tests execute the very same documents on moto's engine.
+Pure Python, no CDK: the CDK app deploys the documents as files (`DefinitionBody.from_file`,
+stacks.orchestration) with `definition_substitutions`; the tests execute the very same documents
+on moto's engine.
 
 - `build_training_definition(settings)`: the main (Standard) machine: validate the input
   and apply defaults, [prepare], train (create + monitor loop), [deploy].
@@ -12,7 +13,7 @@ Pure Python, no CDK: the CDK app passes the documents to `DefinitionBody.from_st
   STOP_SUBSTITUTIONS, plus `Subnet<i>` for i < subnet_count and `Image_<runtime>` per enabled
   runtime). `render(definition, values)` fills them (tests; the CDK does it at deploy).
 - `definition_text(definition)`: the JSON text the CDK app deploys (no spaces between tokens:
-  CreateStateMachine's request, which holds it, is limited to 1 MB).
+  CloudFormation refuses a definition file over 1,048,576 bytes).
 - `EXAMPLE_INPUT`: a small execution input.
 - `REQUIRED_ACTIONS`: the IAM actions each definition calls and the resource each targets.
 """

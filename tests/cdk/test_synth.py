@@ -48,7 +48,10 @@ def lint_errors(template_path, region):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_cfn_lint_finds_no_errors(synth_app, variant):
+    """The template as synthesized, and with the state machine definitions read in from their files (the
+    form in which cfn-lint validates the ASL: tests/cdk/cdk_synth.inline_definitions)."""
     synth = synth_variant(synth_app, variant)
+    assert lint_errors(synth.deployed_path, synth.settings.region) == []
     assert lint_errors(synth.template_path, synth.settings.region) == []
     assert aws_rules.get_azs_picks_within_the_first_two(synth.template) == []
 

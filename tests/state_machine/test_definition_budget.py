@@ -3,9 +3,12 @@ covers every preset, and the definition stays under Step Functions' limit as pre
 
 The limit: "Maximum request size: 1 MB per request", which holds a CreateStateMachine or
 UpdateStateMachine definition (Step Functions developer guide, "Step Functions service quotas",
-quotas related to API action requests). The definition the stack deploys is
-`definition_text(build_training_definition(settings))` (stacks.orchestration: compact JSON),
-placeholders filled by CloudFormation.
+quotas related to API action requests); CloudFormation's StateMachine handler refuses a
+DefinitionS3Location object over 1,048,576 bytes before that ("State Machine definition file cannot
+exceed 1MB", aws-cloudformation-resource-providers-stepfunctions, Constants.MAX_DEFINITION_SIZE).
+The definition the stack deploys is the file `definition_text(build_training_definition(settings))`
+(stacks.orchestration: compact JSON), placeholders filled by CloudFormation. The template, whose
+own limit is 1,000,000 bytes, holds only its location (tests/cdk/test_stack.py).
 
 Measured here by adding synthetic presets (copies of the GPT-3 shapes, one layer more) and
 synthetic GPU instance types (copies of real ones, priced as a p4d): with the Llama presets the

@@ -17,14 +17,19 @@ ASKS = [
     (dict(RNN, deploy=dict(DEPLOY, container="tgi")), "deploy.container tgi", "tgi"),
     (dict(RNN, deploy=dict(DEPLOY, container="lmi")), "deploy.container lmi", "lmi"),
 ]
+# The families that declare each capability, as the message names them: llama has all but smp.
+HAVING = {"smp": "gpt"}
 
 
 def test_rnn_declares_what_its_code_does():
     """rnn: no smp.DistributedModel class, its builder refuses recompute, its model has no init_cache,
-    lm.hf writes and reads the GPT-2 layout only. Every rule a declaration generates is asked above."""
+    lm.hf writes and reads neither Hugging Face layout. Every rule rnn's declaration generates is
+    asked above; llama's one missing capability (no SMP wrapper) is its only other rule."""
     assert FAMILIES["rnn"].capabilities == () and FAMILIES["rnn"].hf_model_type is None
     assert FAMILIES["gpt"].hf_model_type == "gpt2" and FAMILIES["gpt"].supports("smp")
-    assert sorted(found.name for found in family_rules()) == sorted("family.rnn.%s" % c for _, _, c in ASKS)
+    assert FAMILIES["llama"].hf_model_type == "llama" and not FAMILIES["llama"].supports("smp")
+    assert sorted(found.name for found in family_rules()) == sorted(
+        ["family.rnn.%s" % c for _, _, c in ASKS] + ["family.llama.smp"])
 
 
 @pytest.mark.slow
@@ -35,7 +40,7 @@ def test_the_validate_stage_refuses_each_capability_rnn_lacks(deployment):
         assert run.description["error"] == conditions.INVALID, run.description
         cause = run.description["cause"]
         assert cause.startswith("model rnn cannot use %s (capability %s: " % (asked, capability)), cause
-        assert cause.endswith("; families with it: gpt"), cause
+        assert cause.endswith("; families with it: %s" % HAVING.get(capability, "gpt, llama")), cause
     assert deployment.jobs.created == []
 
 

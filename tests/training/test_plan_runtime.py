@@ -130,6 +130,21 @@ def test_the_dry_run_refuses_what_the_runtime_refuses(change, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("environment, seen", [
+    ("ml.p3.16xlarge", "ml.p3.16xlarge"),
+    # The toolkit's value when the resource config names no instance (sagemaker_training.environment):
+    # local mode and the demo's local hosts, which no instance-type rule can judge.
+    ("local", None), ("local_gpu", None), (None, None),
+])
+def test_the_runtime_reads_the_instance_type_sagemaker_names(monkeypatch, environment, seen):
+    if environment is None:
+        monkeypatch.delenv("SM_CURRENT_INSTANCE_TYPE", raising=False)
+    else:
+        monkeypatch.setenv("SM_CURRENT_INSTANCE_TYPE", environment)
+    hp, paths = train.parse_args(["--dry-run", *presets.train_arguments("tiny")])
+    assert paths.instance_type == seen
+
+
 def test_the_dry_run_opens_the_dataset_as_training_does(text_dataset, tmp_path, capsys):
     base = ["--dry-run", *presets.train_arguments("tiny"), "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
             "--instance-count", "1", "--data-dir", text_dataset, "--checkpoint-dir", str(tmp_path)]

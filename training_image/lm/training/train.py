@@ -104,11 +104,19 @@ def build_parser():
     dry = parser.add_argument_group("--dry-run", "check what the runtime checks before step 1, then exit 0 "
                                     "(or 2 with the problem) without training")
     dry.add_argument("--dry-run", action="store_true", help="validate only")
-    dry.add_argument("--instance-type", default=os.environ.get("SM_CURRENT_INSTANCE_TYPE"),
+    dry.add_argument("--instance-type", default=sagemaker_instance_type(),
                      help="the job's instance type [env SM_CURRENT_INSTANCE_TYPE]")
     dry.add_argument("--instance-count", type=int, default=len(json.loads(os.environ.get("SM_HOSTS", '["algo-1"]'))),
                      help="the job's instance count [env SM_HOSTS]")
     return parser
+
+
+def sagemaker_instance_type():
+    """SM_CURRENT_INSTANCE_TYPE, or None where it names no instance: the training toolkit writes
+    "local" when the resource config has no current_instance_type (sagemaker_training.environment),
+    as under the SDK's local mode and the demo's local hosts, whose hardware no rule can judge."""
+    name = os.environ.get("SM_CURRENT_INSTANCE_TYPE")
+    return None if name in (None, "local", "local_gpu") else name
 
 
 def decode_cli_value(spec, raw):
