@@ -60,7 +60,7 @@ from lm.spec import hardware
 from lm.spec import job
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
 from controlplane.presets import ALL_PRESETS, get_preset
-from lm.spec.families import ModelConfig, flops_per_token, parameter_count, peak_learning_rate
+from lm.spec.families import FAMILIES, ModelConfig, flops_per_token, parameter_count, peak_learning_rate
 from lm.spec.families.base import gpt3_training
 from lm.spec.families.gpt import MEASURED_U_ELEMENTS  # noqa: F401 (GPT's measured figure, checked in tests/plan)
 
@@ -623,7 +623,33 @@ def gpu_instance_types():
     return [name for name, instance in hardware.INSTANCES.items() if instance.gpus]
 
 
+# feasibility_table's rows per fingerprint of what they are computed from: 2,640 plans take about 2 s,
+# and every build of the training definition (a synth, each state machine test) asks for them.
+_FEASIBILITY = {}
+
+
+def _tables_fingerprint(seq_len):
+    """The text of everything the feasibility rows depend on that a fork or a test can change in a
+    running process: the presets, the upper-case tables of this module, lm.spec.hardware,
+    lm.spec.job and controlplane.prices, the job rules and the families' declarations. The
+    rows are recomputed whenever it changes."""
+    modules = [globals()] + [vars(module) for module in (hardware, job, prices)]
+    tables = [sorted((name, repr(value)) for name, value in variables.items()
+               if name.isupper() and not name.startswith("_")) for variables in modules]
+    return repr((seq_len, tables, sorted(ALL_PRESETS.items(), key=lambda item: item[0]), job.job_rules(),
+                 sorted(FAMILIES.items())))
+
+
 def feasibility_table(seq_len=TABLE_SEQ_LEN):
+    """`_feasibility_table`'s rows, computed once per state of the tables they depend on; fresh copies."""
+    key = _tables_fingerprint(seq_len)
+    if key not in _FEASIBILITY:
+        _FEASIBILITY.clear()
+        _FEASIBILITY[key] = _feasibility_table(seq_len)
+    return [collections.OrderedDict(row) for row in _FEASIBILITY[key]]
+
+
+def _feasibility_table(seq_len):
     """One row per preset (of every family) x GPU instance type x strategy: can the smallest possible run fit and
     run (one instance, one sequence of `seq_len` tokens per data-parallel replica, precision
     auto, recomputation allowed where the strategy takes it: not with smp)? A combination that

@@ -23,6 +23,19 @@ def table():
     return planner.feasibility_table()
 
 
+def test_the_feasibility_rows_follow_a_change_to_the_tables_they_read(table, monkeypatch):
+    """feasibility_table keeps its rows while its inputs stay the same, and recomputes them when a table
+    changes in place (a fork's or a test's edit): here the p4d's GPU memory."""
+    assert planner.feasibility_table() == table
+    row = _row(table, "gpt-6.7b", "ml.p4d.24xlarge", "single")
+    assert not row["ok"] and "needs" in row["reason"]
+    monkeypatch.setitem(hardware.INSTANCES, "ml.p4d.24xlarge",
+                        hardware.INSTANCES["ml.p4d.24xlarge"]._replace(gpu_memory_gib=800))
+    assert _row(planner.feasibility_table(), "gpt-6.7b", "ml.p4d.24xlarge", "single")["ok"]
+    monkeypatch.undo()
+    assert planner.feasibility_table() == table
+
+
 def _row(table, preset, instance_type, strategy):
     (row,) = [r for r in table if (r["preset"], r["instance_type"], r["strategy"]) == (preset, instance_type, strategy)]
     return row
