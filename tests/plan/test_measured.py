@@ -1,4 +1,5 @@
-"""`controlplane.planner`'s memory and FLOPs model against a real training step of `lm.models.gpt` on the CPU.
+"""`controlplane.planner`'s memory and FLOPs model against a real training step of `lm.models.gpt` and
+`lm.models.llama` on the CPU.
 
 Each case runs tests/plan/measure.py in a fresh process (see its docstring for the method:
 TensorFlow's BFC allocator peak over one step, and the matmul FLOPs counted from the traced
@@ -13,17 +14,20 @@ import pytest
 
 from controlplane import planner
 from controlplane.presets import get_preset
-from lm.spec.families import GPTConfig, RNNConfig
+from lm.spec.families import GPTConfig, LlamaConfig, RNNConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SMALL = GPTConfig(n_layer=4, d_model=256, n_head=4, block_size=256, vocab_size=4096)
+# The Llama family's block (RMSNorm, rotary, grouped-query attention, SwiGLU) at the same size.
+LLAMA_SMALL = LlamaConfig(n_layer=4, d_model=256, n_head=4, n_kv_head=2, d_ff=688, block_size=256, vocab_size=4096)
 TOLERANCE = 0.15
 
 CASES = {
     "tiny": dict(config=get_preset("tiny"), batch=32, seq_len=128, recompute=False),
     "small": dict(config=SMALL, batch=8, seq_len=256, recompute=False),
     "small-recompute": dict(config=SMALL, batch=8, seq_len=256, recompute=True),
+    "llama-small": dict(config=LLAMA_SMALL, batch=8, seq_len=256, recompute=False),
 }
 
 
