@@ -21,6 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 SMALL = GPTConfig(n_layer=4, d_model=256, n_head=4, block_size=256, vocab_size=4096)
 # The Llama family's block (RMSNorm, rotary, grouped-query attention, SwiGLU) at the same size.
 LLAMA_SMALL = LlamaConfig(n_layer=4, d_model=256, n_head=4, n_kv_head=2, d_ff=688, block_size=256, vocab_size=4096)
+# Wider, at a small batch: the update (weights, m, v, the gradients and their clipped copies) is
+# the peak, not the activations. A planner that left out the clipped copies was 20 % under it.
+UPDATE_BOUND = GPTConfig(n_layer=4, d_model=512, n_head=4, block_size=256, vocab_size=4096)
 TOLERANCE = 0.15
 
 CASES = {
@@ -28,6 +31,7 @@ CASES = {
     "small": dict(config=SMALL, batch=8, seq_len=256, recompute=False),
     "small-recompute": dict(config=SMALL, batch=8, seq_len=256, recompute=True),
     "llama-small": dict(config=LLAMA_SMALL, batch=8, seq_len=256, recompute=False),
+    "update-bound": dict(config=UPDATE_BOUND, batch=2, seq_len=64, recompute=False),
 }
 
 
@@ -112,10 +116,12 @@ def test_a_held_checkpoint_snapshot_costs_the_bytes_per_parameter_the_plan_count
     """A step taken while lm.training.checkpoint's snapshot of the state is held (a background save whose
     writer has not yet copied it to host memory): its updates copy the weights and AdamW's m and v
     (copy on write), so the allocator peak rises by about CHECKPOINT_SNAPSHOT_BYTES a parameter
-    (11.3 measured here), and the planner's peak with the snapshot stays within the tolerance."""
-    case = CASES["small"]
-    plain, held = measure(case), measure(dict(case, snapshot=True))
-    per_parameter = (held["peak_bytes"] - plain["peak_bytes"]) / float(plain["params"])
+    (12.5 to 13.9 measured here), and the planner's peak with the snapshot stays within the
+    tolerance. Both peaks come from one process (measure.py) at the update-bound shape, whose state
+    is large next to the activations' step-to-step spread."""
+    case = CASES["update-bound"]
+    held = measure(dict(case, snapshot=True))
+    per_parameter = (held["peak_bytes"] - held["plain_peak_bytes"]) / float(held["params"])
     assert abs(per_parameter / planner.CHECKPOINT_SNAPSHOT_BYTES - 1.0) <= TOLERANCE, per_parameter
     predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32", snapshot=True)["peak"]
     assert abs(predicted / float(held["peak_bytes"]) - 1.0) <= TOLERANCE, (predicted, held["peak_bytes"])

@@ -477,8 +477,9 @@ def test_a_background_checkpoints_copy_of_the_state_is_counted(strategy):
     config = get_preset("gpt-1.3b")
     batch = 1 if strategy == "single" else 8
     chosen = planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, strategy, global_batch=batch, recompute=True)["chosen"]
-    assert chosen["memory_gib"]["checkpoint_snapshot"] == pytest.approx(12 * parameter_count(config) / 2 ** 30)
-    assert not chosen["ok"]  # 16 + 12 bytes a parameter leave no room on a 40 GB A100 (approved before)
+    assert chosen["memory_gib"]["checkpoint_snapshot"] == pytest.approx(
+        planner.CHECKPOINT_SNAPSHOT_BYTES * parameter_count(config) / 2 ** 30)
+    assert not chosen["ok"]  # 16 + 13 bytes a parameter leave no room on a 40 GB A100 (approved before)
     assert not planner.check("gpt-760m", "ml.p3dn.24xlarge", 1, strategy, global_batch=batch).ok
 
 
@@ -486,7 +487,8 @@ def test_the_snapshot_adds_to_the_peak():
     config = get_preset("gpt-350m")
     without = planner.memory(config, 1, 2048, "bf16")
     held = planner.memory(config, 1, 2048, "bf16", snapshot=True)
-    assert held["peak"] - without["peak"] == 12 * parameter_count(config) == held["checkpoint_snapshot"]
+    snapshot = planner.CHECKPOINT_SNAPSHOT_BYTES * parameter_count(config)
+    assert held["peak"] - without["peak"] == snapshot == held["checkpoint_snapshot"]
 
 
 # ---- the clock (item 9) ----

@@ -13,8 +13,8 @@ reads from the variables between two steps (eager reads at a process's first sav
 writer thread traces that function). TensorFlow gives a read tensor value semantics:
 an update of a variable whose buffer a read still holds copies the buffer first (copy on
 write: the fused AdamW update writes the weights and both moments in place, so each of the
-three buffers is copied once, on the device: about 12 bytes a parameter in fp32, which controlplane.planner
-counts as `checkpoint_snapshot`; tests/plan/test_measured.py measures it). A background thread then moves the tensors to host memory (on a
+three buffers is copied once, on the device: 12 bytes a parameter in fp32 (13 at the allocator's peak),
+which controlplane.planner counts as `checkpoint_snapshot`; tests/plan/test_measured.py measures it). A background thread then moves the tensors to host memory (on a
 GPU, device-to-host copies off the training thread; on a CPU, views) and lets the tensors go,
 then writes the .npz without another copy, syncs, renames and prunes while the next steps run.
 The price: until the copies to host are done the device holds the snapshot's buffers besides
