@@ -5,6 +5,7 @@ of violations (empty = the template or request passes). Tests run the rules on t
 show each one failing on a deliberately wrong copy.
 """
 import copy
+import functools
 import json
 
 STATE_MACHINE_LOG_PREFIX = "/aws/vendedlogs/"
@@ -236,7 +237,10 @@ def mutated(template, change):
 
 # ---- request rules: every SageMaker request the state machine makes in the moto tests ----
 
+@functools.lru_cache(maxsize=1)
 def _sagemaker_model():
+    """botocore's SageMaker service model, read once: each new session decompresses and parses its file
+    again, which was a fifth of the moto tests' time."""
     import botocore.session
     return botocore.session.get_session().get_service_model("sagemaker")
 

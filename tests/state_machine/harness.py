@@ -84,6 +84,11 @@ from lmstack import local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
 from stacks.state_machine import build_stop_definition, build_training_definition, render
 
+# The clients of every Deployment come from one boto3 session: a new session loads and parses each
+# service's model again (2.5 MB of JSON for SageMaker, about 2 s a Deployment). moto's stubber is among
+# the handlers of every session (moto.core.models adds it to botocore's BUILTIN_HANDLERS at import), so
+# these clients reach moto whenever a mock is active, as clients of a fresh session do.
+_SESSION = boto3.session.Session(region_name=REGION)
 ROLE = "arn:aws:iam::%s:role/sfn" % ACCOUNT
 EXECUTION_ROLE = "arn:aws:iam::%s:role/lmstack-sagemaker" % ACCOUNT
 
@@ -427,10 +432,10 @@ class Deployment:
         directory; `()` for a fresh account whose file system holds only its root)."""
         self.settings = settings
         self.jobs = jobs
-        self.sfn = boto3.client("stepfunctions", region_name=REGION)
-        self.sagemaker = boto3.client("sagemaker", region_name=REGION)
-        sns = boto3.client("sns", region_name=REGION)
-        sqs = boto3.client("sqs", region_name=REGION)
+        self.sfn = _SESSION.client("stepfunctions")
+        self.sagemaker = _SESSION.client("sagemaker")
+        sns = _SESSION.client("sns")
+        sqs = _SESSION.client("sqs")
         self.topic = sns.create_topic(Name="lmstack-events")["TopicArn"]
         self.queue = sqs.create_queue(QueueName="notifications")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=self.queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
