@@ -121,7 +121,9 @@ def scheduled_calls(events, action=None):
     return found
 
 
-_SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
+# botocore's SageMaker service model, read once for the process (the tests read it from here too):
+# each new botocore session decompresses and parses its 2.5 MB again.
+SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
 
 def invalid_sagemaker_requests(calls):
@@ -132,7 +134,7 @@ def invalid_sagemaker_requests(calls):
         if "sagemaker" not in resource_type:
             continue
         operation = action[0].upper() + action[1:]
-        report = validator.validate(parameters, _SAGEMAKER_MODEL.operation_model(operation).input_shape)
+        report = validator.validate(parameters, SAGEMAKER_MODEL.operation_model(operation).input_shape)
         if report.has_errors():
             problems.append("%s: %s" % (operation, report.generate_report()))
     return problems

@@ -5,7 +5,6 @@ of violations (empty = the template or request passes). Tests run the rules on t
 show each one failing on a deliberately wrong copy.
 """
 import copy
-import functools
 import json
 
 STATE_MACHINE_LOG_PREFIX = "/aws/vendedlogs/"
@@ -237,14 +236,6 @@ def mutated(template, change):
 
 # ---- request rules: every SageMaker request the state machine makes in the moto tests ----
 
-@functools.lru_cache(maxsize=1)
-def _sagemaker_model():
-    """botocore's SageMaker service model, read once: each new session decompresses and parses its file
-    again, which was a fifth of the moto tests' time."""
-    import botocore.session
-    return botocore.session.get_session().get_service_model("sagemaker")
-
-
 def _constraint_violations(shape, value, where, problems):
     """The SageMaker API reference's Length Constraints, Pattern, Valid Values, Array/Map Members and integer
     Valid Range limits, read from botocore's copy of the service model (botocore's own ParamValidator checks
@@ -292,8 +283,9 @@ def _constraint_violations(shape, value, where, problems):
 def api_constraints(operation, parameters):
     """Length, pattern and count limits of the SageMaker API reference for `operation` (e.g. TrainingJobName:
     Pattern ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}, so at most 63 characters including any attempt suffix)."""
+    from lmstack.local_sfn import SAGEMAKER_MODEL
     problems = []
-    _constraint_violations(_sagemaker_model().operation_model(operation).input_shape, parameters, operation,
+    _constraint_violations(SAGEMAKER_MODEL.operation_model(operation).input_shape, parameters, operation,
                            problems)
     return problems
 

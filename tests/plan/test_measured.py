@@ -116,7 +116,7 @@ def test_a_held_checkpoint_snapshot_costs_the_bytes_per_parameter_the_plan_count
     """A step taken while lm.training.checkpoint's snapshot of the state is held (a background save whose
     writer has not yet copied it to host memory): its updates copy the weights and AdamW's m and v
     (copy on write), so the allocator peak rises by about CHECKPOINT_SNAPSHOT_BYTES a parameter
-    (12.5 to 13.9 measured here), and the planner's peak with the snapshot stays within the
+    (12.5 to 13.3 measured here), and the planner's peak with the snapshot stays within the
     tolerance. Both peaks come from one process (measure.py) at the update-bound shape, whose state
     is large next to the activations' step-to-step spread."""
     case = CASES["update-bound"]

@@ -59,7 +59,6 @@ import types
 from typing import Optional, Tuple
 
 import boto3
-import botocore.session
 from botocore.exceptions import ClientError
 import jsonpath_ng
 import jsonpath_ng.ext
@@ -128,7 +127,6 @@ def _attribute(field):
     return "".join("_" + char.lower() if char.isupper() else char for char in field).lstrip("_")
 
 
-_SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
 # Errors `States.ALL` does not match on AWS (module docstring).
 TERMINAL_ERRORS = (StatesErrorNameType.StatesRuntime, StatesErrorNameType.StatesStatesDataLimitExceeded)
 
@@ -157,7 +155,7 @@ def _java_pattern(pattern):
 
 def constraint_violations(operation, parameters):
     """The service's ValidationException texts for the top-level string members of a request."""
-    shape = _SAGEMAKER_MODEL.operation_model(operation).input_shape
+    shape = local_sfn.SAGEMAKER_MODEL.operation_model(operation).input_shape
     found = []
     for name, value in parameters.items():
         member = shape.members.get(name)
@@ -194,7 +192,7 @@ class StrictLayer:
         self.reported[(operation, name)].update(fields)
 
     def response(self, operation, parameters, response):
-        shape = _SAGEMAKER_MODEL.operation_model(operation).output_shape
+        shape = local_sfn.SAGEMAKER_MODEL.operation_model(operation).output_shape
         if not self.enabled or shape is None:
             return response
         reported = set(self.reported[(operation, parameters.get(self.NAMED_BY.get(operation)))])

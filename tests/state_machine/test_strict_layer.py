@@ -15,6 +15,7 @@ import pytest
 
 from state_machine.harness import ROLE, SUCCESS, StrictLayer, required_only
 
+from lmstack import local_sfn
 from stacks.state_machine import build_training_definition, render
 
 DEPLOY = {"enabled": True, "endpoint_name": "gpt", "instance_type": "ml.g4dn.12xlarge"}
@@ -30,8 +31,7 @@ def _failure(run):
 
 
 def _shape(operation):
-    from state_machine.harness import _SAGEMAKER_MODEL
-    return _SAGEMAKER_MODEL.operation_model(operation).output_shape
+    return local_sfn.SAGEMAKER_MODEL.operation_model(operation).output_shape
 
 
 def test_required_only_keeps_the_required_members_at_every_depth():
