@@ -58,7 +58,7 @@ PRICING_PAGE = ("Amazon SageMaker pricing page, On-Demand Pricing, Training, US 
 # found in third-party code name no source and disagree with one another, so none is used.
 NOT_FOUND = ("not found: the SageMaker pricing page's tables (filled by script; no stored copy reachable here "
              "carries figures), AWS documentation and AWS sample repositories; third-party figures not used. "
-             "Refresh from the AWS Price List (docs/execution.md, What a run costs)")
+             "Refresh from the AWS Price List (docs/execution.md, Refreshing a price)")
 
 TABLE = (
     Price("ml.m5.xlarge", 0.23, PRICING_PAGE, "2024-06"),
@@ -111,7 +111,7 @@ UNPRICED = tuple(name for name, record in RECORDS.items() if record.usd_per_hour
 # saves far less. Assumption: spot costs 30 % of on-demand (a 70 % saving), and the
 # interruptions it brings cost no extra time (checkpoints restore on the next instance).
 SPOT_DISCOUNT = 0.70
-SPOT_BASIS = "estimate: %d %% of on demand (an assumed %d %% saving; the real one varies by type, zone and hour)" % (
+SPOT_BASIS = "an estimate at %d %% of on demand (an assumed %d %% saving; the real one varies by type, zone and hour)" % (
     round(100 * (1 - SPOT_DISCOUNT)), round(100 * SPOT_DISCOUNT))
 
 

@@ -88,7 +88,7 @@ def format_table(result):
             _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
             _usd(t.get("cost_on_demand_usd")), _usd(t.get("cost_spot_usd"))))
     lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; ckpt: a background checkpoint "
-                 "save's copy of the state; acts_rc: activations with recomputation; spot$ est.: an %s)"
+                 "save's copy of the state; acts_rc: activations with recomputation; spot$ est.: %s)"
                  % prices.SPOT_BASIS)
     lines.extend(smp_placement_lines(result))
     lines.append("")

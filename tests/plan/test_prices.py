@@ -70,7 +70,7 @@ def test_spot_is_labelled_an_estimate_in_the_plan_and_the_execution_output():
     table = plan.format_table(result)
     assert "spot$ est." in table and prices.SPOT_BASIS in table
     assert any(line.startswith("  ") and line.endswith("spot (an estimate)") for line in table.splitlines())
-    assert prices.SPOT_BASIS.startswith("estimate: 30 % of on demand")
+    assert prices.SPOT_BASIS.startswith("an estimate at 30 % of on demand")
     estimate = planner.estimate("gpt-125m", "ml.p4d.24xlarge", 1, "mwms", global_batch=64)
     assert estimate["spot_basis"] == prices.SPOT_BASIS
     assert estimate["cost_spot_usd"] == pytest.approx(estimate["cost_on_demand_usd"] * (1 - prices.SPOT_DISCOUNT))
