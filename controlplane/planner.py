@@ -556,7 +556,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             ("interconnect", instance.interconnect), ("network_gbps", hardware.NETWORK_GBPS.get(instance_type)),
             ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
             ("usd_per_instance_hour", usd_per_instance_hour),
-            ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])),
+            ("price_region", prices.PRICE_REGION), ("price_date", prices.price_date(instance_type))])),
         ("settings", collections.OrderedDict([
             ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
             ("precision", precision), ("recompute", recompute), ("xla", xla), ("tokens", tokens),
@@ -708,4 +708,5 @@ def estimate(preset, instance_type, instance_count=1, strategy="auto", **setting
         ("billable_instance_seconds", timing["hours"] * 3600 * instance_count if timing else None),
         ("cost_on_demand_usd", timing.get("cost_on_demand_usd")), ("cost_spot_usd", timing.get("cost_spot_usd")),
         ("tokens_per_second", timing.get("tokens_per_second")), ("tokens", result["settings"]["tokens"]),
-        ("price_region", prices.PRICE_REGION), ("price_date", prices.PRICE_DATE)])
+        ("price_region", prices.PRICE_REGION), ("price_date", prices.price_date(instance_type)),
+        ("spot_basis", prices.SPOT_BASIS)])

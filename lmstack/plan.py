@@ -62,10 +62,9 @@ def format_table(result):
     lines = ["model: %(params)d parameters, %(n_layer)d layers, d_model %(d_model)d, vocab %(vocab)d"
              % result["model"]]
     inst = result["instance"]
-    lines.append("instance: %d x %s (%d x %s %s GiB, %s, %s Gbit/s), $%s/h on demand (%s, %s)" % (
+    lines.append("instance: %d x %s (%d x %s %s GiB, %s, %s Gbit/s), %s" % (
         inst["count"], inst["type"], inst["gpus_per_host"], inst["gpu"], inst["gpu_memory_gib"],
-        inst["interconnect"], inst["network_gbps"], inst["on_demand_usd_per_hour"], inst["price_region"],
-        inst["price_date"]))
+        inst["interconnect"], inst["network_gbps"], _price_label(inst)))
     s = result["settings"]
     lines.append("settings: global batch %d x %d tokens, %s, recompute %s, %d training tokens" % (
         s["global_batch"], s["seq_len"], s["precision"], s["recompute"], s["tokens"]))
@@ -77,7 +76,7 @@ def format_table(result):
     lines.append("")
     header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
         "strategy", "ok", "weights", "grads", "optim", "ckpt", "acts", "acts_rc", "peak", "usable", "hours",
-        "on-demand$", "spot$")
+        "on-demand$", "spot$ est.")
     lines.append(header)
     lines.append("-" * len(header))
     for c in result["candidates"]:
@@ -89,7 +88,8 @@ def format_table(result):
             _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
             _usd(t.get("cost_on_demand_usd")), _usd(t.get("cost_spot_usd"))))
     lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; ckpt: a background checkpoint "
-                 "save's copy of the state; acts_rc: activations with recomputation)")
+                 "save's copy of the state; acts_rc: activations with recomputation; spot$ est.: %s)"
+                 % prices.SPOT_BASIS)
     lines.extend(smp_placement_lines(result))
     lines.append("")
     lines.append("chosen: %s%s" % (chosen["strategy"], "" if chosen["ok"] else " - CANNOT: %s" % chosen["reason"]))
@@ -100,7 +100,7 @@ def format_table(result):
         cost = t["cost_spot_usd"] if s["spot"] else t["cost_on_demand_usd"]
         lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%s %s" % (
             t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], _usd(cost),
-            "spot" if s["spot"] else "on demand"))
+            "spot (an estimate)" if s["spot"] else "on demand"))
         if t["lost_seconds_per_interruption"] is not None:
             lines.append("  expected lost work per interruption: %.1f minutes (half the checkpoint interval at "
                          "checkpoint_minutes=%g, checkpoint_every=%d), plus the restart"
@@ -146,8 +146,9 @@ def chart(model, instance_type, path, strategy="auto", counts=None, **settings):
         hours_axis.annotate(label, (count, hours), textcoords="offset points", xytext=(4, 6), fontsize=8)
     cost_axis = hours_axis.twinx()
     cost_axis.plot(xs, [p[2] for p in points], "s-", color="tab:red", label="on-demand $")
-    cost_axis.plot(xs, [p[3] for p in points], "s--", color="tab:orange", label="spot $")
-    cost_axis.set_ylabel("cost, USD (%s, %s)" % (prices.PRICE_REGION, prices.PRICE_DATE), color="tab:red")
+    cost_axis.plot(xs, [p[3] for p in points], "s--", color="tab:orange", label="spot $ (estimate)")
+    cost_axis.set_ylabel("cost, USD (%s, price read %s)" % (prices.PRICE_REGION, prices.price_date(instance_type)),
+                         color="tab:red")
     cost_axis.legend(loc="upper right")
     name = model if isinstance(model, str) else "custom model"
     hours_axis.set_title("%s: time and cost against instance count" % name)
@@ -160,6 +161,17 @@ def chart(model, instance_type, path, strategy="auto", counts=None, **settings):
 def _usd(value):
     """A cost for the table: whole dollars, or "-" without a price (prices.UNPRICED)."""
     return "-" if value is None else "%.0f" % value
+
+
+def _price_label(instance):
+    """The price the costs come from: a training plan's, the table's on-demand one with its date, or why none."""
+    if instance["usd_per_instance_hour"] is not None:
+        return "$%s/h (the training plan's price)" % instance["usd_per_instance_hour"]
+    if instance["on_demand_usd_per_hour"] is None:
+        return ("no on-demand price (%s: none found, looked for %s; --usd-per-instance-hour gives a training "
+                "plan's)" % (instance["price_region"], instance["price_date"]))
+    return "$%s/h on demand (%s, read %s)" % (
+        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"])
 
 
 def describe(config):

@@ -100,6 +100,17 @@ class Network(Construct):
         self.training_security_group.add_ingress_rule(
             self.training_security_group, ec2.Port.all_traffic(),
             "hosts of one distributed training job talk to each other on any port")
+        # EFA's OS-bypass traffic (NCCL over libfabric on the `efa` types of lm.spec.hardware) passes only where
+        # the group allows all traffic from and to itself, each way by a rule naming the group: an outbound rule
+        # to 0.0.0.0/0 does not count ("Step 1: Prepare an EFA-enabled security group", Amazon EC2 User Guide;
+        # EKS's default cluster group keeps an outbound rule to itself "for EFA traffic" beside 0.0.0.0/0, "View
+        # Amazon EKS security group requirements for clusters"). The CDK ignores add_egress_rule while
+        # allow_all_outbound is on, so the rule is a resource of its own; the 0.0.0.0/0 rule stays for what the
+        # jobs reach (S3, EFS, interface endpoints, a NAT gateway, an imported VPC's own services).
+        ec2.CfnSecurityGroupEgress(
+            self.training_security_group, "EfaToItself", group_id=self.training_security_group.security_group_id,
+            ip_protocol="-1", destination_security_group_id=self.training_security_group.security_group_id,
+            description="EFA: hosts of one distributed training job send to each other on any protocol")
         # Endpoints: no ingress (SageMaker's front end reaches the container on its own side), and out only
         # HTTPS (the model artifact from S3, through the gateway endpoint): no NFS path to the file system,
         # whose security group admits only the training one.

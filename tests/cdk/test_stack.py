@@ -110,6 +110,30 @@ def test_training_security_group_admits_only_itself(default):
         assert not group["Properties"].get("SecurityGroupIngress")
 
 
+def test_training_security_group_lets_efa_through_both_ways(default):
+    """EFA's OS-bypass traffic needs the group to allow all traffic from itself and to itself, each a rule naming
+    the group ("Step 1: Prepare an EFA-enabled security group", Amazon EC2 User Guide,
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security: an ingress rule with
+    source and an egress rule with destination the group itself, protocol -1); an egress rule to 0.0.0.0/0 does
+    not stand in for the second (EKS's default cluster group keeps both, "View Amazon EKS security group
+    requirements for clusters")."""
+    training_id = next(key for key in default.resources("AWS::EC2::SecurityGroup")
+                       if key.startswith("NetworkTrainingSecurityGroup"))
+
+    def rules_of(resource_type):
+        return [rule["Properties"] for rule in default.resources(resource_type).values()
+                if _ref_id(rule["Properties"]["GroupId"]) == training_id]
+
+    (inbound,) = rules_of("AWS::EC2::SecurityGroupIngress")
+    (outbound,) = rules_of("AWS::EC2::SecurityGroupEgress")
+    assert inbound["IpProtocol"] == outbound["IpProtocol"] == "-1"
+    assert _ref_id(inbound["SourceSecurityGroupId"]) == _ref_id(outbound["DestinationSecurityGroupId"]) == training_id
+    assert not {"FromPort", "ToPort", "CidrIp", "CidrIpv6"} & (set(inbound) | set(outbound))
+    # What the jobs reach outside the group (S3, EFS, endpoints, a NAT gateway) stays open.
+    inline = default.template["Resources"][training_id]["Properties"]["SecurityGroupEgress"]
+    assert [(rule["IpProtocol"], rule["CidrIp"]) for rule in inline] == [("-1", "0.0.0.0/0")]
+
+
 def test_endpoints_and_efs_accept_only_the_training_jobs(synth_app):
     synth = synth_app(Settings(interface_endpoints=("sts", "sagemaker.api")))
     rules = [rule["Properties"] for rule in synth.resources("AWS::EC2::SecurityGroupIngress").values()]
