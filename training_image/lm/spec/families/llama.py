@@ -70,17 +70,15 @@ class LlamaConfig(ModelConfig):
         tables = 1 if self.tie_embeddings else 2  # the token embedding, and the output head unless tied
         return tables * self.padded_vocab_size * self.d_model + self.non_embedding_parameter_count()
 
-    def flops_per_token(self, seq_len=None):
-        """GPT's 6N + 12 * L * d * T: attention scores and sums run over every query head, shared keys or not."""
-        seq_len = self.block_size if seq_len is None else seq_len
-        return 6 * self.non_embedding_parameter_count() + 12 * self.n_layer * self.d_model * seq_len
+    def block_matmul_parameter_count(self):
+        """q and o d x d, k and v d x kv_width, the three SwiGLU matmuls d x d_ff."""
+        d = self.d_model
+        return 2 * d * d + 2 * d * self.kv_width + 3 * d * self.d_ff
 
-    def block_forward_flops(self, batch, seq_len):
-        """The projections (q and o d x d, k and v d x kv_width, the three SwiGLU matmuls) and the
-        [t, t] attention products of every query head (grouped heads share keys, not the products)."""
-        tokens, d = batch * seq_len, self.d_model
-        projections = 2 * d * d + 2 * d * self.kv_width + 3 * d * self.d_ff
-        return 2 * tokens * projections + 4 * batch * seq_len * seq_len * d
+    @property
+    def attention_width(self):
+        """Every query head's [t, t] products: grouped heads share keys, not the products."""
+        return self.n_head * self.head_dim
 
     def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
         """Bytes one block of `lm.models.llama` keeps for its backward pass, counted op by op (the
