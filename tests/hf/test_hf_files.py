@@ -140,6 +140,7 @@ def test_export_and_import_hold_one_tensor_at_a_time_not_a_second_copy_of_the_mo
     model_bytes = 4 * model.count_params()
     tokenizer_file = str(tmp_path / "tokenizer.json")
     save(train_bpe(["hello world %d" % i for i in range(50)], vocab_size=300), tokenizer_file)
+    other = models.build(config)
     for dtype in ("float32", "bfloat16"):
         out = str(tmp_path / dtype)
         tracemalloc.start()
@@ -148,7 +149,6 @@ def test_export_and_import_hold_one_tensor_at_a_time_not_a_second_copy_of_the_mo
             exported_peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        other = models.build(config)
         tracemalloc.start()
         try:
             hf.load_weights(other, out)

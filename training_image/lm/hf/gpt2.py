@@ -13,6 +13,7 @@ from lm.hf.files import HFError, Layout, Tensor, shared_hf_config
 from lm.spec.families import GPTConfig
 
 LAYER_NORM_EPSILON = 1e-5
+EXPORT_DTYPE = "float32"  # as OpenAI's GPT-2 is published
 
 
 def check(config):
@@ -61,7 +62,7 @@ def export_tensors(model, config):
     return found
 
 
-def gpt2_config(config, eos_id, dtype):
+def gpt2_config(config, eos_id, dtype=EXPORT_DTYPE):
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -121,7 +122,7 @@ def import_value(name, value):
     return value[0] if name.endswith(".bias") and value.ndim == 2 and value.shape[0] == 1 else value
 
 
-LAYOUT = Layout(model_type="gpt2", tokenizer_class="GPT2TokenizerFast", export_dtype="float32",
+LAYOUT = Layout(model_type="gpt2", tokenizer_class="GPT2TokenizerFast", export_dtype=EXPORT_DTYPE,
                 shape_fields=("n_layer", "d_model", "n_head"), check=check, hf_config=gpt2_config,
                 read_config=read_config, export_tensors=export_tensors, import_name=import_name,
                 import_value=import_value, variables=variables)

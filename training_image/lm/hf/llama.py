@@ -23,6 +23,7 @@ import functools
 from lm.hf.files import HFError, Layout, Tensor, shared_hf_config
 from lm.spec.families import LlamaConfig
 
+EXPORT_DTYPE = "bfloat16"  # as Meta publishes Llama 2 and 3
 NORM_WEIGHTS = {"input_layernorm": "attention_norm", "post_attention_layernorm": "mlp_norm"}
 ATTENTION_KERNELS = {"q_proj": "q_kernel", "k_proj": "k_kernel", "v_proj": "v_kernel", "o_proj": "o_kernel"}
 MLP_KERNELS = {"gate_proj": "gate_kernel", "up_proj": "up_kernel", "down_proj": "down_kernel"}
@@ -86,7 +87,7 @@ def check(config):
     """Every LlamaConfig is in the Llama layout."""
 
 
-def hf_config(config, eos_id, dtype):
+def hf_config(config, eos_id, dtype=EXPORT_DTYPE):
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -144,7 +145,7 @@ def read_config(path, values):
         raise HFError("%s: %s" % (path, error))
 
 
-LAYOUT = Layout(model_type="llama", tokenizer_class="PreTrainedTokenizerFast", export_dtype="bfloat16",
+LAYOUT = Layout(model_type="llama", tokenizer_class="PreTrainedTokenizerFast", export_dtype=EXPORT_DTYPE,
                 shape_fields=("n_layer", "d_model", "n_head", "n_kv_head", "d_ff"), check=check, hf_config=hf_config,
                 read_config=read_config, export_tensors=export_tensors, import_name=import_name,
                 import_value=import_value, variables=variables)
