@@ -2,12 +2,12 @@
 with rotary position embeddings -> RMSNorm -> SwiGLU MLP, final RMSNorm, output head. No biases.
 Registered in `lm.spec.families.FAMILIES` as "llama" (config: `lm.spec.families.llama.LlamaConfig`).
 
-Conventions are transformers' PyTorch Llama (modeling_llama.py, modeling_rope_utils.py), so `lm.hf.llama`
-maps the weights one to one: rotary embeddings rotate the two halves of each head
-(`rotate_half`) at transformers' frequencies (Llama 3.1/3.2's "llama3" rope scaling included),
-query head h shares key/value head h // (n_head // n_kv_head), and RMSNorm normalizes in float32. `decode` is the generation path with a per-layer key/value cache of the
-n_kv_head key/value heads (see `lm.serving.generate`); dropout masks and `recompute` as in
-`lm.models.gpt.GPT`.
+Conventions are transformers' PyTorch Llama (modeling_llama.py, modeling_rope_utils.py), so
+`lm.hf.llama` maps the weights one to one: rotary embeddings rotate the two halves of each head
+(`rotate_half`) at transformers' frequencies (Llama 3.1/3.2's "llama3" rope scaling included), query
+head h shares key/value head h // (n_head // n_kv_head), and RMSNorm normalizes in float32. `decode`
+is the generation path with a per-layer key/value cache of the n_kv_head key/value heads (see
+`lm.serving.generate`); dropout masks and `recompute` as in `lm.models.gpt.GPT`.
 """
 import math
 
