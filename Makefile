@@ -48,9 +48,10 @@ $(VENV_TF_CURRENT)/.installed: training_image/requirements.txt
 		-r training_image/requirements.txt pytest==9.2.0
 	touch $@
 
-# transformers 4.46.3 (TF GPT-2, tests/hf and bench/hf_compare.py) needs tokenizers 0.20 while the
-# project pins 0.23: .venv-hf holds only requirements-hf.txt and reads the rest of .venv (TF
-# 2.15.1, numpy) through a .pth file that comes after its own site-packages.
+# transformers 4.46.3 (TF GPT-2 and PyTorch Llama on CPU: tests/hf and bench/hf_compare.py) needs
+# tokenizers 0.20 while the project pins 0.23: .venv-hf holds only requirements-hf.txt (torch's CPU
+# build and its requirements pinned there, as --no-deps installs nothing unpinned) and reads the rest
+# of .venv (TF 2.15.1, numpy) through a .pth file that comes after its own site-packages.
 $(VENV_HF)/.installed: $(VENV)/.installed requirements-hf.txt
 	test -x $(VENV_HF)/bin/python || $(PY) -m venv $(VENV_HF)
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \

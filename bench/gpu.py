@@ -1,8 +1,8 @@
-"""Training step time and model-FLOPs utilization (MFU) of gpt-1.3b and gpt-350m on one GPU.
+"""Training step time and model-FLOPs utilization (MFU) of gpt-1.3b and gpt-350m (or any preset) on one GPU.
 
     python bench/gpu.py [--presets gpt-1.3b,gpt-350m] [--xla both|on|off] [--seq-len 0]
                         [--batch 0] [--max-batch 256] [--steps 10] [--warmup 2] [--repeats 3]
-                        [--precision auto] [--peak-tflops 0] [--json PATH]
+                        [--precision auto] [--peak-tflops 0] [--json PATH] [--record]
 
 For each preset and each XLA setting, a fresh process (so one configuration's memory never
 limits the next) builds the model in the chosen precision (bf16; fp16 with dynamic loss
@@ -14,13 +14,19 @@ of memory (or reaches `--max-batch`), then one bisection step tries the midpoint
 last batch that fit and the first that did not. Every tried batch is reported; the largest
 that fit is timed (`--repeats` x `--steps` steps after `--warmup`, the median repeat).
 
-MFU = tokens/s x (6 N + 12 L d T) / peak (`lm.spec.families.flops_per_token`), the peak being the
-chip's dense (no structured sparsity) tensor FLOP/s at that precision, looked up from the GPU's
-name in PEAK_TFLOPS, or `--peak-tflops`. On a CPU, or an unknown GPU without `--peak-tflops`,
-MFU is not computed. Prints a table and JSON; writes bench/results/gpu.json. The goal is
-MFU >= 45 % on an H100/H200-class GPU.
+MFU = tokens/s x flops_per_token / peak: `lm.spec.families.flops_per_token`, 6 x (the blocks' matmul
+weights + the output projection) + 12 L T x attention width, the count the planner and the training
+log use; the peak being the chip's dense (no structured sparsity) tensor FLOP/s at that precision,
+looked up from the GPU's name in PEAK_TFLOPS, or `--peak-tflops`. On a CPU, or an unknown GPU without
+`--peak-tflops`, MFU is not computed. Prints a table and JSON; writes bench/results/gpu.json. The
+goal is MFU >= 45 % on an H100/H200-class GPU.
+
+`--record` writes the best MFU measured on a GPU of a SageMaker instance type into
+controlplane/measured_mfu.json, where it replaces the published figure the planner assumed for that
+GPU (`controlplane.planner.assumed_mfu`); commit the file with the measurement.
 """
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -34,26 +40,29 @@ sys.path.insert(0, ROOT)  # controlplane.presets: the presets are the control pl
 
 from publish import publish  # noqa: E402
 
+from controlplane.planner import MEASURED_MFU_FILE  # noqa: E402
+
 # Dense tensor-core peaks in TFLOP/s (half the "with sparsity" figures), from NVIDIA's data sheets:
 # H100 and H200 (SXM: 989.4 bf16; PCIe 756; NVL 835), L40S (362), L4 (121), A100 (312, SXM and
 # PCIe), A10 (125; AWS's A10G is assumed equal, AWS publishes no tensor figure for it), V100
 # (SXM2 125, PCIe 112 fp16; no bf16), T4 (65 fp16; no bf16). First match of a pattern in the
 # CUDA device name (e.g. "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB") wins, so the more
-# specific patterns come first.
+# specific patterns come first. Last: the lm.spec.hardware GPU of SageMaker's instance types this
+# chip is (the SXM parts; None for chips no instance type has), under which --record files it.
 PEAK_TFLOPS = [
-    ("H200 NVL", "H200 NVL", {"bf16": 835.0, "fp16": 835.0}),
-    ("H200", "H200", {"bf16": 989.4, "fp16": 989.4}),
-    ("H100 PCIe", "H100 PCIe", {"bf16": 756.0, "fp16": 756.0}),
-    ("H100 NVL", "H100 NVL", {"bf16": 835.0, "fp16": 835.0}),
-    ("H100", "H100 SXM", {"bf16": 989.4, "fp16": 989.4}),
-    ("A100", "A100", {"bf16": 312.0, "fp16": 312.0}),
-    ("L40S", "L40S", {"bf16": 362.0, "fp16": 362.0}),
-    ("L4", "L4", {"bf16": 121.0, "fp16": 121.0}),
-    ("A10G", "A10G", {"bf16": 125.0, "fp16": 125.0}),
-    ("A10", "A10", {"bf16": 125.0, "fp16": 125.0}),
-    ("V100-PCIE", "V100 PCIe", {"fp16": 112.0}),
-    ("V100", "V100 SXM2", {"fp16": 125.0}),
-    ("T4", "T4", {"fp16": 65.0}),
+    ("H200 NVL", "H200 NVL", {"bf16": 835.0, "fp16": 835.0}, None),
+    ("H200", "H200", {"bf16": 989.4, "fp16": 989.4}, "H200"),
+    ("H100 PCIe", "H100 PCIe", {"bf16": 756.0, "fp16": 756.0}, None),
+    ("H100 NVL", "H100 NVL", {"bf16": 835.0, "fp16": 835.0}, None),
+    ("H100", "H100 SXM", {"bf16": 989.4, "fp16": 989.4}, "H100"),
+    ("A100", "A100", {"bf16": 312.0, "fp16": 312.0}, "A100"),
+    ("L40S", "L40S", {"bf16": 362.0, "fp16": 362.0}, "L40S"),
+    ("L4", "L4", {"bf16": 121.0, "fp16": 121.0}, "L4"),
+    ("A10G", "A10G", {"bf16": 125.0, "fp16": 125.0}, "A10G"),
+    ("A10", "A10", {"bf16": 125.0, "fp16": 125.0}, None),
+    ("V100-PCIE", "V100 PCIe", {"fp16": 112.0}, None),
+    ("V100", "V100 SXM2", {"fp16": 125.0}, "V100"),
+    ("T4", "T4", {"fp16": 65.0}, "T4"),
 ]
 MFU_GOAL = {"H100 SXM": 0.45, "H100 PCIe": 0.45, "H100 NVL": 0.45, "H200": 0.45, "H200 NVL": 0.45}
 DEFAULT_PRESETS = "gpt-1.3b,gpt-350m"
@@ -65,10 +74,40 @@ class OutOfMemory(Exception):
 
 def gpu_peak(device_name):
     """(chip, {precision: peak FLOP/s}) for a CUDA device name, or (None, {}) when unknown."""
-    for pattern, chip, peaks in PEAK_TFLOPS:
+    for pattern, chip, peaks, _ in PEAK_TFLOPS:
         if pattern.lower() in device_name.lower():
             return chip, {precision: tflops * 1e12 for precision, tflops in peaks.items()}
     return None, {}
+
+
+def instance_gpu(chip):
+    """The lm.spec.hardware GPU name of a chip of PEAK_TFLOPS, or None where no instance type has it."""
+    return next((gpu for _, name, _, gpu in PEAK_TFLOPS if name == chip), None)
+
+
+def record_measurements(results, path, date):
+    """Write the best MFU measured per instance GPU among `results` into the measured-MFU file at
+    `path` (controlplane.planner.MEASURED_MFU_FILE), keeping the other GPUs' entries; returns the
+    GPUs written."""
+    best = {}
+    for row in results:
+        gpu = instance_gpu(row.get("chip"))
+        if gpu and row.get("mfu") is not None and (gpu not in best or row["mfu"] > best[gpu]["mfu"]):
+            best[gpu] = row
+    if not best:
+        return []
+    with open(path) as handle:
+        table = json.load(handle)
+    for gpu, row in best.items():
+        table[gpu] = {"mfu": round(row["mfu"], 4), "preset": row["preset"], "precision": row["precision"],
+                      "xla": row["xla"], "batch": row["batch"], "seq_len": row["seq_len"], "device": row["device"],
+                      "tensorflow": row["tensorflow"], "date": date}
+    temporary = path + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump(table, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(temporary, path)
+    return sorted(best)
 
 
 def choose_precision(requested, peaks, on_gpu):
@@ -113,9 +152,9 @@ def measure(preset, xla, args):
     """JSON-ready results of one (preset, xla) configuration, timed in this process."""
     from lm.compat import TF_VERSION, keras, tf
     from controlplane.presets import get_preset
+    from lm import models
     from lm.spec.families import flops_per_token, parameter_count
     from lm.distributed import get_strategy
-    from lm.models.gpt import build_model
     from lm.training.optim import AdamW, DynamicLossScale, learning_rate_at
     from lm.training.train import token_loss
     from train_step import time_train_step
@@ -127,11 +166,11 @@ def measure(preset, xla, args):
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peaks.get(precision)
     keras.mixed_precision.set_global_policy(
         {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[precision])
-    config = get_preset(preset, family="gpt")
+    config = get_preset(preset)
     seq_len = args.seq_len or config.block_size
     strategy = get_strategy("single").setup()
     tf.random.set_seed(0)
-    model = build_model(config)
+    model = models.build(config)
     optimizer = AdamW(model.trainable_variables, lambda step: learning_rate_at(step, 1e-4, 10, 1000, 0.1))
     loss_scale = DynamicLossScale() if precision == "fp16" else None
     step = strategy.build_train_step(model, optimizer, token_loss(tf), grad_clip=1.0, loss_scale=loss_scale,
@@ -217,7 +256,7 @@ def table(results):
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", default=DEFAULT_PRESETS, help="comma-separated GPT presets")
+    parser.add_argument("--presets", default=DEFAULT_PRESETS, help="comma-separated presets (any family)")
     parser.add_argument("--xla", choices=("both", "on", "off"), default="both")
     parser.add_argument("--seq-len", type=int, default=0, help="0: the preset's context length")
     parser.add_argument("--batch", type=int, default=0, help="a fixed batch; 0: fill memory")
@@ -228,6 +267,8 @@ def build_parser():
     parser.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="override the chip's peak (0: from the table)")
     parser.add_argument("--json", metavar="PATH", help="write the JSON report here, not to bench/results/gpu.json")
+    parser.add_argument("--record", nargs="?", const=MEASURED_MFU_FILE, metavar="PATH",
+                        help="write the best MFU per GPU into the planner's measured-MFU file (default %(const)s)")
     parser.add_argument("--child", metavar="PRESET", help=argparse.SUPPRESS)
     return parser
 
@@ -255,6 +296,10 @@ def main(argv=None):
             json.dump(report, handle, indent=2)
     else:
         publish("gpu", report)
+    if args.record:
+        recorded = record_measurements(results, args.record, datetime.date.today().isoformat())
+        print("recorded in %s: %s" % (args.record, ", ".join(recorded) if recorded else
+                                       "nothing (no MFU measured on a GPU of a SageMaker instance type)"))
     return 1 if any("error" in row for row in results) else 0
 
 

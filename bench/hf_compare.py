@@ -91,9 +91,9 @@ def compare(work, ours_seconds, theirs_seconds):
 
 
 def useful_flops_per_token(config, seq_len):
-    """Training FLOPs of a token on either model: 6N + 12 L d T (lm.spec.families) plus the tied output
-    projection over the real vocabulary (6 d V), which at gpt-125m is a third of the work."""
-    return config.flops_per_token(seq_len) + 6 * config.d_model * config.vocab_size
+    """Training FLOPs of a token on either model (lm.spec.families' count) with the tied output
+    projection over the real vocabulary, not our padded one: at gpt-125m a third of the work."""
+    return config.replace(pad_vocab_to=1).flops_per_token(seq_len)
 
 
 def with_matmul_ceiling(row, flops_per_token, matmul_seconds, matmul_flops):

@@ -13,8 +13,8 @@ busy machine slows every candidate alike):
 - `seed_style`: the same train step on the seed's block at the same shapes: post-LN, ReLU,
   every head d_model wide (key_dim = d_model).
 
-Model FLOP/s = tokens/s x (6 N + 12 L d T), N without embeddings (lm.spec.families.flops_per_token,
-which counts the seed's wider heads in N). Targets: ours >= 50 % of the matmul FLOP/s, and
+Model FLOP/s = tokens/s x lm.spec.families.flops_per_token: 6 x (the blocks' matmul weights + the
+output projection) + 12 L T x attention width (the seed's wider heads count in both). Targets: ours >= 50 % of the matmul FLOP/s, and
 >= 1.3 x the seed style's tokens/s. Prints a table and JSON; writes bench/results/train_step.json.
 """
 import argparse

@@ -45,18 +45,22 @@ Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activatio
 Checked against TensorFlow's allocator peak on the CPU in tests/plan/test_measured.py
 (float32; the mixed-precision terms cannot be measured without a GPU).
 
-Time: tokens/s = GPUs x peak FLOP/s x MFU / flops_per_token (`lm.spec.families`, the MFU
-convention), times the pipeline efficiency m / (m + p - 1) under SMP; the gradient
+Time: tokens/s = GPUs x peak FLOP/s x MFU / flops_per_token (`lm.spec.families`: 6 x (the
+blocks' matmul weights + the output projection) + 12 x layers x seq_len x attention width, the
+count the training log's MFU uses too), times the pipeline efficiency m / (m + p - 1) under SMP; the gradient
 all-reduce between hosts (ring, 2 (H-1)/H of the float32 gradients through each host's
 network at NETWORK_EFFICIENCY) follows the backward pass, so a step takes the sum of the two,
 except where the strategy's code path lets it overlap the backward pass (SMDDP without XLA;
 `allreduce_overlaps_backward`), where a step takes the longer of the two.
 
 Learning rate: the peak rate the run uses (`lm.spec.families.peak_learning_rate`: GPT-3's for the
-size, Table 2.1, scaled down for a smaller batch, never up).
+size, Table 2.1, whatever the batch, as Pythia kept it; with scale_lr, Adam's square-root rule
+downwards from GPT-3's batch for the size).
 """
 import collections
+import json
 import math
+import os
 import re
 
 from controlplane import prices
@@ -99,7 +103,21 @@ SNAPSHOT_STRATEGIES = ("single", "mwms", "horovod", "smddp")
 SHORTEST_SEQ_LEN = 128  # the shortest sequence length a rejection suggests
 DEFAULT_GLOBAL_BATCH = job.HYPERPARAMETERS["global_batch_size"].default
 XLA_DEFAULT = job.HYPERPARAMETERS["xla"].default
+SCALE_LR_DEFAULT = job.HYPERPARAMETERS["scale_lr"].default
 DATA_PARALLEL = ("mwms", "horovod", "smddp")
+# lmstack's own MFU per GPU, measured by `bench/gpu.py --record` (the best configuration it timed on
+# that GPU): {gpu: {"mfu": fraction, "preset", "precision", "xla", "batch", "seq_len", "device",
+# "tensorflow", "date"}}. Where a GPU has an entry it replaces the published figure
+# (lm.spec.hardware.PUBLISHED_MFU); none is committed yet (no GPU was lent to the project's sessions).
+MEASURED_MFU_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured_mfu.json")
+
+
+def load_measured_mfu(path=MEASURED_MFU_FILE):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+MEASURED_MFU = load_measured_mfu()
 
 
 def _field_error(field, allowed, value):
@@ -228,13 +246,11 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
 
 
 def step_flops(config, batch, seq_len, recompute=False):
-    """Matmul FLOPs one training step executes on `batch` sequences: forward (the family's blocks,
-    `block_forward_flops`: for GPT the projections and the full [t, t] attention products; the
-    output layer) and a backward pass of twice that, plus one more forward of the blocks under
-    recomputation. Unlike the MFU convention `flops_per_token` it counts the output layer."""
-    blocks = config.n_layer * config.block_forward_flops(batch, seq_len)
-    head = 2 * batch * seq_len * config.padded_vocab_size * config.d_model
-    return 3 * (blocks + head) + (blocks if recompute else 0)
+    """Matmul FLOPs one training step executes on `batch` sequences: `flops_per_token` for each of
+    its tokens (forward and backward of the blocks and the output layer), plus one more forward of
+    the blocks (`block_forward_flops`) under recomputation."""
+    recomputed = config.n_layer * config.block_forward_flops(batch, seq_len) if recompute else 0
+    return batch * seq_len * flops_per_token(config, seq_len) + recomputed
 
 
 def usable_bytes(instance):
@@ -357,12 +373,23 @@ def allreduce_overlaps_backward(strategy, xla):
     return strategy == "smddp" and not xla
 
 
+def assumed_mfu(gpu):
+    """(MFU, its source) the planner assumes on `gpu` (a name of lm.spec.hardware.GPUS): lmstack's own
+    measurement where bench/gpu.py recorded one (MEASURED_MFU), else the published figure."""
+    measured = MEASURED_MFU.get(gpu)
+    if measured:
+        return measured["mfu"], "measured by bench/gpu.py: %s, %s, XLA %s, batch %d x %d, %s, TensorFlow %s, %s" % (
+            measured["preset"], measured["precision"], "on" if measured["xla"] else "off", measured["batch"],
+            measured["seq_len"], measured["device"], measured["tensorflow"], measured["date"])
+    return hardware.PUBLISHED_MFU[gpu]
+
+
 def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, xla, tokens, mfu,
             traffic_encryption=False, usd_per_instance_hour=None):
     gpu = hardware.get_gpu(instance.gpu) if instance.gpus else None
     if gpu is None:
         return None
-    mfu = hardware.DEFAULT_MFU[gpu.name] if mfu is None else mfu
+    mfu, mfu_source = assumed_mfu(gpu.name) if mfu is None else (mfu, "given")
     flops = flops_per_token(config, seq_len)
     efficiency = 1.0
     if strategy == "smp":
@@ -387,7 +414,7 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
     price = prices.on_demand_price(instance.name) if usd_per_instance_hour is None else usd_per_instance_hour
     on_demand = None if price is None else hours * instance_count * price
     return collections.OrderedDict([
-        ("mfu", mfu), ("peak_flops_per_gpu", gpu.peak_flops[precision]), ("flops_per_token", flops),
+        ("mfu", mfu), ("mfu_source", mfu_source), ("peak_flops_per_gpu", gpu.peak_flops[precision]), ("flops_per_token", flops),
         ("pipeline_efficiency", efficiency), ("tokens_per_second", step_tokens / step_s),
         ("step_seconds", step_s), ("compute_seconds", compute_s), ("allreduce_seconds", allreduce_s),
         ("allreduce_overlaps_backward", overlapped),
@@ -444,7 +471,7 @@ def _smp_parameters(layout):
 
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
-         partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=True,
+         partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=SCALE_LR_DEFAULT,
          traffic_encryption=False, usd_per_instance_hour=None):
     """Everything `python -m lmstack.plan` prints, as a dict. `model` is a preset name or a model config
     of any family (`lm.spec.families`);

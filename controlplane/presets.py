@@ -45,17 +45,25 @@ def llama3(**shape):
     return LlamaConfig(block_size=8192, vocab_size=LLAMA3_VOCAB_SIZE, rope_theta=500000.0, **shape)
 
 
+# Llama 3.2's rope scaling (config.json of meta-llama/Llama-3.2-1B and -3B: rope_type llama3).
+LLAMA_3_2_ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
 # The released models' shapes, from their config.json on the Hugging Face Hub (meta-llama/Llama-3.2-1B,
 # Llama-3.2-3B, Llama-2-7b-hf, Meta-Llama-3-8B, Llama-2-13b-hf); tests/model/test_llama.py checks the
-# parameter counts against the totals of the Hub's safetensors. Llama 3.2 extends its context to
-# 131072 with "llama3" rope scaling, which lm.models.llama does not implement: its presets keep the
-# 8192 positions Llama 3 was trained at, unscaled.
+# parameter counts against the totals of the Hub's safetensors. Llama 3.2's presets carry its rope
+# scaling, so their positions rotate as the released models' do; they train and serve 8192 positions
+# (block_size), not the 131072 of its config.json, which the planner, the dataset and the serving
+# memory estimates would otherwise take as the sequence length (an imported Llama 3.2 checkpoint
+# keeps its 131072).
 LLAMA_PRESETS = collections.OrderedDict([
     # The demo's shape (`tiny`: vocabulary 512, context 128), two query heads per key/value head.
     ("llama-tiny", LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=176, block_size=128,
                                vocab_size=512, pad_vocab_to=64)),
-    ("llama3.2-1b", llama3(n_layer=16, d_model=2048, n_head=32, n_kv_head=8, d_ff=8192, tie_embeddings=True)),
-    ("llama3.2-3b", llama3(n_layer=28, d_model=3072, n_head=24, n_kv_head=8, d_ff=8192, tie_embeddings=True)),
+    ("llama3.2-1b", llama3(n_layer=16, d_model=2048, n_head=32, n_kv_head=8, d_ff=8192, tie_embeddings=True,
+                           rope_scaling=LLAMA_3_2_ROPE_SCALING)),
+    ("llama3.2-3b", llama3(n_layer=28, d_model=3072, n_head=24, n_kv_head=8, d_ff=8192, tie_embeddings=True,
+                           rope_scaling=LLAMA_3_2_ROPE_SCALING)),
     ("llama2-7b", LlamaConfig(n_layer=32, d_model=4096, n_head=32, n_kv_head=32, d_ff=11008)),
     ("llama3-8b", llama3(n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336)),
     ("llama2-13b", LlamaConfig(n_layer=40, d_model=5120, n_head=40, n_kv_head=40, d_ff=13824)),

@@ -12,7 +12,7 @@ import re
 import sys
 
 from controlplane import prices
-from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, plan, resolve_config)
+from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, plan, resolve_config)
 from lm.spec import hardware, job
 from controlplane.presets import ALL_PRESETS, get_preset
 from lm.spec.families import FAMILIES, flops_per_token, get_family
@@ -71,8 +71,8 @@ def format_table(result):
     rate = result["learning_rate"]
     lines.append("peak learning rate %.3g (%s for GPT-3's batch of %d sequences%s)" % (
         rate["peak"], "given %.3g" % rate["given"] if rate["given"] else "GPT-3's %.3g" % rate["gpt3_rate"],
-        rate["gpt3_batch"], ", scaled by %d / %d, at most 1x" % (rate["global_batch"], rate["gpt3_batch"])
-        if rate["scale_lr"] else ", not scaled"))
+        rate["gpt3_batch"], ", scaled by the square root of %d / %d, at most 1x" % (
+            rate["global_batch"], rate["gpt3_batch"]) if rate["scale_lr"] else ", kept at any batch"))
     lines.append("")
     header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
         "strategy", "ok", "weights", "grads", "optim", "ckpt", "acts", "acts_rc", "peak", "usable", "hours",
@@ -101,6 +101,8 @@ def format_table(result):
         lines.append("  %.0f tokens/s, step %.3f s, %d steps, %.1f hours, $%s %s" % (
             t["tokens_per_second"], t["step_seconds"], t["steps"], t["hours"], _usd(cost),
             "spot (an estimate)" if s["spot"] else "on demand"))
+        lines.append("  at %.3g GFLOP per token, MFU %.1f %%: %s" % (
+            t["flops_per_token"] / 1e9, 100 * t["mfu"], t["mfu_source"]))
         if t["lost_seconds_per_interruption"] is not None:
             lines.append("  expected lost work per interruption: %.1f minutes (half the checkpoint interval at "
                          "checkpoint_minutes=%g, checkpoint_every=%d), plus the restart"
@@ -224,12 +226,16 @@ def build_parser():
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
     parser.add_argument("--learning-rate", type=float, default=0.0,
                         help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+    parser.add_argument("--scale-lr", dest="scale_lr", action="store_true", default=SCALE_LR_DEFAULT,
+                        help="scale the learning rate by the square root of the global batch / GPT-3's batch "
+                             "(Adam's rule), never up (lm.training.train's scale_lr)")
     parser.add_argument("--no-scale-lr", dest="scale_lr", action="store_false",
-                        help="use the learning rate as given, whatever the global batch")
+                        help="use the learning rate as given, whatever the global batch (the default)")
     parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
     parser.add_argument("--traffic-encryption", action="store_true",
                         help="EnableInterContainerTrafficEncryption on (a slower all-reduce between hosts)")
-    parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU")
+    parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU: bench/gpu.py's measurement where "
+                        "recorded (controlplane/measured_mfu.json), else a published run's (lm.spec.hardware)")
     parser.add_argument("--usd-per-instance-hour", type=float, default=None,
                         help="price of a SageMaker training plan's reserved instance-hour (default: on-demand)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

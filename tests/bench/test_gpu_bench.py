@@ -12,6 +12,8 @@ BENCH = os.path.join(ROOT, "bench")
 sys.path.insert(0, BENCH)
 
 import gpu  # noqa: E402
+from controlplane import planner  # noqa: E402
+from lm.spec import hardware  # noqa: E402
 
 
 @pytest.mark.parametrize("device_name, chip, precision, tflops", [
@@ -81,3 +83,32 @@ def test_cpu_smoke_run_reports_every_configuration(tmp_path):
     assert report["mfu_goal"] is None  # no goal for a CPU
     header = [line for line in result.stdout.splitlines() if line.startswith("preset")]
     assert header and "MFU" in header[0] and "batches tried" in header[0]
+
+
+def test_every_chip_of_an_instance_type_is_filed_under_its_planner_gpu():
+    filed = {gpu for _, _, _, gpu in gpu.PEAK_TFLOPS if gpu}
+    assert filed <= set(hardware.GPUS)
+    assert gpu.instance_gpu("H100 SXM") == "H100" and gpu.instance_gpu("H100 PCIe") is None
+
+
+def test_record_keeps_the_best_mfu_per_instance_gpu_and_the_planner_then_assumes_it(tmp_path, monkeypatch):
+    path = str(tmp_path / "measured_mfu.json")
+    with open(path, "w") as handle:
+        json.dump({"A100": {"mfu": 0.4, "preset": "gpt-350m", "precision": "bf16", "xla": True, "batch": 16,
+                            "seq_len": 2048, "device": "NVIDIA A100-SXM4-40GB", "tensorflow": "2.15.1",
+                            "date": "2027-01-01"}}, handle)
+    row = {"preset": "gpt-1.3b", "precision": "bf16", "batch": 12, "seq_len": 2048, "device": "NVIDIA H100 80GB HBM3",
+           "chip": "H100 SXM", "tensorflow": "2.15.1"}
+    results = [dict(row, xla=False, mfu=0.33), dict(row, xla=True, mfu=0.36),
+               dict(row, chip="H100 PCIe", device="NVIDIA H100 PCIe", xla=True, mfu=0.5),  # no instance type has it
+               dict(row, chip=None, device="CPU", xla=True, mfu=None)]
+    assert gpu.record_measurements(results, path, "2027-02-03") == ["H100"]
+    table = planner.load_measured_mfu(path)
+    assert sorted(table) == ["A100", "H100"] and table["H100"]["mfu"] == 0.36 and table["H100"]["xla"] is True
+    assert table["H100"]["date"] == "2027-02-03"
+    monkeypatch.setattr(planner, "MEASURED_MFU", table)
+    mfu, source = planner.assumed_mfu("H100")
+    assert mfu == 0.36 and source == ("measured by bench/gpu.py: gpt-1.3b, bf16, XLA on, batch 12 x 2048, "
+                                      "NVIDIA H100 80GB HBM3, TensorFlow 2.15.1, 2027-02-03")
+    assert planner.assumed_mfu("V100") == hardware.PUBLISHED_MFU["V100"]
+    assert gpu.record_measurements(results[3:], path, "2027-02-04") == []

@@ -57,7 +57,7 @@ def test_prepare_train_export_reload_on_current_tf(tmp_path):
     output = _run(["-m", "lm.training.train", "--data-dir", data, "--checkpoint-dir", os.path.join(out, "ckpt"),
                    "--export-dir", os.path.join(out, "model"), "--strategy", "single", *presets.train_arguments("tiny"),
                    "--global_batch_size", "8", "--max_steps", str(STEPS), "--warmup_steps", "2",
-                   "--learning_rate", "0.02", "--log_every", "1", "--eval_every", "0", "--eval_batches", "1",
+                   "--learning_rate", "0.000625", "--log_every", "1", "--eval_every", "0", "--eval_batches", "1",
                    "--checkpoint_every", "3", "--seed", "7"])
     logged = [line for line in output.splitlines() if line.startswith("[train] step=")]
     assert [int(line.split("step=")[1].split()[0]) for line in logged] == list(range(1, STEPS + 1)), output

@@ -1,122 +1,144 @@
-"""Run by tests/hf/test_hf_llama.py with .venv-hf's interpreter: transformers 4.46's own Llama
-(FlaxLlamaForCausalLM on jax/flax CPU; the TF classes have no Llama, and no PyTorch is installed)
-loads what `python -m lm.hf --format hf` wrote, or makes a random Llama checkpoint; prints JSON.
+"""Run by tests/hf/test_hf_llama.py with .venv-hf's interpreter: transformers 4.46's own PyTorch
+LlamaForCausalLM (torch on CPU, float32) loads what `python -m lm.hf --format hf` wrote, or writes the
+checkpoints a release looks like; prints JSON, and leaves logits and greedy tokens in `<inputs>.hf.npz`.
 
-Two things FlaxLlamaForCausalLM 4.46.3 does not read from config.json, which transformers'
-PyTorch LlamaForCausalLM (what TGI and vLLM follow) does, are applied here as PyTorch applies them:
-rope_theta (the Flax class computes its sin/cos table with base 10000; `rope_theta` patches that
-constant of its own create_sinusoidal_positions) and tie_word_embeddings (the Flax head is always
-a Dense of its own; a tied checkpoint has no lm_head.weight, and the head gets the embedding,
-as PyTorch's tie_weights gives it).
+PyTorch's class is the reference: it reads rope_theta, rope_scaling and tie_word_embeddings from
+config.json, as TGI and vLLM do (the Flax class of 4.46 ignores all three).
 """
 import json
+import os
 import sys
 
 import numpy as np
 
-
-def _flax_llama(rope_theta):
-    import jax.numpy as jnp
-    from transformers.models.llama import modeling_flax_llama
-
-    def create_sinusoidal_positions(num_pos, dim):  # the library's function, base rope_theta instead of 10000
-        inv_freq = 1.0 / (rope_theta ** (np.arange(0, dim, 2) / dim))
-        freqs = np.einsum("i , j -> i j", np.arange(num_pos), inv_freq).astype("float32")
-        emb = np.concatenate((freqs, freqs), axis=-1)
-        out = np.concatenate((np.sin(emb)[:, None, :], np.cos(emb)[:, None, :]), axis=-1)
-        return jnp.array(out[:, :, :num_pos])
-
-    if rope_theta != 10000.0:
-        modeling_flax_llama.create_sinusoidal_positions = create_sinusoidal_positions
-    return modeling_flax_llama.FlaxLlamaForCausalLM
+GENERATED_TOKENS = 16
 
 
-def _tie(model):
-    params = model.params
-    params["lm_head"]["kernel"] = params["model"]["embed_tokens"]["embedding"].T
-    model.params = params
+def _torch():
+    import torch
+
+    torch.manual_seed(0)
+    return torch
 
 
-def _loading_info(model, hf_dir):
-    """(parameters the checkpoint lacks, tensors the model does not use), by the names transformers'
-    own PyTorch-to-Flax conversion gives the tensors (FlaxPreTrainedModel.from_pretrained has no
-    output_loading_info; it logs these lists)."""
-    import os
+def _greedy(model, prompts):
+    """GENERATED_TOKENS greedy tokens after each prompt, without stopping at an end token (as
+    lm.serving.generate runs without stop tokens)."""
+    torch = _torch()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor(prompts, dtype=torch.long), max_new_tokens=GENERATED_TOKENS, do_sample=False,
+                             pad_token_id=0, attention_mask=torch.ones(prompts.shape, dtype=torch.long))
+    return out[:, prompts.shape[1]:].numpy()
 
-    from flax.traverse_util import flatten_dict
-    from safetensors.numpy import load_file
-    from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax
 
-    converted = set(flatten_dict(convert_pytorch_state_dict_to_flax(
-        load_file(os.path.join(hf_dir, "model.safetensors")), model)))
-    expected = set(flatten_dict(model.params))
-    return sorted(".".join(key) for key in expected - converted), sorted(".".join(key) for key in converted - expected)
+def _logits(model, batch):
+    torch = _torch()
+    with torch.no_grad():
+        return model(torch.tensor(batch, dtype=torch.long)).logits.float().numpy()
+
+
+def _load(hf_dir):
+    """The checkpoint as transformers loads it, computing in float32 (bfloat16 weights widened)."""
+    from transformers import LlamaForCausalLM
+
+    model, info = LlamaForCausalLM.from_pretrained(hf_dir, torch_dtype=_torch().float32, output_loading_info=True)
+    return model.eval(), info
+
+
+def _stored_dtypes(hf_dir):
+    from safetensors import safe_open
+
+    dtypes = set()
+    for name in sorted(os.listdir(hf_dir)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(hf_dir, name), "pt") as f:
+                dtypes.update(str(f.get_slice(key).get_dtype()) for key in f.keys())
+    return sorted(dtypes)
 
 
 def export_check(hf_dir, inputs_file):
-    from transformers import AutoConfig, AutoTokenizer
+    """Load our export; its logits on inputs' `batch`, greedy tokens after its `prompts`, the
+    tokenizer, and PyTorch's bfloat16 rounding of inputs' `round` (to compare lm.hf.files')."""
+    torch = _torch()
+    from transformers import AutoTokenizer
 
-    config = AutoConfig.from_pretrained(hf_dir)
     inputs = np.load(inputs_file)
-    model = _flax_llama(config.rope_theta).from_pretrained(hf_dir)
-    missing, unexpected = _loading_info(model, hf_dir)
-    if config.tie_word_embeddings:
-        _tie(model)
-    logits = np.asarray(model(inputs["batch"]).logits)
-    model.generation_config.eos_token_id = None  # 32 tokens on both sides, as lm.serving.generate without stops
-    generated = np.asarray(model.generate(inputs["prompts"], max_new_tokens=32, do_sample=False,
-                                          pad_token_id=0).sequences)[:, inputs["prompts"].shape[1]:]
+    model, info = _load(hf_dir)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    np.savez(inputs_file + ".hf.npz", logits=logits, generated=generated)
+    rounded = torch.from_numpy(inputs["round"]).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.savez(inputs_file + ".hf.npz", logits=_logits(model, inputs["batch"]),
+             generated=_greedy(model, inputs["prompts"]), rounded=rounded)
+    config = model.config
     print(json.dumps({
         "class": type(model).__name__, "tokenizer_class": type(tokenizer).__name__,
-        "config": {k: getattr(config, k) for k in ("num_key_value_heads", "rope_theta", "tie_word_embeddings")},
-        "missing_keys": missing, "unexpected_keys": unexpected,
+        "config": {"num_key_value_heads": config.num_key_value_heads, "rope_theta": config.rope_theta,
+                   "tie_word_embeddings": config.tie_word_embeddings, "rope_scaling": config.rope_scaling},
+        "tied": model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(),
+        "missing_keys": sorted(info["missing_keys"]), "unexpected_keys": sorted(info["unexpected_keys"]),
+        "mismatched_keys": [list(map(str, key)) for key in info["mismatched_keys"]],
+        "stored_dtypes": _stored_dtypes(hf_dir), "files": sorted(os.listdir(hf_dir)),
         "eos_token": tokenizer.eos_token, "ids": tokenizer(str(inputs["text"]))["input_ids"],
     }))
 
 
-def make_random(hf_dir, tokenizer_file, inputs_file, overrides="{}"):
-    """A random Llama (grouped-query attention, untied head) made by transformers with our tokenizer,
-    saved in the PyTorch layout the Hub, TGI and vLLM use; transformers' own PyTorch-to-Flax loader
-    must read it back to the same parameters. Prints its loss on the batch in inputs_file."""
-    import os
+# The published-style checkpoints: how a release is saved (dtype, shards) and its config.json values
+# beyond the common ones. "llama-3.2-like" is Llama 3.2 1B's shape in miniature: four query heads per
+# key/value head, the head tied to the embedding, rope_theta 500000, "llama3" rope scaling, bfloat16.
+# rope scaling acts on wavelengths beyond original_max_position_embeddings / high_freq_factor: with 16
+# of the 64 positions "unscaled", the inputs' 64-token sequences reach well past it.
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}
+PUBLISHED = {
+    "bf16": ({}, "bfloat16", None),
+    "sharded": ({}, "bfloat16", "20KB"),
+    "rope-scaling-llama3": ({"rope_scaling": LLAMA3_SCALING}, "float32", None),
+    "llama-3.2-like": ({"num_attention_heads": 8, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                        "rope_theta": 500000.0, "rope_scaling": LLAMA3_SCALING, "hidden_size": 64,
+                        "intermediate_size": 128}, "bfloat16", "30KB"),
+}
+
+
+def make_published(root, tokenizer_file, inputs_file):
+    """Write each PUBLISHED checkpoint under root/<name> with transformers (random weights, our
+    tokenizer), load it back as transformers does, and keep its float32 logits, loss and greedy tokens."""
     import shutil
 
-    import jax
-    import jax.numpy as jnp
-    from flax.traverse_util import flatten_dict
-    from safetensors.numpy import save_file
-    from transformers import LlamaConfig
+    torch = _torch()
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    values = dict(vocab_size=300, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                  bos_token_id=0, eos_token_id=0)
-    values.update(json.loads(overrides))
-    config = LlamaConfig(**values)
-    model = _flax_llama(config.rope_theta)(config, seed=7)
-    flat = flatten_dict(model.params)
-    noise = jax.random.split(jax.random.PRNGKey(3), len(flat))
-    randomized = {key: value + 0.2 * jax.random.normal(k, value.shape) for (key, value), k in zip(flat.items(), noise)}
-    pytorch = {}
-    for key, value in randomized.items():  # Flax kernels are [in, out], PyTorch Linear weights [out, in]
-        name = ".".join(key[:-1]) + ".weight"
-        pytorch[name] = np.ascontiguousarray(np.asarray(value.T if key[-1] == "kernel" else value, np.float32))
-    os.makedirs(hf_dir, exist_ok=True)
-    config.save_pretrained(hf_dir)
-    save_file(pytorch, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
-    shutil.copyfile(tokenizer_file, os.path.join(hf_dir, "tokenizer.json"))
-    loaded = _flax_llama(config.rope_theta).from_pretrained(hf_dir)
-    reloaded = flatten_dict(loaded.params)
-    assert sorted(reloaded) == sorted(randomized), sorted(set(reloaded) ^ set(randomized))
-    assert all(np.array_equal(reloaded[key], randomized[key]) for key in randomized)
-    batch = np.load(inputs_file)["batch"]
-    logits = loaded(batch[:, :-1]).logits
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    loss = -jnp.take_along_axis(log_probs, batch[:, 1:, None], axis=-1).mean()
-    np.savez(inputs_file + ".hf.npz", logits=np.asarray(logits))
-    print(json.dumps({"loss": float(loss), "parameters": int(sum(v.size for v in reloaded.values()))}))
+    inputs = np.load(inputs_file)
+    batch, prompts = inputs["batch"], inputs["prompts"]
+    report, arrays = {}, {}
+    for name, (overrides, dtype, max_shard_size) in PUBLISHED.items():
+        values = dict(vocab_size=300, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      bos_token_id=0, eos_token_id=0)
+        values.update(overrides)
+        model = LlamaForCausalLM(LlamaConfig(**values))
+        with torch.no_grad():  # weights large enough that every one shows in the logits
+            for parameter_name, parameter in model.named_parameters():
+                noise = 0.3 * torch.randn(parameter.shape)
+                parameter.copy_(1.0 + noise if parameter_name.endswith("norm.weight") else noise)
+        hf_dir = os.path.join(root, name)
+        model.to(getattr(torch, dtype)).save_pretrained(hf_dir, **(
+            {"max_shard_size": max_shard_size} if max_shard_size else {}))
+        shutil.copyfile(tokenizer_file, os.path.join(hf_dir, "tokenizer.json"))
+        loaded, info = _load(hf_dir)
+        assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+        logits = _logits(loaded, batch[:, :-1])
+        log_probs = torch.log_softmax(torch.from_numpy(logits), dim=-1)
+        loss = -log_probs.gather(-1, torch.from_numpy(batch[:, 1:]).long()[..., None]).mean()
+        arrays[name + "/logits"], arrays[name + "/generated"] = logits, _greedy(loaded, prompts)
+        report[name] = {"loss": float(loss), "parameters": int(sum(p.numel() for p in loaded.parameters())),
+                        "files": sorted(os.listdir(hf_dir)), "stored_dtypes": _stored_dtypes(hf_dir)}
+        if "rope_scaling" in overrides:  # the same weights, rotary embeddings unscaled: the scaling must matter
+            unscaled = LlamaForCausalLM(LlamaConfig(**dict(values, rope_scaling=None))).eval()
+            unscaled.load_state_dict(loaded.state_dict())
+            report[name]["unscaled_max_logit_change"] = float(np.abs(_logits(unscaled, batch[:, :-1]) - logits).max())
+    np.savez(inputs_file + ".hf.npz", **arrays)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
-    {"export": export_check, "make_random": make_random}[sys.argv[1]](*sys.argv[2:])
+    {"export": export_check, "make_published": make_published}[sys.argv[1]](*sys.argv[2:])

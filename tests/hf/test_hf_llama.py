@@ -1,6 +1,9 @@
 """The llama family's Hugging Face conversion (lm.hf.llama through lm.hf and `python -m lm.hf`) against
-transformers' own Llama: FlaxLlamaForCausalLM in .venv-hf (jax/flax on CPU), both directions,
-logits within 1e-4. No fake here: the other side is the real library (tests/hf/hf_llama_side.py)."""
+transformers' own PyTorch LlamaForCausalLM in .venv-hf (torch on CPU, float32), both directions,
+logits within 1e-4 and the same greedy tokens: our exports (float32, and bfloat16 in shards with
+Llama 3.2's features), and checkpoints as releases are published (bfloat16, sharded, "llama3" rope
+scaling, grouped-query attention with a tied head), written by transformers' save_pretrained.
+No fake here: the other side is the real library (tests/hf/hf_llama_side.py)."""
 import json
 import os
 import subprocess
@@ -14,19 +17,24 @@ from controlplane.presets import get_preset
 from lm import hf, models
 from lm.compat import keras, tf
 from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
+from lm.hf.files import bfloat16_bits
 from lm.serving import export as lm_export
 from lm.serving.generate import generate_tokens
 from lm.spec.families import FAMILIES, families_with
 
 SIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_llama_side.py")
 TRAINING_IMAGE = os.path.join(ROOT, "training_image")
+GENERATED_TOKENS = 16  # hf_llama_side.GENERATED_TOKENS
+# "llama3" rope scaling at a tiny scale: positions past 16 / 4 rotate differently from unscaled ones.
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}
 
 
 def run_side(*args):
     """tests/hf/hf_llama_side.py in .venv-hf; returns its JSON line."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env.update(USE_TF="0", USE_TORCH="1", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     result = subprocess.run([HF_PYTHON, SIDE] + list(args), capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -39,89 +47,141 @@ def tokenizer_file(tmp_path_factory):
     return path
 
 
-def exported(tmp_path, tokenizer_file, **changes):
+def to_bfloat16(array):
+    """The float32 values of `array` rounded to bfloat16 (what a bfloat16 export stores)."""
+    return (bfloat16_bits(array).astype(np.uint32) << 16).view(np.float32)
+
+
+def exported(tmp_path, tokenizer_file, bfloat16=False, **changes):
     """A llama-tiny (vocab 500 padded to 512) with every weight randomized (norm weights too, so a
-    wrong mapping shows), exported by lm.serving.export."""
+    wrong mapping shows), exported by lm.serving.export; with `bfloat16` the weights are bfloat16
+    values, so a bfloat16 export holds them exactly."""
     keras.utils.set_random_seed(3)
     config = get_preset("llama-tiny").replace(vocab_size=500, **changes)
     model = models.build(config)
     rng = np.random.default_rng(0)
     for weight in model.weights:
         base = 1.0 if "layernorm" in weight.name or "/norm/" in weight.name else 0.0
-        weight.assign(base + rng.normal(0, 0.3, weight.shape).astype(np.float32))
+        value = base + rng.normal(0, 0.3, weight.shape).astype(np.float32)
+        weight.assign(to_bfloat16(value) if bfloat16 else value)
     export_dir = str(tmp_path / "export")
     lm_export.export_model(model, config, tokenizer_file, export_dir)
     return model, config, export_dir
 
 
-def test_export_writes_the_llama_layout_and_cuts_padded_rows(tmp_path, tokenizer_file):
+def test_export_writes_the_llama_layout_in_bfloat16_and_cuts_padded_rows(tmp_path, tokenizer_file):
     model, config, export_dir = exported(tmp_path, tokenizer_file)
     out = hf.export_hf(export_dir, str(tmp_path / "hf"))
+    with open(os.path.join(out, "model.safetensors"), "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert {entry["dtype"] for name, entry in header.items() if name != "__metadata__"} == {"BF16"}
     tensors = hf.read_safetensors(os.path.join(out, "model.safetensors"))
     per_layer = ["input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
                  "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     assert sorted(tensors) == sorted(["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"] + [
         "model.layers.%d.%s.weight" % (i, name) for i in range(config.n_layer) for name in per_layer])
     assert tensors["model.embed_tokens.weight"].shape == tensors["lm_head.weight"].shape == (500, 64)
-    np.testing.assert_array_equal(tensors["lm_head.weight"], model.lm_head.kernel.numpy().T[:500])
+    np.testing.assert_array_equal(tensors["lm_head.weight"], to_bfloat16(model.lm_head.kernel.numpy().T[:500]))
     assert tensors["model.layers.1.self_attn.k_proj.weight"].shape == (32, 64)  # [out, in]: 2 kv heads of 16
     with open(os.path.join(out, "config.json")) as f:
         values = json.load(f)
     assert (values["model_type"], values["architectures"], values["num_key_value_heads"], values["vocab_size"]) == (
         "llama", ["LlamaForCausalLM"], 2, 500)
     assert values["lmstack"]["padded_vocab_size"] == 512 and not values["tie_word_embeddings"]
+    assert values["torch_dtype"] == "bfloat16" and values["rope_scaling"] is None
     with open(os.path.join(out, "tokenizer_config.json")) as f:
         assert json.load(f)["eos_token"] == EOD_TOKEN
+    exact = hf.export_hf(export_dir, str(tmp_path / "fp32"), dtype="float32")
+    np.testing.assert_array_equal(hf.read_safetensors(os.path.join(exact, "model.safetensors"))["lm_head.weight"],
+                                  model.lm_head.kernel.numpy().T[:500])
     tied = exported(tmp_path / "tied", tokenizer_file, tie_embeddings=True)[2]
     assert "lm_head.weight" not in hf.read_safetensors(
         os.path.join(hf.export_hf(tied, str(tmp_path / "tied-hf")), "model.safetensors"))
 
 
 @requires_hf_venv
-@pytest.mark.parametrize("changes", [{}, {"rope_theta": 500000.0, "tie_embeddings": True, "n_kv_head": 1}],
-                         ids=["llama-tiny", "theta-500k-tied-one-kv-head"])
+@pytest.mark.parametrize("changes, dtype, max_shard_size", [
+    ({}, "float32", None),
+    ({"rope_theta": 500000.0, "tie_embeddings": True, "n_kv_head": 1, "rope_scaling": LLAMA3_SCALING}, None, "40KB"),
+], ids=["llama-tiny-float32", "bfloat16-shards-llama3-scaling-theta-500k-tied-one-kv-head"])
 def test_transformers_llama_loads_the_export_with_the_same_logits_and_greedy_tokens(tmp_path, tokenizer_file,
-                                                                                    changes):
-    model, config, export_dir = exported(tmp_path, tokenizer_file, **changes)
+                                                                                    changes, dtype, max_shard_size):
+    model, config, export_dir = exported(tmp_path, tokenizer_file, bfloat16=dtype is None, **changes)
     out = str(tmp_path / "hf")
-    subprocess.run([sys.executable, "-m", "lm.hf", "--format", "hf", export_dir, out], check=True,
+    options = (["--dtype", dtype] if dtype else []) + (["--max-shard-size", max_shard_size] if max_shard_size else [])
+    subprocess.run([sys.executable, "-m", "lm.hf", "--format", "hf", export_dir, out] + options, check=True,
                    cwd=TRAINING_IMAGE)
     rng = np.random.default_rng(1)
     batch = rng.integers(0, config.vocab_size, [3, 40]).astype(np.int32)
     prompts = rng.integers(0, 300, [2, 5]).astype(np.int32)
+    # PyTorch's rounding to bfloat16 of ties, the largest finite values, infinities, NaN and denormals
+    edges = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.4028235e38, -3.4028235e38, np.inf, -np.inf,
+                      np.nan, 1e-40, -1e-45, 0.0, -0.0], np.float32)
+    rounding = np.concatenate([edges, rng.normal(0, 10, 4000).astype(np.float32)])
     inputs = str(tmp_path / "inputs.npz")
-    np.savez(inputs, batch=batch, prompts=prompts, text=np.array(TEXT))
+    np.savez(inputs, batch=batch, prompts=prompts, text=np.array(TEXT), round=rounding)
     report = run_side("export", out, inputs)
-    assert report["class"] == "FlaxLlamaForCausalLM" and report["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert report["class"] == "LlamaForCausalLM" and report["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert report["config"] == {"num_key_value_heads": config.n_kv_head, "rope_theta": config.rope_theta,
-                                "tie_word_embeddings": config.tie_embeddings}
-    assert report["unexpected_keys"] == [] and report["missing_keys"] == (
-        ["lm_head.kernel"] if config.tie_embeddings else [])  # tied: the head is the embedding
+                                "tie_word_embeddings": config.tie_embeddings, "rope_scaling": changes.get("rope_scaling")}
+    assert report["tied"] == config.tie_embeddings
+    assert report["missing_keys"] == report["unexpected_keys"] == report["mismatched_keys"] == []
+    assert report["stored_dtypes"] == ["F32" if dtype == "float32" else "BF16"]  # as safetensors reads them
+    if max_shard_size:
+        shards = [name for name in report["files"] if name.startswith("model-")]
+        assert len(shards) > 1 and "model.safetensors.index.json" in report["files"]
+        assert "model.safetensors" not in report["files"]
     _, _, tokenizer = lm_export.load_exported(export_dir)
     assert report["eos_token"] == EOD_TOKEN and report["ids"] == tokenizer.encode(TEXT).ids
     theirs = np.load(inputs + ".hf.npz")
+    number = ~np.isnan(rounding)  # a NaN's bits are PyTorch's choice (its vectorized path writes 0xffff)
+    np.testing.assert_array_equal(theirs["rounded"][number], bfloat16_bits(rounding)[number])
+    assert ((bfloat16_bits(rounding)[~number] & 0x7F80) == 0x7F80).all() and (bfloat16_bits(rounding)[~number] & 0x7F).all()
     ours = model(tf.constant(batch)).numpy()[:, :, :config.vocab_size]
     assert np.abs(ours - theirs["logits"]).max() <= 1e-4
-    assert theirs["generated"].tolist() == generate_tokens(model, config, prompts.tolist(), 32, temperature=0.0)
+    assert theirs["generated"].tolist() == generate_tokens(model, config, prompts.tolist(), GENERATED_TOKENS,
+                                                           temperature=0.0)
 
 
 @requires_hf_venv
-def test_import_of_a_transformers_llama_gives_transformers_logits(tmp_path, tokenizer_file):
-    hf_dir, ours = str(tmp_path / "hf"), str(tmp_path / "export")
-    batch = np.random.default_rng(2).integers(0, 300, [3, 33]).astype(np.int32)
-    inputs = str(tmp_path / "inputs.npz")
-    np.savez(inputs, batch=batch)
-    theirs = run_side("make_random", hf_dir, tokenizer_file, inputs)
-    subprocess.run([sys.executable, "-m", "lm.hf", "--from-hf", hf_dir, ours], check=True, cwd=TRAINING_IMAGE)
-    model, config, tokenizer = lm_export.load_exported(ours)
-    assert (config.family, config.n_layer, config.d_model, config.n_head, config.n_kv_head, config.d_ff) == (
-        "llama", 2, 32, 4, 2, 88)
-    assert config.padded_vocab_size == config.vocab_size == 300 and model.count_params() == theirs["parameters"]
-    logits = model(tf.constant(batch[:, :-1])).numpy()
-    assert np.abs(logits - np.load(inputs + ".hf.npz")["logits"]).max() <= 1e-4
+def test_checkpoints_as_published_import_with_transformers_logits_loss_and_greedy_tokens(tmp_path, tokenizer_file):
+    """bfloat16; bfloat16 in shards; "llama3" rope scaling on 64-token sequences, four times the 16 positions it
+    keeps unscaled; Llama 3.2 1B's shape in miniature (four query heads per key/value head, tied head,
+    rope_theta 500000, llama3 scaling, bfloat16 shards). Written by transformers' save_pretrained."""
     from lm.training.train import token_loss
-    loss = float(token_loss(tf)(tf.constant(batch[:, 1:]), tf.constant(logits)))
-    assert abs(loss - theirs["loss"]) <= 1e-5 * max(1.0, abs(theirs["loss"]))
+
+    rng = np.random.default_rng(2)
+    batch = rng.integers(0, 300, [3, 65]).astype(np.int32)
+    prompts = rng.integers(0, 300, [2, 5]).astype(np.int32)
+    inputs = str(tmp_path / "inputs.npz")
+    np.savez(inputs, batch=batch, prompts=prompts)
+    report = run_side("make_published", str(tmp_path), tokenizer_file, inputs)
+    theirs = np.load(inputs + ".hf.npz")
+    assert sorted(report) == ["bf16", "llama-3.2-like", "rope-scaling-llama3", "sharded"]
+    assert report["bf16"]["stored_dtypes"] == report["sharded"]["stored_dtypes"] == ["BF16"]
+    for name in ("sharded", "llama-3.2-like"):
+        assert "model.safetensors.index.json" in report[name]["files"] and "model.safetensors" not in report[name]["files"]
+    for name in ("rope-scaling-llama3", "llama-3.2-like"):
+        assert report[name]["unscaled_max_logit_change"] > 0.05  # the scaling changes these logits
+    for name, expected in report.items():
+        ours = str(tmp_path / (name + "-export"))
+        if name == "sharded":  # the command line once; the library the other times
+            subprocess.run([sys.executable, "-m", "lm.hf", "--from-hf", str(tmp_path / name), ours], check=True,
+                           cwd=TRAINING_IMAGE)
+        else:
+            hf.import_hf(str(tmp_path / name), ours)
+        model, config, _ = lm_export.load_exported(ours)
+        assert config.family == "llama" and config.padded_vocab_size == config.vocab_size == 300
+        assert model.count_params() == expected["parameters"]
+        logits = model(tf.constant(batch[:, :-1])).numpy()
+        assert np.abs(logits - theirs[name + "/logits"]).max() <= 1e-4, name
+        loss = float(token_loss(tf)(tf.constant(batch[:, 1:]), tf.constant(logits)))
+        assert abs(loss - expected["loss"]) <= 1e-5 * max(1.0, abs(expected["loss"])), name
+        assert theirs[name + "/generated"].tolist() == generate_tokens(
+            model, config, prompts.tolist(), GENERATED_TOKENS, temperature=0.0), name
+    model, config, _ = lm_export.load_exported(str(tmp_path / "llama-3.2-like-export"))
+    assert (config.n_head, config.n_kv_head, config.tie_embeddings, config.rope_theta) == (8, 2, True, 500000.0)
+    assert config.to_dict()["rope_scaling"] == LLAMA3_SCALING
 
 
 def _hf_config_with(tmp_path, tokenizer_file, **change):
@@ -137,7 +197,9 @@ def _hf_config_with(tmp_path, tokenizer_file, **change):
 
 @pytest.mark.parametrize("change, message", [
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"), ({"attention_bias": True}, "attention_bias"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling .*unscaled"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling.rope_type must be one of llama3 "
+                                                             r"\(or rope_scaling null\), got 'yarn'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, r"rope_scaling: rope_type llama3 takes the fields"),
     ({"head_dim": 32}, "head_dim 32"), ({"num_key_value_heads": 3}, r"n_head \(4\) must be divisible by n_kv_head"),
 ])
 def test_import_refuses_what_lm_llama_does_not_compute(tmp_path, tokenizer_file, change, message):

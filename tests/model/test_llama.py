@@ -92,18 +92,71 @@ def test_grouped_query_attention_is_attention_with_each_key_value_head_repeated_
 def test_rotary_embeddings_make_query_key_products_depend_on_the_distance_only():
     """RoPE rotates each pair of dimensions by position * frequency: q at position i and k at j
     score the same for every (i, j) of the same distance, and position 0 leaves a vector unchanged."""
-    from lm.models.llama import rotary_angles, rotate
+    from lm.models.llama import inverse_frequencies, rotary_angles, rotate
 
     rng = np.random.default_rng(1)
     q, k = (tf.constant(rng.normal(size=[1, 1, 1, TINY.head_dim]), tf.float32) for _ in range(2))
+    frequencies = inverse_frequencies(TINY.head_dim, TINY.rope_theta)
 
     def score(i, j):
-        rotated_q = rotate(q, *rotary_angles(tf.constant([[i]]), TINY.head_dim, TINY.rope_theta))
-        rotated_k = rotate(k, *rotary_angles(tf.constant([[j]]), TINY.head_dim, TINY.rope_theta))
+        rotated_q = rotate(q, *rotary_angles(tf.constant([[i]]), frequencies))
+        rotated_k = rotate(k, *rotary_angles(tf.constant([[j]]), frequencies))
         return float(tf.reduce_sum(rotated_q * rotated_k))
 
-    np.testing.assert_allclose(rotate(q, *rotary_angles(tf.constant([[0]]), TINY.head_dim, 10000.0)), q)
+    np.testing.assert_allclose(rotate(q, *rotary_angles(tf.constant([[0]]), frequencies)), q)
     assert abs(score(7, 3) - score(104, 100)) < 1e-4 and abs(score(7, 3) - score(3, 7)) > 1e-3
+
+
+LLAMA_3_2_ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
+def test_llama3_rope_scaling_stretches_the_long_wavelengths_only():
+    """Meta's rule (Llama 3.1's apply_scaling, transformers' _compute_llama3_parameters), written here
+    in float64: wavelengths below 8192 / 4 kept, above 8192 / 1 stretched 32x, between interpolated.
+    Checked against transformers' own LlamaForCausalLM in tests/hf/test_hf_llama.py."""
+    from lm.models.llama import inverse_frequencies
+
+    config = presets.get_preset("llama3.2-1b")
+    scaling = config.rope_scaling
+    plain = inverse_frequencies(config.head_dim, config.rope_theta)
+    scaled = inverse_frequencies(config.head_dim, config.rope_theta, scaling)
+    wavelengths = 2 * np.pi / plain.astype(np.float64)
+    short, long = wavelengths < 8192 / 4, wavelengths > 8192 / 1
+    assert short.any() and long.any() and (~short & ~long).any()
+    np.testing.assert_array_equal(scaled[short], plain[short])
+    np.testing.assert_allclose(scaled[long], plain[long] / 32, rtol=1e-6)
+    smooth = (8192 / wavelengths - 1) / (4 - 1)
+    between = ~short & ~long
+    np.testing.assert_allclose(scaled[between], ((1 - smooth) * plain / 32 + smooth * plain)[between], rtol=1e-5)
+    assert scaled.dtype == np.float32
+
+
+def test_the_llama_3_2_presets_carry_llama_3_2s_rope_scaling_and_it_round_trips():
+    for name in ("llama3.2-1b", "llama3.2-3b"):
+        config = presets.get_preset(name)
+        assert config.to_dict()["rope_scaling"] == LLAMA_3_2_ROPE_SCALING and config.rope_theta == 500000.0
+        assert LlamaConfig.from_dict(config.to_dict()) == config
+    assert presets.get_preset("llama3-8b").rope_scaling is None  # Meta-Llama-3-8B has none
+    legacy = dict(LLAMA_3_2_ROPE_SCALING, type="llama3")
+    del legacy["rope_type"]  # older config.json files name it "type"
+    assert TINY.replace(rope_scaling=legacy).rope_scaling == presets.get_preset("llama3.2-1b").rope_scaling
+
+
+@pytest.mark.parametrize("rope_scaling, message", [
+    ({"rope_type": "linear", "factor": 2.0}, r"\.rope_type must be one of llama3 \(or rope_scaling null\), "
+                                             r"got 'linear'"),
+    (dict(LLAMA_3_2_ROPE_SCALING, factor=0.5), r"\.factor must be >= 1, got 0.5"),
+    (dict(LLAMA_3_2_ROPE_SCALING, high_freq_factor=1.0), r"high_freq_factor \(1.0\) must be greater than low_freq_factor"),
+    ({"rope_type": "llama3", "factor": 8.0}, r"missing \['low_freq_factor', 'high_freq_factor', "
+                                             r"'original_max_position_embeddings'\]"),
+    (dict(LLAMA_3_2_ROPE_SCALING, original_max_position_embeddings=8192.0), "original_max_position_embeddings must be a "
+                                                                             "positive integer, got 8192.0"),
+    ("llama3", " must be null or an object, got 'llama3'"),
+])
+def test_bad_rope_scaling_is_refused_naming_the_field(rope_scaling, message):
+    with pytest.raises(ValueError, match="^LlamaConfig.rope_scaling.*" + message):
+        TINY.replace(rope_scaling=rope_scaling)
 
 
 def test_cached_decode_matches_full_logits_step_by_step():

@@ -184,7 +184,8 @@ def test_cli_prints_the_size_of_a_big_preset_without_building_it():
     config = get_preset("gpt-1.3b")
     assert info["params"] == parameter_count(config)
     assert info["n_layer"] == 24 and info["d_model"] == 2048 and info["n_head"] == 16
-    expected_flops = 6 * info["non_embedding_params"] + 12 * 24 * 2048 * 2048
+    # 6 x (the blocks' matmul weights, 12 d^2 each, + the output projection) + 12 L T d
+    expected_flops = 6 * (24 * 12 * 2048 ** 2 + 50304 * 2048) + 12 * 24 * 2048 * 2048
     assert info["flops_per_token"] == expected_flops
 
 

@@ -1,5 +1,6 @@
 """Rules, arithmetic and the CLI of `controlplane.planner` (no TensorFlow)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -265,7 +266,7 @@ def test_tokens_per_second_follow_peak_times_mfu_over_flops_per_token():
 
 def test_default_mfu_is_per_gpu():
     timing = planner.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=8)["chosen"]["time"]
-    assert timing["mfu"] == hardware.DEFAULT_MFU["V100"]
+    assert timing["mfu"] == hardware.PUBLISHED_MFU["V100"][0]
     assert timing["peak_flops_per_gpu"] == hardware.GPUS["V100"].peak_flops["fp16"]
 
 
@@ -307,7 +308,7 @@ def test_every_gpu_instance_has_a_price_a_gpu_and_a_network():
         assert hardware.NETWORK_GBPS[name] > 0
         if inst.gpus:
             gpu = hardware.get_gpu(inst.gpu)
-            assert gpu.default_precision in gpu.peak_flops and inst.gpu in hardware.DEFAULT_MFU
+            assert gpu.default_precision in gpu.peak_flops and inst.gpu in hardware.PUBLISHED_MFU
 
 
 # ---- bad input ----
@@ -403,14 +404,96 @@ def test_inter_container_traffic_encryption_slows_the_all_reduce_between_hosts_o
 
 
 def test_cli_json_reports_the_peak_learning_rate_the_run_uses():
-    # gpt-6.7b at a 1M-token batch: GPT-3's 1.2e-4 was for 2M tokens; half the batch, half the rate.
-    result = _cli("--preset", "gpt-6.7b", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "8",
-                  "--global-batch", "1M", "--json")
-    rate = json.loads(result.stdout)["learning_rate"]
-    assert rate["peak"] == pytest.approx(6e-5) and rate["gpt3_rate"] == 1.2e-4 and rate["gpt3_batch"] == 1024
+    # gpt-6.7b at a 1M-token batch: GPT-3's 1.2e-4 (for 2M tokens), kept; with --scale-lr, Adam's
+    # square-root rule: half the batch, 1/sqrt(2) of the rate.
+    args = ("--preset", "gpt-6.7b", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "8",
+            "--global-batch", "1M", "--json")
+    rate = json.loads(_cli(*args).stdout)["learning_rate"]
+    assert rate["peak"] == pytest.approx(1.2e-4) and rate["gpt3_rate"] == 1.2e-4 and rate["gpt3_batch"] == 1024
+    assert not rate["scale_lr"]
+    scaled = json.loads(_cli(*args + ("--scale-lr",)).stdout)["learning_rate"]
+    assert scaled["peak"] == pytest.approx(1.2e-4 / 2 ** 0.5) and scaled["scale_lr"]
     given = _cli("--preset", "gpt-125m", "--instance-type", "ml.p4d.24xlarge", "--global-batch", "1024",
                  "--learning-rate", "1e-3", "--no-scale-lr")
-    assert "peak learning rate 0.001 (given 0.001 for GPT-3's batch of 256 sequences, not scaled)" in given.stdout
+    assert "peak learning rate 0.001 (given 0.001 for GPT-3's batch of 256 sequences, kept at any batch)" in given.stdout
+
+
+# ---- FLOPs per token and learning rate against the literature (issue 35) ----
+
+# GPT-3 paper (Brown et al. 2020), Table 2.1: the peak learning rate of each size.
+GPT3_RATES = {"gpt-125m": 6.0e-4, "gpt-350m": 3.0e-4, "gpt-760m": 2.5e-4, "gpt-1.3b": 2.0e-4, "gpt-2.7b": 1.6e-4,
+              "gpt-6.7b": 1.2e-4, "gpt-13b": 1.0e-4}
+
+
+def literature_flops_per_token(config, seq_len):
+    """Written from the shapes, not from lm.spec.families: 6 x (matmul weights of the blocks + the
+    output projection over the vocabulary, once) + 12 x layers x seq_len x attention width (PaLM,
+    Chowdhery et al. 2022, appendix B). GPT-3: QKV and output projections 4d^2, MLP 8d^2. Llama:
+    q and o d^2 each, k and v d x kv heads x head size each, SwiGLU 3 x d x d_ff."""
+    d, layers = config.d_model, config.n_layer
+    if config.family == "gpt":
+        block = 12 * d * d
+    else:
+        block = 2 * d * d + 2 * d * config.n_kv_head * (d // config.n_head) + 3 * d * config.d_ff
+    return 6 * (layers * block + config.vocab_size * d) + 12 * layers * seq_len * d
+
+
+@pytest.mark.parametrize("preset", [name for name, config in ALL_PRESETS.items() if config.family in ("gpt", "llama")])
+def test_flops_per_token_is_the_literature_count_everywhere_the_planner_reports_it(preset):
+    config = get_preset(preset)
+    seq_len = min(2048, config.block_size)
+    result = planner.plan(preset, "ml.p4d.24xlarge", 1, "mwms", global_batch=8, seq_len=seq_len)
+    expected = literature_flops_per_token(config, seq_len)
+    assert result["model"]["flops_per_token"] == pytest.approx(expected, rel=0.02)
+    assert result["chosen"]["time"]["flops_per_token"] == result["model"]["flops_per_token"]
+    # The step's matmuls (checked against the traced graph in test_measured.py) are that count per token.
+    assert planner.step_flops(config, 8, seq_len) == 8 * seq_len * flops_per_token(config, seq_len)
+
+
+def test_the_cli_json_shows_the_literature_flops_and_a_rate_within_2x_of_gpt3s_for_gpt_and_llama():
+    for preset in ("gpt-1.3b", "llama3.2-1b"):
+        config = get_preset(preset)
+        result = _cli("--preset", preset, "--instance-type", "ml.p5.48xlarge", "--global-batch", "8", "--seq-len", "2048",
+                      "--json")
+        assert result.returncode == 0, result.stderr
+        shown = json.loads(result.stdout)
+        assert shown["model"]["flops_per_token"] == pytest.approx(literature_flops_per_token(config, 2048), rel=0.02)
+        nearest = min(GPT3_RATES, key=lambda name: abs(math.log(parameter_count(get_preset(name)) / shown["model"]["params"])))
+        assert GPT3_RATES[nearest] / 2 <= shown["learning_rate"]["peak"] <= 2 * GPT3_RATES[nearest]
+
+
+@pytest.mark.parametrize("preset", sorted(GPT3_RATES))
+@pytest.mark.parametrize("global_batch", [8, 64, 256, 4096])
+def test_the_peak_learning_rate_is_within_2x_of_gpt3s_for_the_size_at_any_batch(preset, global_batch):
+    peak = planner.plan(preset, "ml.p4d.24xlarge", 8, "mwms", global_batch=global_batch)["learning_rate"]["peak"]
+    assert GPT3_RATES[preset] / 2 <= peak <= 2 * GPT3_RATES[preset]
+
+
+def test_the_mfu_is_stated_with_its_source_and_a_measurement_replaces_the_published_one(monkeypatch):
+    timing = planner.plan("gpt-1.3b", "ml.p5.48xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]
+    assert (timing["mfu"], timing["mfu_source"]) == (0.418, hardware.PUBLISHED_MFU["H100"][1])
+    assert "llm-foundry" in timing["mfu_source"]
+    assert planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]["mfu"] == 0.5
+    monkeypatch.setitem(planner.MEASURED_MFU, "H100", {
+        "mfu": 0.31, "preset": "gpt-1.3b", "precision": "bf16", "xla": True, "batch": 12, "seq_len": 2048,
+        "device": "NVIDIA H100 80GB HBM3", "tensorflow": "2.15.1", "date": "2027-01-01"})
+    measured = planner.plan("gpt-1.3b", "ml.p5.48xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]
+    assert measured["mfu"] == 0.31 and measured["mfu_source"].startswith("measured by bench/gpu.py: gpt-1.3b, bf16")
+    assert measured["tokens_per_second"] == pytest.approx(timing["tokens_per_second"] * 0.31 / 0.418)
+    given = planner.plan("gpt-1.3b", "ml.p5.48xlarge", 1, "mwms", global_batch=64, mfu=0.2)["chosen"]["time"]
+    assert (given["mfu"], given["mfu_source"]) == (0.2, "given")
+
+
+def test_no_measured_mfu_is_committed_without_its_gpu():
+    assert set(planner.load_measured_mfu()) <= set(hardware.PUBLISHED_MFU) == set(hardware.GPUS)
+
+
+def test_ampere_and_newer_default_to_bf16():
+    assert [planner.resolve_precision("auto", hardware.get_instance(name)) for name in (
+        "ml.g5.2xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.p3.2xlarge", "ml.g4dn.12xlarge")] == [
+        "bf16", "bf16", "bf16", "fp16", "fp16"]
+    assert all((gpu.default_precision == "bf16") == (gpu.generation not in ("volta", "turing"))
+               for gpu in hardware.GPUS.values())
 
 
 # ---- SMP: microbatch gradients and recomputation (issue 25 items 3 and 4) ----

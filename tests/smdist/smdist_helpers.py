@@ -87,7 +87,8 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
                    FAKE_SMDIST_LOG=log, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
                    TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS=str(ranks or 1))
     environ.update(env)
-    values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02,
+    # learning_rate: 0.02 x 8 / 256, the peak these runs had under the linear scaling default of before
+    values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02 / 32,
                   warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
     values = presets.resolve(dict(values, **hyperparameters))
     launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]

@@ -21,28 +21,39 @@ def test_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():
 
 
 # GPT-3 paper, Table 2.1: learning rate and batch (sequences of 2,048 tokens) per size.
-@pytest.mark.parametrize("preset, rate, batch", [
-    ("gpt-125m", 6.0e-4, 256), ("gpt-350m", 3.0e-4, 256), ("gpt-760m", 2.5e-4, 256), ("gpt-1.3b", 2.0e-4, 512),
-    ("gpt-2.7b", 1.6e-4, 512), ("gpt-6.7b", 1.2e-4, 1024), ("gpt-13b", 1.0e-4, 1024)])
-def test_default_peak_learning_rate_is_gpt3s_for_the_size_and_never_above_it(preset, rate, batch):
+GPT3_TABLE = [("gpt-125m", 6.0e-4, 256), ("gpt-350m", 3.0e-4, 256), ("gpt-760m", 2.5e-4, 256),
+              ("gpt-1.3b", 2.0e-4, 512), ("gpt-2.7b", 1.6e-4, 512), ("gpt-6.7b", 1.2e-4, 1024),
+              ("gpt-13b", 1.0e-4, 1024)]
+
+
+@pytest.mark.parametrize("preset, rate, batch", GPT3_TABLE)
+def test_default_peak_learning_rate_is_gpt3s_for_the_size_at_any_batch(preset, rate, batch):
     config = get_preset(preset)
-    assert peak_learning_rate(config, batch) == pytest.approx(rate)
-    assert peak_learning_rate(config, batch // 4) == pytest.approx(rate / 4)  # smaller batch: linear
-    assert peak_learning_rate(config, 8 * batch) == pytest.approx(rate)  # larger: bounded
-    assert peak_learning_rate(config, 8 * batch, scale_lr=False) == pytest.approx(rate)
+    for global_batch in (1, 64, batch // 4, batch, 8 * batch):
+        assert peak_learning_rate(config, global_batch) == pytest.approx(rate)
 
 
-def test_gpt_6_7b_at_a_million_tokens_stays_at_or_below_gpt3s_rate():
-    # The old rule, 6e-4 x 512 / 256, gave 1.2e-3: ten times GPT-3's 1.2e-4.
-    assert peak_learning_rate(get_preset("gpt-6.7b"), 2 ** 20 // 2048) == pytest.approx(6e-5)
+@pytest.mark.parametrize("preset, rate, batch", GPT3_TABLE)
+def test_scale_lr_is_the_square_root_rule_downwards_only(preset, rate, batch):
+    config = get_preset(preset)
+    assert peak_learning_rate(config, batch, scale_lr=True) == pytest.approx(rate)
+    assert peak_learning_rate(config, batch // 4, scale_lr=True) == pytest.approx(rate / 2)  # a quarter: half
+    assert peak_learning_rate(config, 8 * batch, scale_lr=True) == pytest.approx(rate)  # larger: bounded
+
+
+def test_gpt_1_3b_at_the_default_batch_keeps_gpt3s_rate():
+    # The linear rule gave 2e-4 x 64 / 512 = 2.5e-5, 8x below GPT-3's rate for the size.
+    config = get_preset("gpt-1.3b")
+    assert peak_learning_rate(config, 64) == pytest.approx(2e-4)
+    assert peak_learning_rate(config, 64, scale_lr=True) == pytest.approx(2e-4 / 8 ** 0.5)
 
 
 def test_a_given_learning_rate_is_scaled_the_same_way_only_when_asked():
     config = get_preset("gpt-125m")
-    assert peak_learning_rate(config, 128, 1e-3) == pytest.approx(5e-4)
-    assert peak_learning_rate(config, 1024, 1e-3) == pytest.approx(1e-3)
-    assert peak_learning_rate(config, 128, 1e-3, scale_lr=False) == pytest.approx(1e-3)
-    assert peak_learning_rate(get_preset("tiny"), 64) == pytest.approx(6e-4 * 64 / 256)  # as before for tiny
+    assert peak_learning_rate(config, 64, 1e-3, scale_lr=True) == pytest.approx(5e-4)
+    assert peak_learning_rate(config, 1024, 1e-3, scale_lr=True) == pytest.approx(1e-3)
+    assert peak_learning_rate(config, 64, 1e-3) == pytest.approx(1e-3)
+    assert peak_learning_rate(get_preset("tiny"), 64) == pytest.approx(6e-4)  # GPT-3 Small's, the nearest size
 
 
 def reference_adamw(params, grads_per_step, rates, beta_1=0.9, beta_2=0.95, epsilon=1e-8, decay=0.1):

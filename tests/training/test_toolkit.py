@@ -65,7 +65,7 @@ def test_toolkit_runs_train_py_and_the_model_is_written(text_dataset, tmp_path):
     final = [m["validation:loss"] for m in metrics if "validation:loss" in m]
     assert len(final) == 1 and final[0] > 0
     # scale_lr=false arrived as a boolean: the logged rate is the unscaled schedule's.
-    assert "lr=1.333e-02" in result.stdout
+    assert "lr=4.167e-04" in result.stdout
 
 
 @pytest.mark.slow

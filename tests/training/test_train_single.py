@@ -28,7 +28,7 @@ def unigram_entropy(directory):
 @pytest.mark.slow
 def test_tiny_learns_real_text_below_the_unigram_entropy(text_dataset, tmp_path, capsys):
     status, output = helpers.run_in_process(
-        capsys, text_dataset, str(tmp_path), max_steps=300, global_batch_size=16, learning_rate=0.03,
+        capsys, text_dataset, str(tmp_path), max_steps=300, global_batch_size=16, learning_rate=0.03 / 16,
         warmup_steps=30, log_every=50, eval_batches=4, xla=False)
     assert status == 0, output
     entropy = unigram_entropy(text_dataset)

@@ -5,8 +5,11 @@ LlamaForCausalLM), found through the family declarations (`lm.spec.families`): a
 declares hf_export or hf_import names its layout's config.json `model_type` (hf_model_type), and a
 directory's model_type picks the family it imports as. A directory holds:
 
-    config.json             the layout's config (model_type, shape, the lmstack padding note)
-    model.safetensors       the PyTorch state dict's tensor names and layout
+    config.json             the layout's config (model_type, shape, torch_dtype, the lmstack padding note)
+    model.safetensors       the PyTorch state dict's tensor names and layout, in the layout's dtype
+                            (GPT-2 float32, Llama bfloat16, as published) or the one asked for; above
+                            max_shard_size (5GB) shards model-0000k-of-0000n.safetensors and
+                            model.safetensors.index.json, as transformers writes them
     generation_config.json  bos/eos = the end-of-document token
     tokenizer.json          our tokenizers file, unchanged (same ids)
     tokenizer_config.json   the layout's fast tokenizer class with the end-of-document token as eos
@@ -16,8 +19,10 @@ real tokens are unchanged), and config.json keeps the padded size under "lmstack
 Imported checkpoints get pad_vocab_to=1, so the softmax runs over the same rows as in
 transformers and the loss is the same.
 
-safetensors is written and read by `lm.hf.files`, from its specification: the training image
-needs neither `transformers` nor `safetensors`.
+safetensors is written and read by `lm.hf.files`, from its specification, one tensor at a time (no
+second copy of the model in memory): the training image needs neither `transformers` nor
+`safetensors`. Imports read float32, float16, bfloat16 and float64 tensors, single files and shards,
+into float32 variables (the weights lmstack trains, in every precision).
 """
 import collections
 import json
@@ -27,12 +32,14 @@ import shutil
 from lm import models
 from lm.data.tokenizer import EOD_TOKEN, eod_id
 from lm.hf import gpt2, llama
-from lm.hf.files import SAFETENSORS_FILE, HFError, assign, read_safetensors, write_safetensors
+from lm.hf.files import (DEFAULT_MAX_SHARD_SIZE, EXPORT_DTYPES, HFError, assign, check_dtype, checkpoint_tensors,
+                         parse_size, read_safetensors, write_checkpoint, write_safetensors)
 from lm.serving import export as lm_export
 from lm.spec.families import FAMILIES, capability_message, families_with, get_family
 
-__all__ = ["HFError", "LAYOUTS", "check_same_tokenizer", "dataset_tokenizer", "export_hf", "family_layout",
-           "import_hf", "init_config", "load_weights", "read_safetensors", "write_hf", "write_safetensors"]
+__all__ = ["DEFAULT_MAX_SHARD_SIZE", "EXPORT_DTYPES", "HFError", "LAYOUTS", "check_same_tokenizer", "dataset_tokenizer",
+           "export_hf", "family_layout", "import_hf", "init_config", "load_weights", "read_safetensors", "write_hf",
+           "write_safetensors"]
 
 HF_CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -55,29 +62,33 @@ def _write_json(path, value):
         json.dump(value, f, indent=2)
 
 
-def export_hf(export_dir, output_dir):
+def export_hf(export_dir, output_dir, dtype=None, max_shard_size=DEFAULT_MAX_SHARD_SIZE):
     """Write the Hugging Face directory of an `lm.serving.export` directory; returns output_dir."""
     model, config, _ = lm_export.load_exported(export_dir)
-    return write_hf(model, config, os.path.join(export_dir, lm_export.TOKENIZER_FILE), output_dir)
+    return write_hf(model, config, os.path.join(export_dir, lm_export.TOKENIZER_FILE), output_dir, dtype,
+                    max_shard_size)
 
 
-def write_hf(model, config, tokenizer_file, output_dir):
-    """Write the Hugging Face files of a model in its family's layout; `output_dir` may be the
-    `lm.serving.export` directory itself (lm.training.train's export_hf): no file name is shared but
-    tokenizer.json, which is the same file."""
+def write_hf(model, config, tokenizer_file, output_dir, dtype=None, max_shard_size=DEFAULT_MAX_SHARD_SIZE):
+    """Write the Hugging Face files of a model in its family's layout, its weights in `dtype`
+    (EXPORT_DTYPES; None: the layout's, as the family's models are published) in shards of at most
+    `max_shard_size` where they are larger; `output_dir` may be the `lm.serving.export` directory
+    itself (lm.training.train's export_hf): no file name is shared but tokenizer.json, which is the
+    same file."""
     from tokenizers import Tokenizer
 
     layout = family_layout(config.family)
     layout.check(config)
+    dtype = check_dtype(dtype or layout.export_dtype)
+    parse_size(max_shard_size)  # a bad size fails before any file is written
     tokenizer = Tokenizer.from_file(tokenizer_file)
     eos = eod_id(tokenizer, EOD_TOKEN, tokenizer_file)
     if tokenizer.get_vocab_size() > config.vocab_size:
         raise HFError("%s: tokenizer has %d tokens but the model's vocab_size is %d" % (
             tokenizer_file, tokenizer.get_vocab_size(), config.vocab_size))
     os.makedirs(output_dir, exist_ok=True)
-    write_safetensors(layout.export_tensors(model, config), os.path.join(output_dir, SAFETENSORS_FILE),
-                      {"format": "pt"})
-    _write_json(os.path.join(output_dir, HF_CONFIG_FILE), layout.hf_config(config, eos))
+    write_checkpoint(layout.export_tensors(model, config), output_dir, dtype, max_shard_size)
+    _write_json(os.path.join(output_dir, HF_CONFIG_FILE), layout.hf_config(config, eos, dtype))
     _write_json(os.path.join(output_dir, GENERATION_CONFIG_FILE),
                 {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos})
     target = os.path.join(output_dir, lm_export.TOKENIZER_FILE)
@@ -139,7 +150,7 @@ def dataset_tokenizer(hf_dir, eod_token=EOD_TOKEN):
 
 def import_hf(hf_dir, export_dir):
     """Write an `lm.serving.export` directory from a Hugging Face directory (config.json,
-    model.safetensors, tokenizer.json) of a layout a family imports; returns export_dir."""
+    model.safetensors or its shards, tokenizer.json) of a layout a family imports; returns export_dir."""
     _, _, config = _read_hf_config(hf_dir)
     tokenizer_file = hf_tokenizer_file(hf_dir)
     model = load_weights(models.build(config), hf_dir)
@@ -177,6 +188,8 @@ def check_same_tokenizer(hf_dir, tokenizer_file):
 
 
 def load_weights(model, hf_dir):
-    """Assign the tensors of `hf_dir`/model.safetensors to `model` through its family's layout; returns it."""
-    path = os.path.join(hf_dir, SAFETENSORS_FILE)
-    return assign(model, family_layout(model.model_config.family, "hf_import"), read_safetensors(path), path)
+    """Assign the checkpoint in `hf_dir` (model.safetensors or its shards) to `model` through its
+    family's layout, one tensor at a time; returns it."""
+    layout = family_layout(model.model_config.family, "hf_import")
+    path, tensors = checkpoint_tensors(hf_dir)
+    return assign(model, layout, tensors, path)

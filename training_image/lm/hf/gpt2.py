@@ -3,13 +3,17 @@
 
     config.json             GPT2Config (activation gelu_new = our GELU tanh approximation)
     model.safetensors       the PyTorch GPT-2 tensor names and layout: Conv1D weights stored
-                            [in, out], which is our kernels' layout, so no transpose
+                            [in, out], which is our kernels' layout, so no transpose; float32, as
+                            OpenAI's GPT-2 is published, unless asked otherwise
     tokenizer files         as lm.hf writes them, tokenizer_class GPT2TokenizerFast
 """
-from lm.hf.files import HFError, Layout, shared_hf_config
+import collections
+
+from lm.hf.files import HFError, Layout, Tensor, shared_hf_config
 from lm.spec.families import GPTConfig
 
 LAYER_NORM_EPSILON = 1e-5
+EXPORT_DTYPE = "float32"  # as OpenAI's GPT-2 is published
 
 
 def check(config):
@@ -27,9 +31,9 @@ def check(config):
 
 
 def variables(model):
-    """Our GPT's variables by their GPT-2 name (as in GPT2Model's state dict)."""
-    found = {"wte.weight": model.embedding.token_table, "wpe.weight": model.embedding.position_table,
-             "ln_f.weight": model.ln_f.gamma, "ln_f.bias": model.ln_f.beta}
+    """Our GPT's variables by their GPT-2 name (as in GPT2Model's state dict, in its order)."""
+    found = collections.OrderedDict([("wte.weight", model.embedding.token_table),
+                                     ("wpe.weight", model.embedding.position_table)])
     for i, block in enumerate(model.blocks):
         attention, mlp = block.attention, block.mlp
         for name, variable in [
@@ -40,18 +44,25 @@ def variables(model):
                 ("mlp.c_fc.weight", mlp.fc_kernel), ("mlp.c_fc.bias", mlp.fc_bias),
                 ("mlp.c_proj.weight", mlp.proj_kernel), ("mlp.c_proj.bias", mlp.proj_bias)]:
             found["h.%d.%s" % (i, name)] = variable
+    found.update([("ln_f.weight", model.ln_f.gamma), ("ln_f.bias", model.ln_f.beta)])
     return found
 
 
 def export_tensors(model, config):
-    """The PyTorch GPT2LMHeadModel state dict (without the tied lm_head) of our GPT model,
-    padded vocabulary rows cut."""
-    tensors = {"transformer." + name: variable.numpy() for name, variable in variables(model).items()}
-    tensors["transformer.wte.weight"] = tensors["transformer.wte.weight"][:config.vocab_size]
-    return tensors
+    """The PyTorch GPT2LMHeadModel state dict (without the tied lm_head) of our GPT model as
+    {name: Tensor}, each variable read when it is written, padded vocabulary rows cut."""
+    found = collections.OrderedDict()
+    for name, variable in variables(model).items():
+        shape = list(variable.shape)
+        rows = config.vocab_size if name == "wte.weight" else None
+        if rows is not None:
+            shape[0] = rows
+        found["transformer." + name] = Tensor(
+            tuple(shape), lambda variable=variable, rows=rows: variable.numpy()[:rows])
+    return found
 
 
-def gpt2_config(config, eos_id):
+def gpt2_config(config, eos_id, dtype=EXPORT_DTYPE):
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -70,7 +81,7 @@ def gpt2_config(config, eos_id):
         "initializer_range": 0.02,
         "scale_attn_weights": True,
         "tie_word_embeddings": True,
-        **shared_hf_config(config, eos_id),
+        **shared_hf_config(config, eos_id, dtype),
     }
 
 
@@ -94,27 +105,24 @@ def read_config(path, values):
                      dropout=values.get("resid_pdrop", 0.0))
 
 
-def _pytorch_name(name, value):
-    """(GPT2Model state-dict name, value) of a tensor as GPT2LMHeadModel, GPT2Model or
-    TFGPT2LMHeadModel.save_pretrained names it ("transformer/h_._0/ln_1/gamma:0": TF names,
-    biases [1, n])."""
+def import_name(name, config):
+    """The GPT2Model state-dict name of a tensor as GPT2LMHeadModel, GPT2Model or
+    TFGPT2LMHeadModel.save_pretrained names it ("transformer/h_._0/ln_1/gamma:0": TF names); None for
+    the causal masks and the tied head."""
     if "/" in name:
         name = name.split(":")[0].replace("/", ".").replace("h_._", "h.")
         name = name.replace(".gamma", ".weight").replace(".beta", ".bias").replace(".embeddings", ".weight")
-        if name.endswith(".bias") and value.ndim == 2 and value.shape[0] == 1:
-            value = value[0]
     if name.startswith("transformer."):
         name = name[len("transformer."):]
-    return name, value
+    return None if name.endswith(".attn.bias") or name == "lm_head.weight" else name
 
 
-def import_tensors(tensors):
-    """GPT2Model's tensors by state-dict name, without the causal masks and the tied head."""
-    tensors = dict(_pytorch_name(name, value) for name, value in tensors.items())
-    return {name: value for name, value in tensors.items()
-            if not name.endswith(".attn.bias") and name != "lm_head.weight"}
+def import_value(name, value):
+    """TF checkpoints store biases as [1, n]."""
+    return value[0] if name.endswith(".bias") and value.ndim == 2 and value.shape[0] == 1 else value
 
 
-LAYOUT = Layout(model_type="gpt2", tokenizer_class="GPT2TokenizerFast", shape_fields=("n_layer", "d_model", "n_head"),
-                check=check, hf_config=gpt2_config, read_config=read_config, export_tensors=export_tensors,
-                import_tensors=import_tensors, variables=variables)
+LAYOUT = Layout(model_type="gpt2", tokenizer_class="GPT2TokenizerFast", export_dtype=EXPORT_DTYPE,
+                shape_fields=("n_layer", "d_model", "n_head"), check=check, hf_config=gpt2_config,
+                read_config=read_config, export_tensors=export_tensors, import_name=import_name,
+                import_value=import_value, variables=variables)

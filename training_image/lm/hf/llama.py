@@ -1,8 +1,11 @@
 """The Hugging Face Llama layout of the llama family (`lm.models.llama`), for `lm.hf`: the directory
-transformers loads as LlamaForCausalLM / FlaxLlamaForCausalLM, and TGI and LMI (vLLM) serve.
+transformers loads as LlamaForCausalLM, and TGI and LMI (vLLM) serve.
 
-    config.json         LlamaConfig: model_type llama, hidden_act silu, no biases, rope_theta
-    model.safetensors   PyTorch names: model.embed_tokens.weight, model.layers.N.input_layernorm.weight,
+    config.json         LlamaConfig: model_type llama, hidden_act silu, no biases, rope_theta,
+                        rope_scaling (null or Llama 3.1/3.2's "llama3"), torch_dtype bfloat16
+    model.safetensors   (or shards and model.safetensors.index.json) in bfloat16, as Meta publishes
+                        Llama, unless asked otherwise;
+                        PyTorch names: model.embed_tokens.weight, model.layers.N.input_layernorm.weight,
                         model.layers.N.self_attn.{q,k,v,o}_proj.weight,
                         model.layers.N.post_attention_layernorm.weight,
                         model.layers.N.mlp.{gate,up,down}_proj.weight, model.norm.weight,
@@ -13,19 +16,22 @@ transformers loads as LlamaForCausalLM / FlaxLlamaForCausalLM, and TGI and LMI (
 lm.models.llama uses transformers' rotary convention (rotate_half over the two halves of each head), so
 q_proj and k_proj map without the permutation Meta's original checkpoints need.
 """
-from lm.hf.files import HFError, Layout, shared_hf_config
+import collections
+import dataclasses
+import functools
+
+from lm.hf.files import HFError, Layout, Tensor, shared_hf_config
 from lm.spec.families import LlamaConfig
 
+EXPORT_DTYPE = "bfloat16"  # as Meta publishes Llama 2 and 3
 NORM_WEIGHTS = {"input_layernorm": "attention_norm", "post_attention_layernorm": "mlp_norm"}
 ATTENTION_KERNELS = {"q_proj": "q_kernel", "k_proj": "k_kernel", "v_proj": "v_kernel", "o_proj": "o_kernel"}
 MLP_KERNELS = {"gate_proj": "gate_kernel", "up_proj": "up_kernel", "down_proj": "down_kernel"}
 
 
 def variables(model):
-    """Our Llama's variables by their LlamaForCausalLM state-dict name."""
-    found = {"model.embed_tokens.weight": model.embed_tokens.embeddings, "model.norm.weight": model.norm.weight}
-    if model.lm_head is not None:
-        found["lm_head.weight"] = model.lm_head.kernel
+    """Our Llama's variables by their LlamaForCausalLM state-dict name, in its order."""
+    found = collections.OrderedDict([("model.embed_tokens.weight", model.embed_tokens.embeddings)])
     for i, block in enumerate(model.blocks):
         prefix = "model.layers.%d." % i
         for theirs, ours in NORM_WEIGHTS.items():
@@ -34,6 +40,9 @@ def variables(model):
             found[prefix + "self_attn." + theirs + ".weight"] = getattr(block.attention, ours)
         for theirs, ours in MLP_KERNELS.items():
             found[prefix + "mlp." + theirs + ".weight"] = getattr(block.mlp, ours)
+    found["model.norm.weight"] = model.norm.weight
+    if model.lm_head is not None:
+        found["lm_head.weight"] = model.lm_head.kernel
     return found
 
 
@@ -42,26 +51,43 @@ def _transposed(name):
     return name.endswith("_proj.weight") or name == "lm_head.weight"
 
 
+def _exported(variable, transposed, rows):
+    value = variable.numpy()
+    value = value.T if transposed else value
+    return value if rows is None else value[:rows]
+
+
 def export_tensors(model, config):
-    tensors = {name: variable.numpy() for name, variable in variables(model).items()}
-    tensors = {name: value.T if _transposed(name) else value for name, value in tensors.items()}
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in tensors:
-            tensors[name] = tensors[name][:config.vocab_size]  # the padded rows
-    return tensors
+    """{name: Tensor}: each variable read when it is written, transposed where PyTorch's layout is, the
+    padded vocabulary rows cut."""
+    found = collections.OrderedDict()
+    for name, variable in variables(model).items():
+        transposed = _transposed(name)
+        shape = list(variable.shape)[::-1] if transposed else list(variable.shape)
+        rows = config.vocab_size if name in ("model.embed_tokens.weight", "lm_head.weight") else None
+        if rows is not None:
+            shape[0] = rows
+        found[name] = Tensor(tuple(shape), functools.partial(_exported, variable, transposed, rows))
+    return found
 
 
-def import_tensors(tensors):
-    """The tensors export_tensors writes, in our orientation."""
-    return {name: value.T if _transposed(name) else value for name, value in tensors.items()
-            if not name.endswith(".rotary_emb.inv_freq")}  # older checkpoints store the rotary frequencies
+def import_name(name, config):
+    """The tensors export_tensors writes, and none of: older checkpoints' rotary frequencies, and the
+    head of a tied checkpoint that stores it anyway (transformers ties it to the embedding)."""
+    if name.endswith(".rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_embeddings):
+        return None
+    return name
+
+
+def import_value(name, value):
+    return value.T if _transposed(name) else value
 
 
 def check(config):
     """Every LlamaConfig is in the Llama layout."""
 
 
-def hf_config(config, eos_id):
+def hf_config(config, eos_id, dtype=EXPORT_DTYPE):
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -76,14 +102,14 @@ def hf_config(config, eos_id):
         "max_position_embeddings": config.block_size,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": None if config.rope_scaling is None else dataclasses.asdict(config.rope_scaling),
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": config.dropout,
         "tie_word_embeddings": config.tie_embeddings,
         "initializer_range": 0.02,
         "pretraining_tp": 1,
-        **shared_hf_config(config, eos_id),
+        **shared_hf_config(config, eos_id, dtype),
     }
 
 
@@ -101,9 +127,7 @@ def read_config(path, values):
         (values.get("hidden_act", "silu") != "silu", "hidden_act %r; lm.models.llama's MLP is SwiGLU (silu)"
          % values.get("hidden_act")),
         (values.get("attention_bias") or values.get("mlp_bias"), "attention_bias/mlp_bias true; lm.models.llama has no biases"),
-        (values.get("rope_scaling") is not None, "rope_scaling %r; lm.models.llama implements unscaled rotary embeddings "
-         "(rope_scaling null)" % (values.get("rope_scaling"),)),
-        (values.get("head_dim", hidden // heads) * heads != hidden, "head_dim %r; lm.models.llama's is hidden_size / "
+        ((values.get("head_dim") or hidden // heads) * heads != hidden, "head_dim %r; lm.models.llama's is hidden_size / "
          "num_attention_heads" % values.get("head_dim")),
     ]
     problems = [message for refused, message in refusals if refused]
@@ -115,12 +139,13 @@ def read_config(path, values):
             n_kv_head=values.get("num_key_value_heads") or heads, d_ff=values["intermediate_size"],
             block_size=values["max_position_embeddings"], vocab_size=values["vocab_size"], pad_vocab_to=1,
             dropout=values.get("attention_dropout", 0.0), rope_theta=values.get("rope_theta", 10000.0),
+            rope_scaling=values.get("rope_scaling"),
             norm_eps=values.get("rms_norm_eps", 1e-6), tie_embeddings=values.get("tie_word_embeddings", False))
     except ValueError as error:
         raise HFError("%s: %s" % (path, error))
 
 
-LAYOUT = Layout(model_type="llama", tokenizer_class="PreTrainedTokenizerFast",
+LAYOUT = Layout(model_type="llama", tokenizer_class="PreTrainedTokenizerFast", export_dtype=EXPORT_DTYPE,
                 shape_fields=("n_layer", "d_model", "n_head", "n_kv_head", "d_ff"), check=check, hf_config=hf_config,
-                read_config=read_config, export_tensors=export_tensors, import_tensors=import_tensors,
-                variables=variables)
+                read_config=read_config, export_tensors=export_tensors, import_name=import_name,
+                import_value=import_value, variables=variables)

@@ -2,13 +2,15 @@
 with rotary position embeddings -> RMSNorm -> SwiGLU MLP, final RMSNorm, output head. No biases.
 Registered in `lm.spec.families.FAMILIES` as "llama" (config: `lm.spec.families.llama.LlamaConfig`).
 
-Conventions are transformers' Llama (modeling_llama.py / modeling_flax_llama.py), so `lm.hf.llama`
-maps the weights one to one: rotary embeddings rotate the two halves of each head
-(`rotate_half`), query head h shares key/value head h // (n_head // n_kv_head), and RMSNorm
-normalizes in float32. `decode` is the generation path with a per-layer key/value cache of the
-n_kv_head key/value heads (see `lm.serving.generate`); dropout masks and `recompute` as in
-`lm.models.gpt.GPT`.
+Conventions are transformers' PyTorch Llama (modeling_llama.py, modeling_rope_utils.py), so
+`lm.hf.llama` maps the weights one to one: rotary embeddings rotate the two halves of each head
+(`rotate_half`) at transformers' frequencies (Llama 3.1/3.2's "llama3" rope scaling included), query
+head h shares key/value head h // (n_head // n_kv_head), and RMSNorm normalizes in float32. `decode`
+is the generation path with a per-layer key/value cache of the n_kv_head key/value heads (see
+`lm.serving.generate`); dropout masks and `recompute` as in `lm.models.gpt.GPT`.
 """
+import math
+
 import numpy as np
 
 from lm.compat import keras, tf
@@ -39,11 +41,31 @@ class RMSNorm(keras.layers.Layer):
         return dict(super().get_config(), epsilon=self.epsilon)
 
 
-def rotary_angles(positions, head_dim, theta):
-    """(cos, sin) [b, 1, s, head_dim] of positions [b, s]: frequency theta^(-2i/head_dim) for the
-    pair (i, i + head_dim/2), float32 as transformers computes them."""
-    inverse_frequencies = tf.constant(1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim), tf.float32)
-    angles = tf.cast(positions, tf.float32)[..., tf.newaxis] * inverse_frequencies
+def inverse_frequencies(head_dim, theta, rope_scaling=None):
+    """The rotary frequency of the pair (i, i + head_dim/2), float32 as transformers computes it:
+    theta^(-2i/head_dim) (modeling_rope_utils._compute_default_rope_parameters, transformers 4.46.3),
+    and under Llama 3's "llama3" `rope_scaling` (`_compute_llama3_parameters`, same file, lines
+    310-350) a wavelength 2 pi / frequency beyond original_max_position_embeddings / low_freq_factor
+    stretched `factor` times, one below original_max_position_embeddings / high_freq_factor kept,
+    and one between interpolated: (1 - s) f / factor + s f, s = (original / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor)."""
+    frequencies = np.float32(1.0) / np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+    if rope_scaling is None:
+        return frequencies
+    original, factor = rope_scaling.original_max_position_embeddings, np.float32(rope_scaling.factor)
+    low, high = np.float32(rope_scaling.low_freq_factor), np.float32(rope_scaling.high_freq_factor)
+    wavelengths = np.float32(2 * math.pi) / frequencies
+    long_waves = np.where(wavelengths > original / low, frequencies / factor, frequencies)
+    smooth = (original / wavelengths - low) / (high - low)
+    interpolated = (1 - smooth) * long_waves / factor + smooth * long_waves
+    medium = (wavelengths >= original / high) & (wavelengths <= original / low)
+    return np.where(medium, interpolated, long_waves).astype(np.float32)
+
+
+def rotary_angles(positions, frequencies):
+    """(cos, sin) [b, 1, s, head_dim] of positions [b, s] and the pairs' `frequencies`
+    (inverse_frequencies): the angle of pair (i, i + head_dim/2) is position x frequency i."""
+    angles = tf.cast(positions, tf.float32)[..., tf.newaxis] * tf.constant(frequencies, tf.float32)
     angles = tf.concat([angles, angles], axis=-1)[:, tf.newaxis]
     return tf.cos(angles), tf.sin(angles)
 
@@ -156,6 +178,7 @@ class Llama(keras.Model):
         super().__init__(**kwargs)
         c = self.model_config = config if isinstance(config, LlamaConfig) else LlamaConfig.from_dict(config)
         self.recompute = recompute
+        self.frequencies = inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
         self.embed_tokens = keras.layers.Embedding(c.padded_vocab_size, c.d_model,
                                                    embeddings_initializer=normal(INIT_STDDEV), name="embed_tokens")
         self.blocks = [Block(c, name="layer_%d" % i) for i in range(c.n_layer)]
@@ -164,7 +187,7 @@ class Llama(keras.Model):
             c.padded_vocab_size, use_bias=False, kernel_initializer=normal(INIT_STDDEV), name="lm_head")
 
     def _angles(self, positions):
-        return rotary_angles(positions, self.model_config.head_dim, self.model_config.rope_theta)
+        return rotary_angles(positions, self.frequencies)
 
     def _logits(self, x):
         x = self.norm(x)

@@ -95,7 +95,9 @@ _T = 1e12
 GPUS = collections.OrderedDict((gpu.name, gpu) for gpu in [
     GPU("T4", "turing", {"fp32": 8.1 * _T, "fp16": 65 * _T}, "fp16", (10, 0)),
     GPU("V100", "volta", {"fp32": 15.7 * _T, "fp16": 125 * _T}, "fp16", (9, 0)),
-    GPU("A10G", "ampere", {"fp32": 62.5 * _T, "fp16": 125 * _T, "bf16": 125 * _T}, "fp16", (11, 1)),
+    # A10G: Ampere (sm_86) tensor cores run bf16 at the fp16 rate (A10 data sheet), so it defaults
+    # to bf16 as the A100 does: no loss scaling, the range of fp32.
+    GPU("A10G", "ampere", {"fp32": 62.5 * _T, "fp16": 125 * _T, "bf16": 125 * _T}, "bf16", (11, 1)),
     GPU("A100", "ampere", {"fp32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T}, "bf16", (11, 0)),
     # Hopper (sm_90) code needs CUDA 11.8 or newer (CUDA 11.8 release notes).
     GPU("H100", "hopper", {"fp32": 494.7 * _T, "fp16": 989.4 * _T, "bf16": 989.4 * _T}, "bf16", (11, 8)),
@@ -111,17 +113,22 @@ GPUS = collections.OrderedDict((gpu.name, gpu) for gpu in [
 ])
 # The default precision per GPU is the one `lm.training.train --precision auto` picks (lm.spec.job's help text).
 
-# Default model FLOP utilization (MFU, 6N + 12LdT convention) per GPU, from published runs:
-# - V100: Megatron-LM (Shoeybi et al. 2019): 39 TFLOP/s per V100 of 125 peak, 30 %.
-# - A100: Megatron-LM (Narayanan et al. 2021) 44-52 % for 1.7B-1T; MosaicML llm-foundry
-#   MPT 760M/1B on 8 x A100-80GB bf16: 56.9 %/59.9 %. We take 50 %.
-# - H100: llm-foundry MPT 760M/1B on H100 bf16: 34.9 %/41.8 %. We take 35 %.
-# - T4, A10G: no published LLM training MFU we know of; assumed equal to V100 (30 %).
-# These are tuned PyTorch/Megatron stacks; a TensorFlow GPT usually gets less, so pass the
-# MFU you measure (`lm.training.train` logs `mfu=`) with `--mfu`.
-# - H200, B200: assumed equal to H100 (35 %); L4, L40S: assumed equal to V100 (30 %).
-DEFAULT_MFU = {"T4": 0.30, "V100": 0.30, "A10G": 0.30, "A100": 0.50, "H100": 0.35, "H200": 0.35, "B200": 0.35,
-               "L4": 0.30, "L40S": 0.30}
+# The model FLOP utilization (MFU) the planner assumes per GPU where lmstack has no measurement of
+# its own (bench/gpu.py's replace these: controlplane.planner.assumed_mfu): (fraction, source).
+# Published runs of tuned PyTorch stacks (MFU in their papers' 6N + attention convention, the
+# convention of lm.spec.families.flops_per_token); a TensorFlow GPT usually gets less.
+PUBLISHED_MFU = collections.OrderedDict([
+    ("V100", (0.30, "Megatron-LM (Shoeybi et al. 2019): 39 of 125 TFLOP/s per V100, 30 %")),
+    ("A100", (0.50, "Megatron-LM (Narayanan et al. 2021): 44-52 % for 1.7B-1T on A100; llm-foundry MPT "
+                    "760M/1B bf16 on 8 x A100-80GB: 56.9/59.9 %")),
+    ("H100", (0.418, "llm-foundry MPT 1B bf16 on H100: 41.8 %; 760M: 34.9 %")),
+    ("H200", (0.418, "assumed equal to H100 (the same tensor cores): llm-foundry MPT 1B, 41.8 %")),
+    ("B200", (0.418, "assumed equal to H100 (no published run we know of): llm-foundry MPT 1B, 41.8 %")),
+    ("T4", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
+    ("A10G", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
+    ("L4", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
+    ("L40S", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
+])
 
 
 def get_gpu(name):
@@ -132,8 +139,8 @@ def get_gpu(name):
 
 
 def auto_precision(gpu=None, capability=None):
-    """What precision "auto" means: the GPU's default (bf16 on A100/H100, fp16 with loss scaling
-    on V100/T4/A10G) for a GPU in GPUS; for another GPU, bf16 from compute capability 8.0 on,
+    """What precision "auto" means: the GPU's default (bf16 from Ampere on: A10G, A100, H100 ...;
+    fp16 with loss scaling on V100/T4) for a GPU in GPUS; for another GPU, bf16 from compute capability 8.0 on,
     else fp16; fp32 without a GPU."""
     if gpu is not None:
         return get_gpu(gpu).default_precision

@@ -535,7 +535,7 @@ class Training:
                     from lm import hf
                     hf.write_hf(whole_model, self.config, os.path.join(self.paths.export_dir, export.TOKENIZER_FILE),
                                 self.paths.export_dir)
-                    self.say("wrote the Hugging Face GPT-2 files next to it (export_hf)")
+                    self.say("wrote the Hugging Face files next to it (export_hf)")
         self.checkpoints.wait()
         self.tensorboard.close()
         if stopped:

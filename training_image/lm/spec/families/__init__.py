@@ -103,7 +103,9 @@ def non_embedding_parameter_count(config):
 
 
 def flops_per_token(config, seq_len=None):
-    """Training FLOPs per token, as used for MFU: for GPT 6N + 12*L*d*T (N without embeddings)."""
+    """Training FLOPs per token at `seq_len`: 6 x (the blocks' matmul weights + the output projection)
+    + 12 x n_layer x seq_len x attention width (`ModelConfig.flops_per_token`). The one count behind
+    the planner's time, the MFU the training log reports and bench/gpu.py's."""
     return config.flops_per_token(seq_len)
 
 

@@ -31,15 +31,43 @@ class ModelConfig:
     - parameter_count(): exact trainable parameters of the model the family builds;
       non_embedding_parameter_count(); block_parameter_count(): one of the n_layer blocks (what
       an SMP partition holds besides the rest, parameter_count() - n_layer x block);
-    - flops_per_token(seq_len=None): training FLOPs per token, the MFU convention;
-    - block_forward_flops(batch, seq_len): the matmul FLOPs one block's forward pass executes
-      (the planner adds the output layer and the backward pass);
+    - block_matmul_parameter_count(): the weights of one block's matmuls (no norms, no biases) and
+      attention_width: the width the [t, t] attention products run over (query heads x head size;
+      0 without attention): the shape the one FLOPs count (`flops_per_token`, here) is made of;
     - block_activation_bytes(micro_batch, seq_len, compute_bytes, xla=False): the bytes one
       block keeps for its backward pass (attention scores included where it has them)."""
+
+    attention_width = 0  # a family with attention overrides it
 
     @property
     def padded_vocab_size(self):
         return padded_vocab_size(self.vocab_size, self.pad_vocab_to)
+
+    def output_projection_parameter_count(self):
+        """The output layer's matmul: d_model x the padded vocabulary (the rows the model computes),
+        whether its weights are the embedding's (tied) or its own."""
+        return self.d_model * self.padded_vocab_size
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token at `seq_len` (default block_size): the one count the planner's time,
+        the MFU lm.training.train logs and bench/gpu.py's MFU use.
+
+        6 x (the blocks' matmul weights + the output projection, once, tied or not)
+        + 12 x n_layer x seq_len x attention_width: 2 FLOPs per weight and token forward, twice that
+        backward; the attention's two [t, t] products, forward and backward (PaLM, Chowdhery et al.
+        2022, appendix B: 6N + 12LHQT; the output projection over the padded vocabulary as
+        Megatron-LM's num_floating_point_operations counts it). Embedding lookups, norms, biases and
+        the softmax are not counted. Equal, per token, to what a training step's matmuls execute
+        (`controlplane.planner.step_flops`, checked against the traced graph in tests/plan)."""
+        seq_len = self.block_size if seq_len is None else seq_len
+        matmul_weights = self.n_layer * self.block_matmul_parameter_count() + self.output_projection_parameter_count()
+        return 6 * matmul_weights + 12 * self.n_layer * seq_len * self.attention_width
+
+    def block_forward_flops(self, batch, seq_len):
+        """The matmul FLOPs one block's forward pass executes on `batch` sequences: 2 per matmul weight
+        and token, and the [t, t] attention products (scores and weighted sum) over attention_width."""
+        tokens = batch * seq_len
+        return 2 * tokens * self.block_matmul_parameter_count() + 4 * tokens * seq_len * self.attention_width
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -94,13 +122,20 @@ def gpt3_training(config):
     return rate, batch
 
 
-def peak_learning_rate(config, global_batch_size, learning_rate=0.0, scale_lr=True):
-    """The peak learning rate a run uses. `learning_rate` 0: GPT-3's rate for this size
-    (`gpt3_training`), else the given one; both are rates for GPT-3's batch of that size. With
-    `scale_lr` the rate scales linearly with global_batch_size / that batch, bounded by 1:
-    a smaller batch takes proportionally smaller steps, a larger one never more than the rate
-    GPT-3 found stable for the size (linear scaling past it is what made gpt-6.7b's rate at a
-    1M-token batch ten times GPT-3's)."""
+def peak_learning_rate(config, global_batch_size, learning_rate=0.0, scale_lr=False):
+    """The peak learning rate a run uses: `learning_rate`, or where it is 0 the rate GPT-3 trained
+    this size with (`gpt3_training`).
+
+    By default the rate is kept whatever the batch. With Adam the step size hardly depends on the
+    gradient's scale, and published runs keep GPT-3's per-size rates at other batches: Pythia
+    (Biderman et al. 2023) trained every size from 70M to 12B at 1,024 sequences of 2,048 tokens
+    with GPT-3's rates (6e-4 at 125M: four times GPT-3's batch for that size; 2e-4 at 1.3B).
+    Linear scaling, the rule for SGD, took gpt-1.3b at 64 sequences to 2.5e-5, 8x below.
+
+    `scale_lr`: the square-root rule for Adam (Malladi et al. 2022, "On the SDEs and Scaling Rules for
+    Adaptive Gradient Algorithms": batch x k, rate x sqrt(k)) from GPT-3's batch for the size to
+    global_batch_size, downwards only: a larger batch never raises the rate above the one GPT-3
+    found stable for the size."""
     rate, batch = gpt3_training(config)
     rate = learning_rate or rate
-    return rate * min(1.0, global_batch_size / float(batch)) if scale_lr else rate
+    return rate * math.sqrt(min(1.0, global_batch_size / float(batch))) if scale_lr else rate

@@ -62,14 +62,14 @@ class GPTConfig(ModelConfig):
         mlp = d * 4 * d + 4 * d + 4 * d * d + d
         return attention + mlp + 2 * 2 * d
 
-    def flops_per_token(self, seq_len=None):
-        seq_len = self.block_size if seq_len is None else seq_len
-        return 6 * self.non_embedding_parameter_count() + 12 * self.n_layer * self.d_model * seq_len
+    def block_matmul_parameter_count(self):
+        """QKV and output projections (d x 3 inner, inner x d) and the MLP's two matmuls (d x 4d, 4d x d)."""
+        d, inner = self.d_model, self.n_head * self.attention_head_dim
+        return 4 * d * inner + 8 * d * d
 
-    def block_forward_flops(self, batch, seq_len):
-        """The projections (QKV, output, the two MLP matmuls) and the full [t, t] attention products."""
-        tokens, d, inner = batch * seq_len, self.d_model, self.n_head * self.attention_head_dim
-        return 2 * tokens * (4 * d * inner + 8 * d * d) + 4 * batch * seq_len * seq_len * inner
+    @property
+    def attention_width(self):
+        return self.n_head * self.attention_head_dim
 
     def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
         """Bytes one block keeps for its backward pass; u = micro_batch * seq_len * d_model,

@@ -10,14 +10,67 @@ from lm.spec.families.base import PAD_VOCAB_TO, ModelConfig, check_positive_ints
 
 LLAMA2_VOCAB_SIZE = 32000
 LLAMA3_VOCAB_SIZE = 128256
+ROPE_TYPES = ("llama3",)  # the rope_scaling types lm.models.llama computes
+
+
+def _rope_type_error(rope_type):
+    return ValueError("LlamaConfig.rope_scaling.rope_type must be one of %s (or rope_scaling null), got %r" % (
+        ", ".join(ROPE_TYPES), rope_type))
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1 and 3.2's rotary scaling, transformers' `rope_scaling` with rope_type "llama3" (the
+    same fields): the frequencies whose wavelength exceeds original_max_position_embeddings /
+    low_freq_factor are divided by `factor`, those below original_max_position_embeddings /
+    high_freq_factor kept, those between interpolated (lm.models.llama.inverse_frequencies)."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        field = "LlamaConfig.rope_scaling"
+        if self.rope_type not in ROPE_TYPES:
+            raise _rope_type_error(self.rope_type)
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError("%s.%s must be a number > 0, got %r" % (field, name, value))
+        if self.factor < 1:
+            raise ValueError("%s.factor must be >= 1, got %r" % (field, self.factor))
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError("%s.high_freq_factor (%r) must be greater than low_freq_factor (%r)" % (
+                field, self.high_freq_factor, self.low_freq_factor))
+        value = self.original_max_position_embeddings
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("%s.original_max_position_embeddings must be a positive integer, got %r" % (field, value))
+
+    @classmethod
+    def from_dict(cls, values):
+        """From transformers' form (rope_type, or "type" as older configs call it, and the four fields)."""
+        if not isinstance(values, dict):
+            raise ValueError("LlamaConfig.rope_scaling must be null or an object, got %r" % (values,))
+        values = dict(values)
+        if "type" in values and "rope_type" not in values:
+            values["rope_type"] = values.pop("type")
+        if values.get("rope_type") not in ROPE_TYPES:  # before its fields: another scaling has others
+            raise _rope_type_error(values.get("rope_type"))
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown, missing = sorted(set(values) - set(known)), [name for name in known if name not in values]
+        if unknown or missing:
+            raise ValueError("LlamaConfig.rope_scaling: rope_type llama3 takes the fields %s; missing %s, unknown %s" % (
+                ", ".join(known), missing, unknown))
+        return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig(ModelConfig):
     """Field names as in GPTConfig; transformers' LlamaConfig calls them num_hidden_layers (n_layer),
     hidden_size (d_model), num_attention_heads (n_head), num_key_value_heads (n_kv_head),
-    intermediate_size (d_ff), max_position_embeddings (block_size), rope_theta, rms_norm_eps
-    (norm_eps) and tie_word_embeddings (tie_embeddings)."""
+    intermediate_size (d_ff), max_position_embeddings (block_size), rope_theta, rope_scaling,
+    rms_norm_eps (norm_eps) and tie_word_embeddings (tie_embeddings)."""
     n_layer: int
     d_model: int
     n_head: int
@@ -32,6 +85,9 @@ class LlamaConfig(ModelConfig):
     # Llama 2 and 3 have an output head of their own; the Llama 3.2 1B and 3B releases use the
     # embedding as the head.
     tie_embeddings: bool = False
+    # None (Llama 2, Llama 3) or Llama 3.1/3.2's "llama3" scaling: a Llama3RopeScaling or its dict
+    # (transformers' config.json form), which __post_init__ turns into one.
+    rope_scaling: Llama3RopeScaling = None
     family: str = "llama"
 
     def __post_init__(self):
@@ -48,6 +104,8 @@ class LlamaConfig(ModelConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError("LlamaConfig.%s must be a number > 0, got %r" % (name, value))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
+            object.__setattr__(self, "rope_scaling", Llama3RopeScaling.from_dict(self.rope_scaling))
 
     @property
     def head_dim(self):
@@ -70,17 +128,15 @@ class LlamaConfig(ModelConfig):
         tables = 1 if self.tie_embeddings else 2  # the token embedding, and the output head unless tied
         return tables * self.padded_vocab_size * self.d_model + self.non_embedding_parameter_count()
 
-    def flops_per_token(self, seq_len=None):
-        """GPT's 6N + 12 * L * d * T: attention scores and sums run over every query head, shared keys or not."""
-        seq_len = self.block_size if seq_len is None else seq_len
-        return 6 * self.non_embedding_parameter_count() + 12 * self.n_layer * self.d_model * seq_len
+    def block_matmul_parameter_count(self):
+        """q and o d x d, k and v d x kv_width, the three SwiGLU matmuls d x d_ff."""
+        d = self.d_model
+        return 2 * d * d + 2 * d * self.kv_width + 3 * d * self.d_ff
 
-    def block_forward_flops(self, batch, seq_len):
-        """The projections (q and o d x d, k and v d x kv_width, the three SwiGLU matmuls) and the
-        [t, t] attention products of every query head (grouped heads share keys, not the products)."""
-        tokens, d = batch * seq_len, self.d_model
-        projections = 2 * d * d + 2 * d * self.kv_width + 3 * d * self.d_ff
-        return 2 * tokens * projections + 4 * batch * seq_len * seq_len * d
+    @property
+    def attention_width(self):
+        """Every query head's [t, t] products: grouped heads share keys, not the products."""
+        return self.n_head * self.head_dim
 
     def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
         """Bytes one block of `lm.models.llama` keeps for its backward pass, counted op by op (the

@@ -51,13 +51,10 @@ class RNNConfig(ModelConfig):
         head = 0 if self.tie_embeddings else self.padded_vocab_size * self.d_model
         return self.padded_vocab_size * self.d_model + self.non_embedding_parameter_count() + head
 
-    def flops_per_token(self, seq_len=None):
-        return 6 * self.non_embedding_parameter_count()
-
-    def block_forward_flops(self, batch, seq_len):
-        """The input and the recurrent matmul of every gate, at every step; no attention."""
+    def block_matmul_parameter_count(self):
+        """The input and the recurrent kernel of every gate, applied at every step; no attention."""
         gates, _ = RNN_CELL_GATES[self.cell]
-        return 2 * batch * seq_len * 2 * gates * self.d_model * self.d_model
+        return 2 * gates * self.d_model * self.d_model
 
     def block_activation_bytes(self, micro_batch, seq_len, compute_bytes, xla=False):
         """RNN_CELL_U_ELEMENTS u elements at the compute precision (XLA not measured: the same), plus
