@@ -1,7 +1,8 @@
 """Run the shipped state machine definitions on moto's Step Functions engine, and read back
 what an execution did. `make demo` (lmstack.demo_sfn) and the state machine tests use it.
 
-`fast_engine` bridges two things of moto's engine, both for speed only:
+The gate's Lambda function runs its own code here (`lmstack.local_lambda`: moto's Lambda does not run
+code). `fast_engine` bridges two things of moto's engine, both for speed only:
 - its ASL parser (ANTLR in pure Python, seconds for the training definition, more on a busy
   machine) and the Preprocessor that builds the evaluation components from the syntax tree
   (about 0.8 s for the training definition) run on create and again on every execution: the
@@ -25,9 +26,10 @@ REGION = "us-east-1"
 _PROGRAMS = {}  # definition text -> (program, syntax tree), moto's parse result
 
 
-def stand_in_values(settings, topic_arn):
+def stand_in_values(settings, topic_arn, gate_arn):
     """A value for every `${...}` placeholder of the training definition: stand-ins for the
-    resources the CDK app creates (no AWS resource exists); ValueError naming any missed."""
+    resources the CDK app creates (no AWS resource exists but the topic and the gate's function,
+    `lmstack.local_lambda.deploy_gate`); ValueError naming any missed."""
     from stacks.state_machine import training_substitutions
 
     prefix = settings.name_prefix
@@ -39,6 +41,7 @@ def stand_in_values(settings, topic_arn):
         "EndpointRoleArn": "arn:aws:iam::%s:role/%s-endpoint" % (ACCOUNT, prefix),
         "HostingSecurityGroupId": "sg-0123456789abcdef1",
         "TopicArn": topic_arn,
+        "GateFunctionArn": gate_arn,
     }
     for index in range(settings.subnet_count):
         values["Subnet%d" % index] = "subnet-0%015d" % index
@@ -55,9 +58,9 @@ def record_prepared_dataset(sagemaker, settings, values, data_directory, job_nam
     execution would have left for `data_directory`, with the default raw source and settings: the
     state machine's check that a training run's dataset was prepared finds it by its tags. The request is the builder's own
     (`controlplane.request`), its placeholders filled with `values`."""
+    from controlplane import inputs, request
     from lm.spec import fields
-    from controlplane import request
-    from stacks.state_machine import inputs, jobs, render, training
+    from stacks.state_machine import jobs, render, training
 
     config = fields.with_defaults(inputs.schema(settings), {"data_directory": data_directory})
     prepare = jobs.concrete_values(jobs.PREPARE, settings, config, job_name=job_name, execution_name=job_name,

@@ -6,13 +6,13 @@ nothing is hard-coded but the quota. With the monitor polling at most every 15 m
 about 864 events a day, so 12 days is what fits with that many interruptions (docs/limits.md)."""
 from state_machine.harness import SUCCESS
 
-from stacks.state_machine import jobs
+from controlplane import history
 
 HISTORY_QUOTA = 25000
 DAYS = 12
 INTERRUPTIONS = 100
 # The waits the poll takes to grow from POLL_MIN_SECONDS to POLL_MAX_SECONDS, doubling (the last one capped).
-RAMP_POLLS = (-(-jobs.POLL_MAX_SECONDS // jobs.POLL_MIN_SECONDS) - 1).bit_length() + 1
+RAMP_POLLS = (-(-history.POLL_MAX_FLOOR // history.POLL_MIN_SECONDS) - 1).bit_length() + 1
 STEADY_POLLS = RAMP_POLLS + 3
 INTERRUPTION = [("InProgress", "Interrupted", {}), ("InProgress", "Starting", {}),
                 ("InProgress", "Downloading", {})] + [("InProgress", "Training", {})] * STEADY_POLLS
@@ -34,7 +34,7 @@ def test_12_day_job_with_100_spot_interruptions_stays_under_the_history_quota(de
     per_steady_poll = min(later - earlier for earlier, later in zip(waits, waits[1:]))
     # One more cycle, less its polls at the maximum wait (those are steady time, counted below).
     per_interruption = len(twice) - len(once) - (STEADY_POLLS - RAMP_POLLS) * per_steady_poll
-    steady_polls = DAYS * 86400 // jobs.POLL_MAX_SECONDS + 1
+    steady_polls = DAYS * 86400 // history.POLL_MAX_FLOOR + 1
     total = len(once) + steady_polls * per_steady_poll + (INTERRUPTIONS - 1) * per_interruption
     assert per_interruption > per_steady_poll  # the status changes and the poll ramp are counted
     # 10 % margin: the quota is hard (the execution fails at it); measured ~21,500 (see the report line).
