@@ -258,7 +258,8 @@ def _monitor_states(kind, first):
     """Wait -> DescribeTrainingJob -> Check, entered at `first`; leaves to `<State>.Result`, `.Failed` or
     `.Stopped`. The wait doubles from the gate's POLL_MIN_SECONDS up to its cap ($.plan.poll: how long the
     run may last decides it, `controlplane.history`); each of the job's first `phase_resets` SecondaryStatus
-    changes is notified and starts the wait over, later ones are notified and keep it."""
+    changes is notified and starts the wait over, later ones are notified and set it to the cap (a job whose
+    status keeps changing cannot hold the wait short)."""
     s, slot = kind.state, kind.slot
     poll, status = slot + ".poll", slot + ".describe.status"
     secondary = slot + ".describe.secondary"
@@ -296,7 +297,7 @@ def _monitor_states(kind, first):
         "seconds": history.POLL_MIN_SECONDS, "secondary.$": secondary,
         "resets.$": "States.MathAdd(%s.resets, 1)" % poll}, result_path=poll)
     states[s + ".PhaseLate"] = asl.publish("${TopicArn}", notice, s + ".PhaseKept")
-    states[s + ".PhaseKept"] = poll_state(poll + ".seconds", secondary, poll + ".resets")
+    states[s + ".PhaseKept"] = poll_state(POLL_PLAN + ".max_seconds", secondary, poll + ".resets")
     states[s + ".Backoff"] = poll_state("States.MathAdd(%s.seconds, %s.seconds)" % (poll, poll), poll + ".secondary",
                                         poll + ".resets")
     states[s + ".PollCap"] = poll_state(POLL_PLAN + ".max_seconds", poll + ".secondary", poll + ".resets")

@@ -273,9 +273,12 @@ class StrictLayer:
 
 
 class JobFake:
-    """Scripts for the jobs moto's backend creates, in creation order; then `default`."""
+    """Scripts for the jobs moto's backend creates, in creation order; then `default`. A script is a list of
+    steps, one per DescribeTrainingJob, or a function of the simulated seconds since the job's creation
+    (`clock`: the seconds the execution's Wait states asked for so far) returning the step."""
 
     def __init__(self, strict=None):
+        self.clock = None
         self.strict = strict or StrictLayer()
         self.scripts = []
         self.default = SUCCESS
@@ -313,8 +316,14 @@ class JobFake:
         self.created.append(training_job.training_job_name)
         self.strict.report("Search", training_job.training_job_name, ("TrainingJobName", "Tags"))
         script = self.scripts.pop(0) if self.scripts else self.default
-        self._steps[training_job.training_job_name] = collections.deque(script)
-        self._apply(training_job, script[0])
+        if callable(script):
+            created = self.clock()
+            self._steps[training_job.training_job_name] = lambda: script(self.clock() - created)
+            self._apply(training_job, script(0))
+        else:  # the first describe reports the first step too
+            steps = collections.deque(script)
+            self._steps[training_job.training_job_name] = lambda: steps.popleft() if len(steps) > 1 else steps[0]
+            self._apply(training_job, script[0])
 
     def on_describe(self, training_job):
         parked = self._parked.pop(training_job.training_job_name, None)
@@ -322,9 +331,9 @@ class JobFake:
             arrived, release = parked
             arrived.set()
             release.wait(60)
-        steps = self._steps.get(training_job.training_job_name)
-        if steps and training_job.training_job_name not in self.stopped:
-            self._apply(training_job, steps.popleft() if len(steps) > 1 else steps[0])
+        step = self._steps.get(training_job.training_job_name)
+        if step and training_job.training_job_name not in self.stopped:
+            self._apply(training_job, step())
 
     def on_stop(self, training_job):
         self.stopped.append(training_job.training_job_name)
