@@ -61,7 +61,7 @@ def schema(settings):
         Field("keep_alive_seconds", int, 0, 0, request.MAX_KEEP_ALIVE_SECONDS,
               help="keep the training instances this long after the job as a warm pool for the next run"),
         # ResourceConfig.TrainingPlanArn (SageMaker API reference; its full pattern is checked by
-        # CreateTrainingJob, the Validate stage checks the ARN's start).
+        # CreateTrainingJob, the gate checks the ARN's start).
         Field("training_plan_arn", str, None, prefix="arn:aws", nullable=True,
               help="run on the reserved capacity of this SageMaker training plan (its ARN)"),
         Field("data_directory", str, settings.dataset_directory, prefix="/",

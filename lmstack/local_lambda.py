@@ -11,6 +11,11 @@ returned as the invocation's error (`FunctionError: Unhandled`, a payload of `er
 code, none of this process's packages. It stays up between invocations, as a warm Lambda execution
 environment does, and ends when its stdin closes (at this process's exit at the latest).
 
+The worker is stricter than Lambda's Python runtime, which also provides the AWS SDK (boto3): a handler
+that calls AWS needs boto3 on the worker's path and an endpoint it can reach (moto's in-process mock is
+not; moto's server mode and AWS_ENDPOINT_URL in the function's environment would be). The gate calls no
+AWS today; a check that does is tested with `controlplane.gate.Context.clients` injected.
+
 `deploy_gate` stages the gate's code (`stacks.gate_code.stage`, what `cdk synth` puts in the asset), creates
 the function in moto's Lambda and publishes a version, as the stack does. Every invocation is recorded
 (`LocalLambda.invocations`): the tests assert that the gate ran.

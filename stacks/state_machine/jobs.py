@@ -136,7 +136,7 @@ def job_values(kind, settings, value_at, strategy="single"):
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
     """`job_values` for one attempt of a concrete execution: `config` is the input with its
-    defaults (`controlplane.rules.with_defaults`), as the Validate stage leaves it in `$.config`."""
+    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`)."""
     state = {
         "config": config,
         "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),

@@ -1,5 +1,9 @@
 """The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs.
 
+Validate is one Task: the gate (`controlplane.gate`, a Lambda function, `stacks.gate`) checks the input,
+applies its defaults and plans the run; its answer is the state from then on (`$.config`, `$.plan`), or a
+refusal the Fail state shows. Nothing in the definition depends on the presets or the instance types.
+
 Extension points: a stage is a dict of states entered at one name and leaving to the next;
 `build_training_definition` chains them, so a new stage is one more entry in that chain.
 

@@ -120,11 +120,12 @@ def test_endpoint_name_rule(value, ok):
 
 
 def test_names_the_state_machine_builds_fit_for_the_longest_prefix():
-    """The job, model and endpoint-config names are made from the prefix, which the settings bound:
-    checked here at synth time, since no intrinsic function gives a string's length."""
+    """The job, model and endpoint-config names are made by the state machine from the prefix, which the
+    settings bound: checked here at synth time, for the most attempts a run makes (every fallback type's)."""
     prefix = "p" * settings._NAME_PREFIX_MAX
+    most_attempts = jobs.MAX_ATTEMPTS * (1 + inputs.MAX_FALLBACK_INSTANCE_TYPES)
     for kind in (jobs.TRAIN, jobs.PREPARE):
-        assert rules.job_name_length(prefix, kind.token, jobs.MAX_ATTEMPTS) <= rules.SAGEMAKER_NAME_MAX
+        assert rules.job_name_length(prefix, kind.token, most_attempts) <= rules.SAGEMAKER_NAME_MAX
     assert len(prefix) + 1 + rules.JOB_NAME_HASH_LENGTH <= rules.SAGEMAKER_NAME_MAX  # model, endpoint config
     endpoint = rules.name_rules(prefix)[0]
     default = inputs.schema(Settings(name_prefix=prefix))
