@@ -190,6 +190,7 @@ def check_plan(decision, context):
         launches.append(fallback_launch(config, instance_type, "%s[%d]" % (inputs.FALLBACK_FIELD, index),
                                         context.deployment))
     decision.config, decision.plan = launches[decision.launch]
+    decision.notes.extend("lmstack.plan: %s" % warning for warning in decision.plan["warnings"])
     if decision.launch:
         before = launches[decision.launch - 1][1]
         decision.plan["changes"] = plan_changes(before, decision.plan)

@@ -6,7 +6,7 @@ construct (`stacks.gate`), the moto harness and the demo stage it alike.
 assembly at synth (`Code.from_asset` of that directory: a zip of plain files, no Docker); the moto
 harness and the demo stage the same directory and run the handler from it
 (`lmstack.local_lambda`). Nothing of TensorFlow or the rest of the runtime is in it:
-tests/cdk/test_gate.py runs the staged code alone, with the standard library only.
+tests/cdk/test_gate_function.py runs the staged code alone, with the standard library only.
 
 The state machine invokes a published version (`current_version`: a new version whenever the code or
 the configuration changes, so a running execution keeps the code it started with), and its role may

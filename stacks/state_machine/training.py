@@ -90,16 +90,23 @@ def _dataset_key_state(next_state, key_fields):
 def _validate_states(first, next_state):
     """The gate (`controlplane.gate`, a Lambda function): the input checked, its defaults applied, the run
     planned as asked. Its answer replaces the state: `$.config` (the input with its defaults), `$.plan` (what
-    the planner planned for it, `controlplane.gate.plan_summary`) and `$.launches` (how many instance types
-    the run may fall back through). A refusal ends the execution with the gate's error and cause."""
+    the planner planned for it, `controlplane.gate.plan_summary`), `$.launches` (how many instance types the
+    run may fall back through) and `$.notes` (published). A refusal ends the execution with the gate's error
+    and cause."""
     return collections.OrderedDict([
         (first, gate_task({"input.$": "$", "execution_name.$": "$$.Execution.Name", "launch": 0},
                           first + ".Decided", "$", first + ".GateFailed")),
         (first + ".Decided", asl.choice([asl.rule({"Variable": "$.answer.ok", "BooleanEquals": False},
                                                   first + ".Refused")], first + ".Accepted")),
         (first + ".Refused", {"Type": "Fail", "ErrorPath": "$.answer.error", "CausePath": "$.answer.cause"}),
-        (first + ".Accepted", asl.pass_state(next_state, {
-            "config.$": "$.answer.config", "plan.$": "$.answer.plan", "launches.$": "$.answer.launches"})),
+        (first + ".Accepted", asl.pass_state(first + ".Noted", {
+            "config.$": "$.answer.config", "plan.$": "$.answer.plan", "launches.$": "$.answer.launches",
+            "notes.$": "$.answer.notes"})),
+        # What the gate has to say about an accepted run (the planner's warnings; a check's notes) goes to the topic.
+        (first + ".Noted", asl.choice([asl.rule({"Variable": "$.notes[0]", "IsPresent": True}, first + ".Notes")],
+                                      next_state)),
+        (first + ".Notes", asl.publish("${TopicArn}", asl.fmt("execution {}: {}", "$$.Execution.Name",
+                                                             asl.to_json("$.notes")), next_state)),
         (first + ".GateFailed", asl.fail(GATE_FAILED, "$.gate_error.Cause")),
     ])
 

@@ -101,3 +101,38 @@ def test_the_poll_cap_grows_with_how_long_the_run_may_last():
     with_prepare = cap(max_runtime_seconds=longest, spot=True, prepare={"max_runtime_seconds": longest,
                                                                          "enabled": True, "force": True})
     assert history.POLL_MAX_FLOOR < cap(max_runtime_seconds=longest) < spot < with_prepare
+
+
+def test_the_planner_s_warnings_reach_the_topic(deployment):
+    run = deployment.run({"instance_type": "ml.g5.12xlarge", "hyperparameters": {"max_steps": 3}})
+    assert run.status == "SUCCEEDED", run.description.get("cause")
+    warning = "lmstack.plan: single uses 1 of the 4 GPUs of ml.g5.12xlarge"
+    assert run.gate_answers()[0]["notes"] == [warning]
+    assert "execution run-1: %s" % json.dumps([warning], separators=(",", ":")) in deployment.notifications()
+
+
+
+def test_an_unknown_function_or_one_without_the_handler_fails_the_execution(deployment, tmp_path):
+    """No silent pass: a function that does not exist, or whose code has no handler, is GateFailed (moto's
+    Lambda alone would echo the payload, and a Choice on a missing field takes its default)."""
+    from state_machine.harness import _SESSION
+
+    from lmstack import local_lambda
+
+    iam, lambdas = _SESSION.client("iam"), _SESSION.client("lambda")
+    name = "%s-gate" % deployment.settings.name_prefix
+    lambdas.delete_function(FunctionName=name)
+    run = deployment.run({}, name="unknown")
+    assert (run.status, run.description["error"]) == ("FAILED", "GateFailed")
+    assert "Function not found" in run.description["cause"]
+
+    empty = tmp_path / "code"
+    empty.mkdir()
+    (empty / "README").write_text("no handler here")
+    iam.delete_role(RoleName=name)
+    assert local_lambda.create_gate(iam, lambdas, deployment.settings, empty) == deployment.gate  # the same version
+    run = deployment.run({}, name="broken")
+    assert (run.status, run.description["error"]) == ("FAILED", "GateFailed")
+    cause = json.loads(run.description["cause"])
+    assert cause["errorType"] == "Runtime.ImportModuleError" and "controlplane.gate" in cause["errorMessage"]
+    assert deployment.jobs.created == []
