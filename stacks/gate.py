@@ -29,6 +29,8 @@ class Gate(Construct):
         stack = Stack.of(self)
         code = gate_code.stage(pathlib.Path(Stage.of(self).outdir) / "gate")
         self.log_group = log_group(self, "Logs", retention_days=log_retention_days, key=log_key)
+        # aws:SourceAccount in a Lambda execution role's trust policy, as AWS's own lambda-trust-policy.json
+        # has it (GitHub aws/agent-toolkit-for-aws, skills/.../deploying-custom-domain-rest-api/scripts).
         self.role = iam.Role(
             self, "Role", description="lmstack gate: decides about an execution input; writes its own logs only",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com", conditions={
