@@ -213,6 +213,8 @@ def build_parser():
     parser.add_argument("--pipeline", default=None, choices=SMP_PIPELINES, help="SMP pipeline (default: searched)")
     parser.add_argument("--learning-rate", type=float, default=0.0,
                         help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+    parser.add_argument("--scale-lr", dest="scale_lr", action="store_true", default=True,
+                        help="scale the learning rate with the global batch (lm.training.train's scale_lr)")
     parser.add_argument("--no-scale-lr", dest="scale_lr", action="store_false",
                         help="use the learning rate as given, whatever the global batch")
     parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")

@@ -48,6 +48,8 @@ def generated_input(rng):
         hyperparameters["precision"] = rng.choice(["fp32", "fp16", "bf16"])
     if rng.random() < 0.2:
         hyperparameters["xla"] = False
+    if rng.random() < 0.2:
+        hyperparameters.update(learning_rate=rng.choice([0.0, 3e-4]), scale_lr=rng.random() < 0.5)
     if given["preset"].startswith("rnn"):
         hyperparameters["model"] = "rnn"
     given["hyperparameters"] = hyperparameters
@@ -92,7 +94,9 @@ def plan_flags(config, plan):
     flags = ["--preset", config["preset"], "--instance-type", config["instance_type"],
              "--instance-count", str(config["instance_count"]), "--strategy", config["strategy"],
              "--global-batch", str(hyperparameters["global_batch_size"]), "--seq-len", str(plan["seq_len"]),
-             "--precision", hyperparameters["precision"], "--tokens", str(plan["tokens"]), "--json"]
+             "--precision", hyperparameters["precision"], "--tokens", str(plan["tokens"]),
+             "--learning-rate", repr(hyperparameters["learning_rate"]),
+             "--scale-lr" if hyperparameters["scale_lr"] else "--no-scale-lr", "--json"]
     flags += ["--recompute"] if hyperparameters["recompute"] else []
     flags += [] if hyperparameters["xla"] else ["--no-xla"]
     flags += ["--spot"] if config["spot"] else []
