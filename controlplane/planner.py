@@ -2,9 +2,9 @@
 
     python -m lmstack.plan --preset gpt-1.3b --instance-type ml.p4d.24xlarge --instance-count 2
 
-Pure Python, no TensorFlow: the CDK app calls `feasibility_table()` at synth time to turn
-"cannot fit" and "cannot run" into input-validation rules (`controlplane.rules.plan_rules`), and
-`estimate()` for the execution output. Strategy constraints come from `lm.spec.job`, hardware,
+Pure Python, no TensorFlow: the gate (`controlplane.gate`, the state machine's Lambda function and
+`lmstack.start`) plans every execution input with `plan()`; `feasibility_table()` tabulates the
+smallest run of every preset, GPU type and strategy. Strategy constraints come from `lm.spec.job`, hardware,
 FLOP/s and MFU from `lm.spec.hardware`, prices from `controlplane.prices`.
 
 Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activation element
@@ -690,7 +690,7 @@ def _feasibility_table(seq_len):
     """One row per preset (of every family) x GPU instance type x strategy: can the smallest possible run fit and
     run (one instance, one sequence of `seq_len` tokens per data-parallel replica, precision
     auto, recomputation allowed where the strategy takes it: not with smp)? A combination that
-    fails here fails for every batch size, so the state machine can reject it before any job exists.
+    fails here fails for every batch size.
 
     Row keys: preset, instance_type, strategy, ok, recompute_required (fits only with
     recompute=true), reason (None when ok), suggested_strategy (when not ok: the cheapest

@@ -5,8 +5,8 @@ module is imported. The image holds no preset: the request carries the resolved 
 the job as the hyperparameter `model_config` (the config's `to_dict()`), and `lm.training.train`
 builds whatever valid configuration it is given. So a new preset of an existing family is one
 entry here, and no image is rebuilt: `training_image/` is every image's build context, this file is
-not in it. The state machine maps each preset to its configuration (`stacks.state_machine.training`)
-and its plan gate covers every preset here (`controlplane.rules.plan_rules`).
+not in it. The gate (`controlplane.gate`) plans a run of any preset here and hands the job its
+configuration; the state machine's definition holds no preset.
 
 Python objects rather than a data file: each entry is checked by its family's own dataclass where it
 is written, and a comment beside it gives its source.

@@ -3,58 +3,22 @@
 `cross_field_rules(runtimes)` is every rule between input fields: the job's own
 (`lm.spec.job.job_rules`: capabilities, strategies and instance types), the presets of each family,
 the images this deployment builds, the serving containers' fit, and the prepare stage's.
-`plan_rules()` are rules of the same kind made from the planner's feasibility table (error
-PlanRejected). `name_rules` restrict the names an execution gives AWS resources.
+`name_rules` restrict the names an execution gives AWS resources.
 
-Read by the state machine's Validate stage (`stacks.state_machine.inputs` turns each rule
-into a Choice rule and a Fail state), `lmstack.start` (checks an input before it starts
-anything) and `stacks.settings` (the deployment's defaults). Adding a rule between fields is
-one entry here (or in `lm.spec.job` when the job itself must refuse it); every path picks it up.
+Read by the gate (`controlplane.gate`: the state machine's Validate state and `lmstack.start`) and
+`stacks.settings` (the deployment's defaults). Adding a rule between fields is one entry here (or in
+`lm.spec.job` when the job itself must refuse it); every path picks it up.
 """
 import collections
 import functools
 import json
 
-from controlplane import containers, planner
+from controlplane import containers
 from controlplane.presets import ALL_PRESETS, FAMILY_PRESETS
 from lm.spec import job
-from lm.spec.conditions import (INSTANCE_TYPE_FIELD, PLAN_REJECTED, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken,
-                                rule)
-from lm.spec.families import FAMILIES, family_rules, get_family
+from lm.spec.conditions import STRATEGY_FIELD, Above, All, Is, Not, OneOf, rule
+from lm.spec.families import FAMILIES, get_family
 from lm.spec.hardware import HOSTING_INSTANCE_TYPES
-
-
-def plan_rules():
-    """What `lm.planner.feasibility_table()` says cannot fit or run (one row per preset x GPU
-    instance type x strategy, for the smallest run: one sequence per replica), grouped by
-    instance type, strategy and reason. A combination that fits only with activation
-    recomputation is rejected while `hyperparameters.recompute` is false. A strategy the preset's
-    family cannot use at all is left to the family's rule (`lm.spec.families.family_rules`, in
-    `cross_field_rules`: InvalidInput, one rule instead of one per instance type)."""
-    grouped = collections.OrderedDict()  # (instance type, strategy, message, needs recompute) -> presets
-    for row in planner.feasibility_table():
-        if broken(family_rules(), {STRATEGY_FIELD: row["strategy"],
-                                   "hyperparameters": {"model": ALL_PRESETS[row["preset"]].family}}):
-            continue
-        if not row["ok"]:
-            key = (row["instance_type"], row["strategy"], "lmstack.plan: %s" % (row["reason"] or ""), False)
-            if row["suggestion"]:
-                key = key[:2] + ("%s; suggestion: %s" % (key[2], row["suggestion"]),) + key[3:]
-        elif row["recompute_required"]:
-            key = (row["instance_type"], row["strategy"],
-                   "lmstack.plan: this preset fits %s on %s only with activation recomputation; "
-                   "set hyperparameters.recompute to true" % (row["strategy"], row["instance_type"]), True)
-        else:
-            continue
-        grouped.setdefault(key, []).append(row["preset"])
-    found = []
-    for index, ((instance_type, strategy, message, needs_recompute), presets) in enumerate(grouped.items()):
-        conditions = (Is(STRATEGY_FIELD, strategy), Is(INSTANCE_TYPE_FIELD, instance_type), OneOf("preset", presets))
-        if needs_recompute:
-            conditions += (Is("hyperparameters.recompute", False),)
-        found.append(rule("%d.%s.%s" % (index, strategy, instance_type), All(conditions), message,
-                          error=PLAN_REJECTED))
-    return found
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +97,7 @@ def cross_field_rules(runtimes=None):
 
 
 # ---- names the services restrict ----
-# Read by the Validate stage (`stacks.state_machine.inputs`), `lmstack.start` and `stacks.settings`.
+# Read by the gate (`controlplane.gate`), `lmstack.start` and `stacks.settings`.
 # SageMaker: EndpointName and TrainingJobName match ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$ (1-63 characters;
 # botocore's sagemaker service model, shapes EndpointName and TrainingJobName). The execution name
 # becomes a tag value (TagValue: ^([\p{L}\p{Z}\p{N}_.:/=+\-@]*)$) and a part of S3 keys (the

@@ -2,8 +2,8 @@
 
 1. corpus: a small Pile-format corpus (`lmstack.sample_corpus`);
 2. prepare: `lm.data.prepare` with a byte-level BPE trained on it, sized for the preset;
-3. state machine: the deployed definition executed on moto's engine with the demo's input;
-   its CreateTrainingJob request drives step 4 (`lmstack.demo_sfn`);
+3. state machine: the deployed definition executed on moto's engine with the demo's input, the
+   gate's Lambda code run locally; its CreateTrainingJob request drives step 4 (`lmstack.demo_sfn`);
 4. train: that job on two local hosts through the real SageMaker training toolkit, with a
    spot interruption and a resume from the checkpoint (`lmstack.demo_train`);
 5. serve: `lm.serving.server` on 127.0.0.1 with the exported model, a few prompts;

@@ -4,16 +4,17 @@ take the CreateTrainingJob request it made, which then drives the local training
 The definition is `stacks.state_machine.build_training_definition`, the document the CDK app
 deploys; its `${...}` placeholders get the demo's stand-in values (no AWS resource exists).
 It runs on `lmstack.local_sfn.fast_engine` (moto's engine, its parse kept and its waits
-shortened). moto stores a created training job as `Completed` at once, so the execution goes
+shortened); the gate's Lambda function runs its staged code (`lmstack.local_lambda`). moto stores a created training job as `Completed` at once, so the execution goes
 straight through its monitor loop. Every SageMaker request is checked with botocore's own
 parameter validation (moto does not validate).
 """
 import json
+import tempfile
 import time
 
 import boto3
 
-from lmstack import local_sfn
+from lmstack import local_lambda, local_sfn
 from lmstack.demo_run import POLL_SECONDS, StepError, bar
 
 EXECUTION_NAME = "demo"
@@ -28,11 +29,14 @@ def execute(settings, execution_input):
     from stacks.state_machine import build_training_definition, render
 
     definition = build_training_definition(settings)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine():
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine(), \
+            local_lambda.local_lambda() as lambdas, tempfile.TemporaryDirectory() as scratch:
         sfn = boto3.client("stepfunctions", region_name=local_sfn.REGION)
         topic = boto3.client("sns", region_name=local_sfn.REGION).create_topic(Name="%s-events" % settings.name_prefix)
+        gate = local_lambda.deploy_gate(boto3.client("iam", region_name=local_sfn.REGION),
+                                        boto3.client("lambda", region_name=local_sfn.REGION), settings, scratch)
         try:
-            values = local_sfn.stand_in_values(settings, topic["TopicArn"])
+            values = local_sfn.stand_in_values(settings, topic["TopicArn"], gate)
         except ValueError as error:
             raise StepError(str(error))
         # The dataset lm.data.prepare made on this machine stands for a prepare job of an earlier execution:
@@ -58,7 +62,10 @@ def execute(settings, execution_input):
                     raise StepError("the execution still runs after %d s" % TIMEOUT_SECONDS)
                 time.sleep(POLL_SECONDS)
         events = local_sfn.history(sfn, execution)
+        gate_ran = any(invocation.function_arn == gate for invocation in lambdas.invocations)
     states = local_sfn.states_entered(events)
+    if not gate_ran:
+        raise StepError("the gate's function never ran (moto's Lambda without the local runtime)")
     if description["status"] != "SUCCEEDED":
         raise StepError("the execution ended %s: %s: %s (last states: %s)" % (
             description["status"], description.get("error"), description.get("cause"), ", ".join(states[-5:])))

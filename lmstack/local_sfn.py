@@ -1,7 +1,8 @@
 """Run the shipped state machine definitions on moto's Step Functions engine, and read back
 what an execution did. `make demo` (lmstack.demo_sfn) and the state machine tests use it.
 
-`fast_engine` bridges two things of moto's engine, both for speed only:
+The gate's Lambda function runs its own code here (`lmstack.local_lambda`: moto's Lambda does not run
+code). `fast_engine` bridges two things of moto's engine, both for speed only:
 - its ASL parser (ANTLR in pure Python, seconds for the training definition, more on a busy
   machine) and the Preprocessor that builds the evaluation components from the syntax tree
   (about 0.8 s for the training definition) run on create and again on every execution: the
@@ -9,7 +10,10 @@ what an execution did. `make demo` (lmstack.demo_sfn) and the state machine test
   moto shares programs the same way: a Map state runs one iteration program in all its
   concurrent workers (inline_iteration_component.py, `_eval_body`), because the components keep
   no execution state; that lives in each execution's Environment;
-- Wait states sleep for real: they wait 10 ms instead, and the seconds asked for are kept.
+- Wait states sleep for real: they wait WAIT_SECONDS (10 ms) instead, and the seconds asked for are kept;
+- every Task state builds a new boto3 client for its service (`boto_client_for`: a client class and its
+  methods made afresh, about a third of an aws-sdk task's time): one client per region and service is
+  made and kept, with the same configuration (clients are safe to share between threads).
 
 moto does not validate request parameters: `invalid_sagemaker_requests` runs botocore's own
 validation against the SageMaker service model on every SageMaker call an execution made.
@@ -23,11 +27,13 @@ import botocore.validate
 ACCOUNT = "123456789012"  # moto's default account
 REGION = "us-east-1"
 _PROGRAMS = {}  # definition text -> (program, syntax tree), moto's parse result
+WAIT_SECONDS = 0.01  # what a Wait state waits for real under fast_engine, whatever it asks
 
 
-def stand_in_values(settings, topic_arn):
+def stand_in_values(settings, topic_arn, gate_arn):
     """A value for every `${...}` placeholder of the training definition: stand-ins for the
-    resources the CDK app creates (no AWS resource exists); ValueError naming any missed."""
+    resources the CDK app creates (no AWS resource exists but the topic and the gate's function,
+    `lmstack.local_lambda.deploy_gate`); ValueError naming any missed."""
     from stacks.state_machine import training_substitutions
 
     prefix = settings.name_prefix
@@ -39,6 +45,7 @@ def stand_in_values(settings, topic_arn):
         "EndpointRoleArn": "arn:aws:iam::%s:role/%s-endpoint" % (ACCOUNT, prefix),
         "HostingSecurityGroupId": "sg-0123456789abcdef1",
         "TopicArn": topic_arn,
+        "GateFunctionArn": gate_arn,
     }
     for index in range(settings.subnet_count):
         values["Subnet%d" % index] = "subnet-0%015d" % index
@@ -55,9 +62,9 @@ def record_prepared_dataset(sagemaker, settings, values, data_directory, job_nam
     execution would have left for `data_directory`, with the default raw source and settings: the
     state machine's check that a training run's dataset was prepared finds it by its tags. The request is the builder's own
     (`controlplane.request`), its placeholders filled with `values`."""
+    from controlplane import inputs, request
     from lm.spec import fields
-    from controlplane import request
-    from stacks.state_machine import inputs, jobs, render, training
+    from stacks.state_machine import jobs, render, training
 
     config = fields.with_defaults(inputs.schema(settings), {"data_directory": data_directory})
     prepare = jobs.concrete_values(jobs.PREPARE, settings, config, job_name=job_name, execution_name=job_name,
@@ -65,11 +72,20 @@ def record_prepared_dataset(sagemaker, settings, values, data_directory, job_nam
     sagemaker.create_training_job(**json.loads(render(request.create_training_job_request(prepare), values)))
 
 
+_CLIENTS = {}  # (region, service, intercepted by moto) -> the client moto's boto_client_for made
+
+
 @contextlib.contextmanager
 def fast_engine():
     """Patch moto's engine as described above; yields the list of seconds Wait states asked for."""
+    import sys
+
+    from moto.core.models import botocore_stubber
     from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
     from moto.stepfunctions.parser.asl.parse import asl_parser
+    # imports every service module that calls boto_client_for
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_factory  # noqa: F401
+    from moto.stepfunctions.parser.asl.utils import boto_client
 
     parser = asl_parser.AmazonStateLanguageParser
     original_parse = parser.__dict__["parse"]
@@ -83,15 +99,30 @@ def fast_engine():
 
     def short_wait(self, env, wait_seconds):
         asked.append(wait_seconds)
-        env.program_state_event.wait(0.01)
+        env.program_state_event.wait(WAIT_SECONDS)
 
+    make_client = boto_client.boto_client_for
+
+    def client_once(region, service, state_credentials=None):
+        key = (region, service, botocore_stubber.enabled, repr(state_credentials))
+        if key not in _CLIENTS:
+            _CLIENTS[key] = make_client(region, service, state_credentials)
+        return _CLIENTS[key]
+
+    # Every module of the engine that imported the function by name.
+    users = [module for name, module in list(sys.modules.items())
+             if name.startswith("moto.stepfunctions.parser") and getattr(module, "boto_client_for", None) is make_client]
     parser.parse = staticmethod(parse_once)
     wait_function.WaitFunction._wait_interval = short_wait
+    for module in users:
+        module.boto_client_for = client_once
     try:
         yield asked
     finally:
         parser.parse = original_parse
         wait_function.WaitFunction._wait_interval = original_wait
+        for module in users:
+            module.boto_client_for = make_client
 
 
 def history(sfn, execution_arn):

@@ -12,7 +12,7 @@ import re
 import sys
 
 from controlplane import prices
-from controlplane.planner import (DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, plan, resolve_config)
+from controlplane.planner import DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, SMP_PIPELINES, plan, resolve_config
 from lm.spec import hardware, job
 from controlplane.presets import ALL_PRESETS, get_preset
 from lm.spec.families import FAMILIES, flops_per_token, get_family
@@ -224,6 +224,7 @@ def build_parser():
                         help="the run does not compile with XLA (lm.training.train's xla false): decides when the all-reduce runs")
     parser.add_argument("--partitions", type=int, default=None, help="SMP partitions (default: searched)")
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
+    parser.add_argument("--pipeline", default=None, choices=SMP_PIPELINES, help="SMP pipeline (default: searched)")
     parser.add_argument("--learning-rate", type=float, default=0.0,
                         help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
     parser.add_argument("--scale-lr", dest="scale_lr", action="store_true", default=SCALE_LR_DEFAULT,
@@ -263,7 +264,7 @@ def main(argv=None):
         settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
                         precision=args.precision, recompute=args.recompute, xla=args.xla,
                         tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
-                        partitions=args.partitions, microbatches=args.microbatches,
+                        partitions=args.partitions, microbatches=args.microbatches, pipeline=args.pipeline,
                         learning_rate=args.learning_rate, scale_lr=args.scale_lr,
                         traffic_encryption=args.traffic_encryption,
                         usd_per_instance_hour=args.usd_per_instance_hour)

@@ -2,10 +2,10 @@
 
 With your own AWS credentials (boto3's default chain: environment, profile, SSO, instance
 role; `--profile` picks a named profile) it reads the state machine ARN from the stack's
-CloudFormation outputs, builds the execution input from a preset and flags, checks it
-locally against the state machine's own input schema and rules (`stacks.state_machine.inputs`,
-`controlplane.rules`) so a mistake starts nothing, starts the execution, prints its
-console URL and, with `--watch`, follows
+CloudFormation outputs, builds the execution input from a preset and flags, asks the gate about it
+(`controlplane.gate`, the code the state machine's Validate state runs as a Lambda function: the
+schema, the rules, the exact plan) so a mistake starts nothing, starts the execution, prints the plan
+and its console URL and, with `--watch`, follows
 it with a one-line status until it ends. Exit status 0 only when the execution succeeded
 (or, without `--watch`, was started).
 
@@ -32,17 +32,13 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from controlplane import planner
-from controlplane import rules
-from lm.spec.fields import check_object, with_defaults
-from lm.spec import conditions
-from lm.spec import contract
-from controlplane import request
-from lm.data.pile import INPUT_SUFFIXES
+from controlplane import gate, request, rules
 from controlplane.presets import ALL_PRESETS
-from lm.spec.job import HYPERPARAMETERS, STRATEGIES, validate_hyperparameters
+from lm.data.pile import INPUT_SUFFIXES
+from lm.spec import contract
+from lm.spec.job import HYPERPARAMETERS, STRATEGIES
 from stacks.settings import CONTEXT_KEY, Settings, SettingsError
-from stacks.state_machine import inputs, jobs
+from stacks.state_machine import jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_MACHINE_OUTPUT = "StateMachineArn"
@@ -174,66 +170,29 @@ def upload_corpus(s3, bucket, path, name, out):
 
 
 def validate_input(execution_input, settings):
-    """Raise StartError naming the first bad field: the state machine's own schema
-    (`stacks.state_machine.inputs`) and rules (`controlplane.rules`: the plan gate's, then the others, in the
-    order of its validation states), checked here before anything starts."""
-    fields = inputs.schema(settings)
+    """The gate's decision about the input (`controlplane.gate.decide`: the same checks and plan as the state
+    machine's Validate state), or StartError with the gate's words; nothing starts on a refused input."""
     try:
-        check_object(fields, execution_input)
-        config = with_defaults(fields, execution_input)
-        validate_hyperparameters(dict(execution_input.get("hyperparameters", {}), preset=config["preset"],
-                                      strategy=config["strategy"]))
-    except ValueError as error:
-        raise StartError(str(error))
-    message = conditions.broken(rules.plan_rules() + rules.cross_field_rules(settings.runtimes), config)
-    if message:
-        raise StartError(message)
-    for found in rules.name_rules(settings.name_prefix):
-        message = None if found.path == rules.EXECUTION_NAME else rules.name_problem(
-            found, conditions.value_at(config, found.path))
-        if message:
-            raise StartError(message)
-    message = batch_problem(config)
-    if message:
-        raise StartError(message)
+        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings)))
+    except gate.Refusal as refusal:
+        raise StartError(str(refusal))
 
 
-def batch_problem(config):
-    """controlplane.planner's word when the runtime would refuse the global batch (not a multiple of the
-    data-parallel size): the state machine cannot check it (intrinsics do not multiply)."""
-    hyperparameters = validate_hyperparameters(
-        dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
-    mp_parameters = config["mp_parameters"] if config["strategy"] == "smp" else {}
-    batch = hyperparameters["global_batch_size"]
-    chosen = planner.plan(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
-                       global_batch=batch, seq_len=hyperparameters["seq_len"] or None,
-                       recompute=hyperparameters["recompute"], partitions=mp_parameters.get("partitions"),
-                       microbatches=mp_parameters.get("microbatches"))["chosen"]
-    if chosen["global_batch"] == batch:
-        return None
-    return "controlplane.planner: %s" % next(warning for warning in chosen["warnings"] if "nearest valid" in warning)
-
-
-def plan_estimate(execution_input, settings):
-    """`controlplane.planner.estimate` of this run, for the execution output (the state machine cannot compute
-    it: intrinsic functions have no arithmetic); every family's presets plan."""
-    config = with_defaults(inputs.schema(settings), execution_input)
-    hyperparameters = validate_hyperparameters(
-        dict(config["hyperparameters"], preset=config["preset"], strategy=config["strategy"]))
-    seq_len = hyperparameters["seq_len"] or ALL_PRESETS[config["preset"]].block_size
-    batch = hyperparameters["global_batch_size"]
-    return planner.estimate(config["preset"], config["instance_type"], config["instance_count"], config["strategy"],
-                         global_batch=batch, seq_len=seq_len, tokens=hyperparameters["max_steps"] * batch * seq_len,
-                         recompute=hyperparameters["recompute"], xla=hyperparameters["xla"], spot=config["spot"],
-                         traffic_encryption=settings.inter_container_traffic_encryption)
+def plan_line(plan):
+    """One line of the gate's plan: what the run will use and cost."""
+    cost = "-" if plan["cost_usd"] is None else "$%.0f" % plan["cost_usd"]
+    hours = "-" if plan["hours"] is None else "%.1f hours" % plan["hours"]
+    return "plan: %s on %d x %s, %d sequences per device, %.1f of %.1f GiB per GPU, %s, %s" % (
+        plan["strategy"], plan["instance_count"], plan["instance_type"], plan["per_device_batch"],
+        plan["memory_gib"], plan["usable_gib"], hours, cost)
 
 
 def training_request(execution_input, settings, name):
     """The CreateTrainingJob request of the execution's first training attempt, from the same
-    builder the state machine is generated from (`controlplane.request`), with this input's values.
-    `${Name}` stands for a resource of the deployed stack; the job name's middle part is the MD5 of
-    the execution ARN, which only Step Functions knows."""
-    config = with_defaults(inputs.schema(settings), execution_input)
+    builder the state machine is generated from (`controlplane.request`), with this input's values as
+    the gate leaves them. `${Name}` stands for a resource of the deployed stack; the job name's middle
+    part is the MD5 of the execution ARN, which only Step Functions knows."""
+    config = validate_input(execution_input, settings).config
     values = jobs.concrete_values(jobs.TRAIN, settings, config, execution_name=name,
                                   job_name="%s-train-<md5 of the execution ARN>-1" % settings.name_prefix)
     return request.create_training_job_request(values)
@@ -380,9 +339,7 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
     try:
         settings = load_settings(args.cdk_json)
         execution_input = build_input(args)
-        validate_input(execution_input, settings)
-        if "plan_estimate" not in execution_input:
-            execution_input["plan_estimate"] = plan_estimate(execution_input, settings)
+        decision = validate_input(execution_input, settings)
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
         if args.show_request:
             out.write(json.dumps(training_request(execution_input, settings, name), indent=2) + "\n")
@@ -409,7 +366,8 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         sys.stderr.write("error: AWS refused: %s\n" % error)
         return 2
     execution_arn = started["executionArn"]
-    out.write("started %s\ninput: %s\nconsole: %s\n" % (name, json.dumps(execution_input), console_url(execution_arn)))
+    out.write("started %s\ninput: %s\n%s\nconsole: %s\n" % (name, json.dumps(execution_input), plan_line(decision.plan),
+                                                          console_url(execution_arn)))
     if not args.watch:
         return 0
     execution = watch(stepfunctions, execution_arn, args.poll_seconds, out, sleep=sleep)

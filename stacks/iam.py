@@ -78,7 +78,7 @@ class Permissions(Construct):
         policy = iam.Policy(self, role.node.id + "Policy", roles=[role])
         add_grants(policy, grants)
 
-    def machine_resources(self, *, topic_arn: str) -> Dict[str, List[str]]:
+    def machine_resources(self, *, topic_arn: str, gate_version_arn: str) -> Dict[str, List[str]]:
         """ARN patterns per resource kind a state machine may target."""
         stack = Stack.of(self)
         prefix = self._name_prefix + "-*"
@@ -96,6 +96,7 @@ class Permissions(Construct):
             "endpoint-alarm": [stack.format_arn(service="cloudwatch", resource="alarm", resource_name=prefix,
                                                 arn_format=ArnFormat.COLON_RESOURCE_NAME)],
             "topic": [topic_arn],
+            "gate": [gate_version_arn],
             "*": ["*"],
         }
 

@@ -9,7 +9,9 @@ from constructs import Construct
 from stacks import state_machine
 from lm.spec import contract
 from stacks.settings import Settings
+from controlplane.gate import Deployment
 from stacks.encryption import EncryptionKey
+from stacks.gate import Gate
 from stacks.iam import Permissions
 from stacks.images import TrainingImages
 from stacks.monitoring import Monitoring, Notifications
@@ -40,13 +42,16 @@ class LmStack(Stack):
             training_security_group=self.network.training_security_group,
             hosting_security_group=self.network.hosting_security_group,
             raw_data_prefixes=settings.raw_data_prefixes, mlflow_resource_arn=settings.mlflow_resource_arn)
+        self.gate = Gate(self, "Gate", deployment=Deployment.of(settings),
+                         log_retention_days=settings.log_retention_days, log_key=self.encryption.key)
         self.orchestration = Orchestration(
             self, "Orchestration", settings=settings, values=self._substitution_values(),
             training_role=self.permissions.training_machine_role, stop_role=self.permissions.stop_machine_role,
             log_key=self.encryption.key)
         for role in (self.permissions.training_machine_role, self.permissions.stop_machine_role):
             self.encryption.grant_publish(role)
-        resources = self.permissions.machine_resources(topic_arn=self.notifications.topic.topic_arn)
+        resources = self.permissions.machine_resources(topic_arn=self.notifications.topic.topic_arn,
+                                                       gate_version_arn=self.gate.version.function_arn)
         self.permissions.grant_machine_actions(
             self.permissions.training_machine_role, state_machine.REQUIRED_ACTIONS["training"], resources)
         self.permissions.grant_machine_actions(
@@ -66,6 +71,7 @@ class LmStack(Stack):
             "SecurityGroupId": self.network.training_security_group.security_group_id,
             "HostingSecurityGroupId": self.network.hosting_security_group.security_group_id,
             "TopicArn": self.notifications.topic.topic_arn,
+            "GateFunctionArn": self.gate.version.function_arn,
         }
         values.update(("Subnet%d" % index, subnet_id) for index, subnet_id in enumerate(self.network.subnet_ids))
         values.update(("Image_%s" % runtime, uri) for runtime, uri in self.images.image_uris.items())

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from lm.spec import conditions
 from controlplane import rules
+from controlplane.inputs import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
 from controlplane.presets import GPT_PRESETS
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_RUNTIME
@@ -45,9 +46,6 @@ EFS_THROUGHPUT_MODES = ("elastic", "bursting")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
                       3288, 3653)
 MAX_AZ_COUNT = 6
-MAX_INSTANCE_COUNT = 64
-# SageMaker's own cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
-MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 
 _NAME_PREFIX = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _NAME_PREFIX_MAX = 16

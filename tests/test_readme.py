@@ -229,7 +229,7 @@ def test_each_example_passes_every_check_and_reaches_the_training_job(page, inde
     from lmstack import start
     from stacks.settings import Settings
 
-    start.validate_input(example, Settings())  # schema, plan gate, rules, names: as lmstack.start does
+    start.validate_input(example, Settings())  # the gate (schema, rules, names, the plan), as lmstack.start asks
 
     run = deployment.run(example, name="%s-%d" % (page.stem.lower(), index))
     assert run.status == "SUCCEEDED", (run.description.get("error"), run.description.get("cause"))

@@ -4,8 +4,9 @@ Pure Python, no CDK: the CDK app deploys the documents as files (`DefinitionBody
 stacks.orchestration) with `definition_substitutions`; the tests execute the very same documents
 on moto's engine.
 
-- `build_training_definition(settings)`: the main (Standard) machine: validate the input
-  and apply defaults, [prepare], train (create + monitor loop), [deploy].
+- `build_training_definition(settings)`: the main (Standard) machine: the gate (a Lambda function
+  that checks the input, applies its defaults and plans the run), [prepare], train (create + monitor
+  loop, fallback instance types), [deploy].
 - `build_stop_definition(settings)`: started by an EventBridge rule on the main machine's
   ABORTED / TIMED_OUT status change; stops that execution's running jobs.
 - `training_substitutions(settings)` / `stop_substitutions(settings)`: every `${Name}`

@@ -2,7 +2,6 @@
 import collections
 import re
 
-from lm.spec import conditions
 from controlplane import request
 
 
@@ -62,10 +61,6 @@ def all_of(*conditions):
 
 def negate(condition):
     return {"Not": condition}
-
-
-def string_in(path, values):
-    return any_of(*[{"Variable": path, "StringEquals": value} for value in values])
 
 
 def fail(error, cause_path):
@@ -154,19 +149,3 @@ def parameters(value):
         return [parameters(item) for item in value]
     return value
 
-
-def condition(when):
-    """An `controlplane.rules` condition as a Choice condition on `$.config` (the checked input)."""
-    if isinstance(when, conditions.Not):
-        return negate(condition(when.condition))
-    if isinstance(when, conditions.All):
-        return all_of(*[condition(part) for part in when.conditions])
-    path = "$.config.%s" % when.path
-    if isinstance(when, conditions.Is):
-        if when.value is None:
-            return {"Variable": path, "IsNull": True}
-        test = "BooleanEquals" if isinstance(when.value, bool) else "StringEquals"
-        return {"Variable": path, test: when.value}
-    if isinstance(when, conditions.OneOf):
-        return string_in(path, when.values)
-    return {"Variable": path, "NumericGreaterThan": when.limit}

@@ -10,8 +10,8 @@
 - Container (`deploy.container`): `lmstack` runs `lm.serving.server` in our image on the `lm.serving.export`
   files; `tgi` runs Text Generation Inference (`controlplane.containers`: this region's image) on the
   Hugging Face files `lm.training.train` wrote next to them (hyperparameters.export_hf), with TGI's
-  Environment for the preset and instance type; `lmi` runs AWS's LMI container (vLLM) on the
-  same files with LMI's Environment. All take the training job's model.tar.gz.
+  Environment for the preset and instance type (the gate's, `controlplane.gate.check_serving`); `lmi`
+  runs AWS's LMI container (vLLM) on the same files with LMI's Environment. All take the training job's model.tar.gz.
 - Role and network: the model runs as the endpoint role (reads the model artifact, pulls its
   image, writes its logs; nothing else) in the hosting security group (no NFS to the file system).
 - Wait: DescribeEndpoint every POLL_SECONDS, at most MAX_POLLS times, until InService with
@@ -27,11 +27,8 @@
 """
 import collections
 
-from lm.spec import conditions
 from controlplane import containers
 from lm.spec import job
-from controlplane.presets import ALL_PRESETS
-from lm.spec.hardware import HOSTING_INSTANCE_TYPES
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
 from stacks.state_machine.names import image_placeholder
@@ -43,6 +40,7 @@ MAX_POLLS = 120
 VARIANT_NAME = "AllTraffic"
 MODEL_SERVER_WORKERS = "2"
 NOT_FOUND_PATTERN = "*Could not find endpoint*"
+SERVING_ENVIRONMENT_PATH = "$.plan.serving_environment"  # controlplane.gate.check_serving
 
 
 def states(settings, first, next_state):
@@ -89,7 +87,7 @@ def states(settings, first, next_state):
         "endpoint.$": asl.fmt("%s-{}" % settings.name_prefix, "$.config.deploy.endpoint_name"),
         "polls": 0}, result_path=names)
     result[d + ".Container"] = asl.choice([asl.rule(
-        {"Variable": "$.config.deploy.container", "StringEquals": container}, "%s.%s" % (d, container.title()))
+        {"Variable": "$.config.deploy.container", "StringEquals": container}, "%s.%sModel" % (d, container.title()))
         for container in containers.HF_CONTAINERS], d + ".Model")
 
     def create_model(name, image, environment):
@@ -104,11 +102,9 @@ def states(settings, first, next_state):
 
     create_model(d + ".Model", "${%s}" % image_placeholder(job.SERVING_RUNTIME),
                  {"Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}})
-    for container in containers.HF_CONTAINERS:
-        first = "%s.%s" % (d, container.title())
-        result.update(_environment_states(container, first, first + "Model"))
-        create_model(first + "Model", containers.image(container, settings.region),
-                     {"Environment.$": "$.deploy_serving"})
+    for container in containers.HF_CONTAINERS:  # the gate's Environment for the preset and instance type
+        create_model("%s.%sModel" % (d, container.title()), containers.image(container, settings.region),
+                     {"Environment.$": SERVING_ENVIRONMENT_PATH})
     result[d + ".Config"] = asl.task(asl.sdk("sagemaker", "createEndpointConfig"), {
         "EndpointConfigName.$": names + ".config",
         "ProductionVariants": [{
@@ -196,31 +192,3 @@ def idle_alarm(endpoint_path):
         "Statistic": "Sum", "Period": 3600, "EvaluationPeriods": IDLE_HOURS,
         "Threshold": 1, "ComparisonOperator": "LessThanThreshold", "TreatMissingData": "breaching",
         "AlarmActions": ["${TopicArn}"]}
-
-
-def _environment_states(container, first, next_state):
-    """`$.deploy_serving` = `container`'s Environment for this preset and deploy.instance_type, one
-    Pass state per distinct environment (`controlplane.containers.environment`). Pairs it cannot serve were
-    refused by the Validate stage (`controlplane.rules.serving_rules`)."""
-    groups = collections.OrderedDict()  # environment items -> {preset: [instance types]}
-    for preset, config in ALL_PRESETS.items():
-        for instance_type in HOSTING_INSTANCE_TYPES:
-            shards, _ = containers.gpu_shards(container, config, instance_type)
-            if shards is not None:
-                environment = tuple(containers.environment(container, config, shards).items())
-                groups.setdefault(environment, collections.OrderedDict()).setdefault(preset, []).append(instance_type)
-    states_ = collections.OrderedDict()
-    choices = []
-    for index, (environment, pairs) in enumerate(groups.items()):
-        state = "%s.%d" % (first, index)
-        choices.append(asl.rule(asl.any_of(*[asl.all_of(
-            {"Variable": "$.config.preset", "StringEquals": preset}, asl.string_in("$.config.deploy.instance_type", types))
-            for preset, types in pairs.items()]), state))
-        states_[state] = asl.pass_state(next_state, result=collections.OrderedDict(environment),
-                                        result_path="$.deploy_serving")
-    states_[first] = asl.choice(choices, first + ".None")
-    states_[first + ".None"] = asl.fail(conditions.INVALID, asl.fmt(
-        "deploy.container %s cannot serve preset {} on deploy.instance_type {}" % container, "$.config.preset",
-        "$.config.deploy.instance_type"))
-    states_.move_to_end(first, last=False)
-    return states_

@@ -13,26 +13,27 @@ Used twice by the main machine: the "prepare" job (lm.data.prepare) and the trai
   Service Quotas limit to raise; a capacity error is recognized by its text (the create error
   or the job's FailureReason, CAPACITY_PATTERNS) and retried with a fresh name after a doubling
   wait, at most MAX_ATTEMPTS attempts in all.
-- Monitor: Wait -> DescribeTrainingJob -> Choice. The wait starts at POLL_MIN_SECONDS, doubles
-  while nothing changes up to POLL_MAX_SECONDS (15 minutes) and starts over on each
-  SecondaryStatus change (notified to SNS). A steady iteration writes 9 history events, so a
-  28-day job (MaxRuntimeInSeconds' cap) writes about 28 * 86400 / 900 * 9 = 24,192 events of
-  the 25,000 a Standard execution may hold (measured in tests/state_machine/test_training_paths.py;
-  spot interruptions in tests/aws/test_history_budget.py).
+- Fallback (training): when a type's capacity errors outlast MAX_ATTEMPTS, the gate plans the run for
+  the input's next type (`fallback_instance_types`), whose config and plan replace the state's; the
+  topic hears what changed. A quota is not capacity: it fails at once, whatever types are left.
+- Monitor: Wait -> DescribeTrainingJob -> Choice. The wait starts at POLL_MIN_SECONDS and doubles up to
+  the cap the gate computed for the run (`$.plan.poll`, `controlplane.history`: 15 minutes, longer for a
+  run that may last longer), so the longest run the input allows fits 70 % of the 25,000 events of a
+  Standard execution (tests/aws/test_history_budget.py); SecondaryStatus changes are notified to SNS.
+- The gate: `gate_task` invokes its Lambda function's published version (`${GateFunctionArn}`),
+  retrying Lambda's own transient errors (LAMBDA_RETRY).
 """
 import collections
 import dataclasses
 
+from controlplane import history, presets, request
+from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
 from lm.spec import job
-from controlplane import presets, request
 from lm.spec.hardware import INSTANCES
 from stacks.state_machine import asl
-from stacks.state_machine.inputs import TOP_LEVEL_HYPERPARAMETERS
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
 
-POLL_MIN_SECONDS = 60
-POLL_MAX_SECONDS = 900  # the doubling stops here: 60, 120, 240, 480, 900
-MAX_ATTEMPTS = 4
+MAX_ATTEMPTS = 4  # per instance type
 CAPACITY_RETRY_SECONDS = 120
 # ResourceLimitExceeded: "The account-level service limit '<instance type> for training job usage' is 0
 # Instances, with current utilization of 0 Instances and a request delta of 1 Instances. ..." (SageMaker's text;
@@ -48,6 +49,15 @@ RETRY = [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 10, "MaxAttempts": 6
 THROTTLED = "SageMaker.ThrottlingException"
 THROTTLE_RETRY = [{"ErrorEquals": [THROTTLED], "IntervalSeconds": 5, "MaxAttempts": 8, "BackoffRate": 2,
                    "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}]
+# Lambda's transient errors, as the Step Functions developer guide's "Handling Lambda service exceptions"
+# lists them for a Task that invokes a function: the invocation did not run the function, so it is
+# repeated; the function's own errors are not.
+LAMBDA_SERVICE_ERRORS = ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
+                         "Lambda.TooManyRequestsException"]
+LAMBDA_RETRY = [{"ErrorEquals": LAMBDA_SERVICE_ERRORS, "IntervalSeconds": 1, "MaxAttempts": 6, "BackoffRate": 2,
+                 "JitterStrategy": "FULL"}]
+GATE_FAILED = "GateFailed"  # the gate's function itself failed (not a refusal): its error is the cause
+POLL_PLAN = "$.plan.poll"  # the monitor's waits for this run (controlplane.gate.check_history)
 # Defaults for the optional fields of describe results (kept in $.run.defaults: intrinsics
 # take no object literals).
 DESCRIBE_DEFAULTS = {
@@ -73,7 +83,8 @@ DATASET_KEY_PATH = "$.run.dataset.key"  # what the prepare job is tagged with (s
 # The checkpoint prefix's name below checkpoints/: resume_from, or the execution's own name.
 CHECKPOINTS_PATH = "$.run.checkpoints.name"
 TRAINING_PLAN_PATH = "$.config.training_plan_arn"  # null: on-demand (or spot) capacity
-MODEL_CONFIG_PATH = "$.run.model_config"  # the preset's configuration (stacks.state_machine.training)
+MODEL_CONFIG_PATH = "$.plan.model_config"  # the preset's configuration, as the gate planned the run
+PROCESSES_PER_HOST_PATH = "$.plan.processes_per_host"
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
 
@@ -110,7 +121,7 @@ def job_values(kind, settings, value_at, strategy="single"):
         file_system_id="${FileSystemId}", security_group_ids=vpc_config(settings)["SecurityGroupIds"],
         subnets=vpc_config(settings)["Subnets"],
         data_directory=value_at("$.config.data_directory"), execution_name=value_at("$$.Execution.Name"),
-        strategy=strategy, processes_per_host=value_at("$.hosts.processes_per_host"),
+        strategy=strategy, processes_per_host=value_at(PROCESSES_PER_HOST_PATH),
         mp_parameters=value_at("$.config.mp_parameters"),
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
@@ -125,13 +136,13 @@ def job_values(kind, settings, value_at, strategy="single"):
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
     """`job_values` for one attempt of a concrete execution: `config` is the input with its
-    defaults (`controlplane.rules.with_defaults`), as the Validate stage leaves it in `$.config`."""
+    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`)."""
     state = {
         "config": config,
-        "hosts": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus)},
+        "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),
+                 "model_config": presets.model_config(config["preset"])},
         "run": {"dataset": {"key": dataset_key},
-                "checkpoints": {"name": config["resume_from"] or execution_name},
-                "model_config": presets.model_config(config["preset"])},
+                "checkpoints": {"name": config["resume_from"] or execution_name}},
         kind.slot[len("$."):]: {"name": job_name},
     }
     value_at = request.values_at(state, {"Execution": {"Name": execution_name}})
@@ -228,23 +239,120 @@ def request_states(kind, settings, first, next_state):
     return states
 
 
+def gate_task(payload, next_state, result_path, failed_state):
+    """Invoke the gate (`controlplane.gate.handler`) with `payload`; its answer at `<result_path>.answer`.
+    An error of the function itself (not a refusal) goes to `failed_state`, a Fail state added here."""
+    return asl.task("arn:aws:states:::lambda:invoke", {"FunctionName": "${GateFunctionArn}", "Payload": payload},
+                    next_state, result_path=result_path, result_selector={"answer.$": "$.Payload"},
+                    retry=LAMBDA_RETRY, catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.gate_error",
+                                                "Next": failed_state}])
+
+
 def with_defaults(name, next_state):
     """$.scratch (a whole describe result) merged over DESCRIBE_DEFAULTS[name]."""
     return asl.pass_state(next_state, {"job.$": "States.JsonMerge($.run.defaults.%s, $.scratch, false)" % name},
                           result_path="$.scratch")
 
 
+def _monitor_states(kind, first):
+    """Wait -> DescribeTrainingJob -> Check, entered at `first`; leaves to `<State>.Result`, `.Failed` or
+    `.Stopped`. The wait doubles from the gate's POLL_MIN_SECONDS up to its cap ($.plan.poll: how long the
+    run may last decides it, `controlplane.history`); each of the job's first `phase_resets` SecondaryStatus
+    changes is notified and starts the wait over, later ones are notified and set it to the cap (a job whose
+    status keeps changing cannot hold the wait short)."""
+    s, slot = kind.state, kind.slot
+    poll, status = slot + ".poll", slot + ".describe.status"
+    secondary = slot + ".describe.secondary"
+    describe = asl.sdk("sagemaker", "describeTrainingJob")
+    label = "%s job" % kind.kind
+
+    def poll_state(seconds, secondary_path, resets):
+        values = {"secondary.$": secondary_path, "resets.$": resets}
+        values.update({"seconds.$": seconds} if isinstance(seconds, str) else {"seconds": seconds})
+        return asl.pass_state(s + ".Wait", values, result_path=poll)
+
+    changed = asl.negate({"Variable": secondary, "StringEqualsPath": poll + ".secondary"})
+    notice = asl.fmt("%s {}: {} ({})" % label, slot + ".name", secondary, status)
+    states = collections.OrderedDict()
+    states[first] = asl.pass_state(s + ".Wait", result={"seconds": history.POLL_MIN_SECONDS, "secondary": "",
+                                                        "resets": 0}, result_path=poll)
+    states[s + ".Wait"] = {"Type": "Wait", "SecondsPath": poll + ".seconds", "Next": s + ".Describe"}
+    states[s + ".Describe"] = asl.task(
+        describe, {"TrainingJobName.$": slot + ".name"}, s + ".Check", result_path=slot + ".describe",
+        result_selector={"status.$": "$.TrainingJobStatus", "secondary.$": "$.SecondaryStatus"}, retry=RETRY)
+    states[s + ".Check"] = asl.choice([
+        asl.rule({"Variable": status, "StringEquals": "Completed"}, s + ".Result"),
+        asl.rule({"Variable": status, "StringEquals": "Failed"}, s + ".Failed"),
+        asl.rule({"Variable": status, "StringEquals": "Stopped"}, s + ".Stopped"),
+        asl.rule(asl.all_of(changed, {"Variable": poll + ".resets", "NumericLessThanPath": POLL_PLAN + ".phase_resets"}),
+                 s + ".Phase"),
+        asl.rule(changed, s + ".PhaseLate"),
+        asl.rule({"Variable": poll + ".seconds", "NumericGreaterThanEqualsPath": POLL_PLAN + ".max_seconds"},
+                 s + ".Wait"),
+        asl.rule({"Variable": poll + ".seconds", "NumericGreaterThanPath": POLL_PLAN + ".half_max_seconds"},
+                 s + ".PollCap"),
+    ], s + ".Backoff")
+    states[s + ".Phase"] = asl.publish("${TopicArn}", notice, s + ".PhaseSeen")
+    states[s + ".PhaseSeen"] = asl.pass_state(s + ".Wait", {
+        "seconds": history.POLL_MIN_SECONDS, "secondary.$": secondary,
+        "resets.$": "States.MathAdd(%s.resets, 1)" % poll}, result_path=poll)
+    states[s + ".PhaseLate"] = asl.publish("${TopicArn}", notice, s + ".PhaseKept")
+    states[s + ".PhaseKept"] = poll_state(POLL_PLAN + ".max_seconds", secondary, poll + ".resets")
+    states[s + ".Backoff"] = poll_state("States.MathAdd(%s.seconds, %s.seconds)" % (poll, poll), poll + ".secondary",
+                                        poll + ".resets")
+    states[s + ".PollCap"] = poll_state(POLL_PLAN + ".max_seconds", poll + ".secondary", poll + ".resets")
+    return states
+
+
+def _fallback_states(kind, first, exhausted):
+    """The next instance type of the input once a type's capacity errors outlast MAX_ATTEMPTS: the gate plans
+    the run for it (`controlplane.gate.fallback_launch`), its config and plan replace the state's, the topic
+    hears what changed, and its attempts start. Without one left: `exhausted`."""
+    s, slot = kind.state, kind.slot
+    states = collections.OrderedDict()
+    states[first] = asl.choice([asl.rule({"Variable": slot + ".next_launch", "NumericLessThanPath": "$.launches"},
+                                         s + ".Replan")], exhausted)
+    states[s + ".Replan"] = gate_task({"input.$": "$$.Execution.Input", "execution_name.$": "$$.Execution.Name",
+                                       "launch.$": slot + ".next_launch"}, s + ".Replanned", "$.scratch",
+                                      s + ".ReplanFailed")
+    states[s + ".ReplanFailed"] = asl.fail(GATE_FAILED, "$.gate_error.Cause")
+    states[s + ".Replanned"] = asl.choice([asl.rule({"Variable": "$.scratch.answer.ok", "BooleanEquals": False},
+                                                    s + ".ReplanRefused")], s + ".Relaunch")
+    states[s + ".ReplanRefused"] = {"Type": "Fail", "ErrorPath": "$.scratch.answer.error",
+                                    "CausePath": "$.scratch.answer.cause"}
+    # InputPath picks the answer's part; ResultPath puts it into the state's whole input.
+    states[s + ".Relaunch"] = {"Type": "Pass", "InputPath": "$.scratch.answer.config", "ResultPath": "$.config",
+                               "Next": s + ".RelaunchPlan"}
+    states[s + ".RelaunchPlan"] = {"Type": "Pass", "InputPath": "$.scratch.answer.plan", "ResultPath": "$.plan",
+                                   "Next": s + ".Relaunched"}
+    states[s + ".Relaunched"] = asl.publish("${TopicArn}", asl.fmt(
+        "%s job: no capacity for {} after %d attempts (the last: {}); training on {} with its own plan: {}"
+        % (kind.kind, MAX_ATTEMPTS), slot + ".instance_type", slot + ".failure.reason", "$.config.instance_type",
+        "$.plan.changes"), s + ".NextLaunch")
+    states[s + ".NextLaunch"] = asl.pass_state(s + ".Name", {
+        "attempt.$": "States.MathAdd(%s.attempt, 1)" % slot, "tries": 1, "retry_wait": CAPACITY_RETRY_SECONDS,
+        "launch.$": slot + ".next_launch", "next_launch.$": "States.MathAdd(%s.next_launch, 1)" % slot}, result_path=slot)
+    return states
+
+
 def job_states(kind, settings, on_success):
-    """Entered at `<State>.Start`; on success `<slot>.result` and `<slot>.metrics` are set."""
+    """Entered at `<State>.Start`; on success `<slot>.result` and `<slot>.metrics` are set.
+
+    `<slot>`: `attempt` (every attempt of the job, in its name), `tries` (those on this instance type),
+    `retry_wait`, `launch` (the instance type: 0 instance_type, k fallback_instance_types[k - 1]) and
+    `next_launch`."""
     s, slot = kind.state, kind.slot
     label = "%s job" % kind.kind
     name_path = slot + ".name"
     describe = asl.sdk("sagemaker", "describeTrainingJob")
     states = collections.OrderedDict()
     states[s + ".Start"] = asl.pass_state(s + ".Name", result={
-        "attempt": 1, "retry_wait": CAPACITY_RETRY_SECONDS}, result_path=slot)
+        "attempt": 1, "tries": 1, "retry_wait": CAPACITY_RETRY_SECONDS, "launch": 0, "next_launch": 1},
+        result_path=slot)
     states[s + ".Name"] = asl.pass_state(s + ".Request", {
-        "attempt.$": slot + ".attempt", "retry_wait.$": slot + ".retry_wait",
+        "attempt.$": slot + ".attempt", "tries.$": slot + ".tries", "retry_wait.$": slot + ".retry_wait",
+        "launch.$": slot + ".launch", "next_launch.$": slot + ".next_launch",
+        "instance_type.$": kind.config + ".instance_type",
         "name.$": asl.fmt("%s-%s-{}-{}" % (settings.name_prefix, kind.token), "$.run.id", slot + ".attempt"),
     }, result_path=slot)
     states.update(request_states(kind, settings, s + ".Request", s + ".Create"))
@@ -255,32 +363,7 @@ def job_states(kind, settings, on_success):
     states[s + ".CreateError"] = asl.pass_state(s + ".IsCapacity", {
         "reason.$": asl.fmt("CreateTrainingJob failed: {}: {}", slot + ".error.Error", slot + ".error.Cause")},
         result_path=slot + ".failure")
-    states[s + ".PollStart"] = asl.pass_state(s + ".Wait", result={"seconds": POLL_MIN_SECONDS, "secondary": ""},
-                                              result_path=slot + ".poll")
-    states[s + ".Wait"] = {"Type": "Wait", "SecondsPath": slot + ".poll.seconds", "Next": s + ".Describe"}
-    states[s + ".Describe"] = asl.task(
-        describe, {"TrainingJobName.$": name_path}, s + ".Check", result_path=slot + ".describe",
-        result_selector={"status.$": "$.TrainingJobStatus", "secondary.$": "$.SecondaryStatus"},
-        retry=RETRY)
-    status = slot + ".describe.status"
-    states[s + ".Check"] = asl.choice([
-        asl.rule({"Variable": status, "StringEquals": "Completed"}, s + ".Result"),
-        asl.rule({"Variable": status, "StringEquals": "Failed"}, s + ".Failed"),
-        asl.rule({"Variable": status, "StringEquals": "Stopped"}, s + ".Stopped"),
-        asl.rule(asl.negate({"Variable": slot + ".describe.secondary", "StringEqualsPath": slot + ".poll.secondary"}),
-                 s + ".Phase"),
-        asl.rule({"Variable": slot + ".poll.seconds", "NumericGreaterThanEquals": POLL_MAX_SECONDS}, s + ".Wait"),
-        asl.rule({"Variable": slot + ".poll.seconds", "NumericGreaterThan": POLL_MAX_SECONDS // 2}, s + ".PollCap"),
-    ], s + ".Backoff")
-    states[s + ".Phase"] = asl.publish("${TopicArn}", asl.fmt(
-        "%s {}: {} ({})" % label, name_path, slot + ".describe.secondary", status), s + ".PhaseSeen")
-    states[s + ".PhaseSeen"] = asl.pass_state(s + ".Wait", {
-        "seconds": POLL_MIN_SECONDS, "secondary.$": slot + ".describe.secondary"}, result_path=slot + ".poll")
-    states[s + ".Backoff"] = asl.pass_state(s + ".Wait", {
-        "seconds.$": "States.MathAdd(%s.poll.seconds, %s.poll.seconds)" % (slot, slot),
-        "secondary.$": slot + ".poll.secondary"}, result_path=slot + ".poll")
-    states[s + ".PollCap"] = asl.pass_state(s + ".Wait", {
-        "seconds": POLL_MAX_SECONDS, "secondary.$": slot + ".poll.secondary"}, result_path=slot + ".poll")
+    states.update(_monitor_states(kind, s + ".PollStart"))
     # Optional fields of DescribeTrainingJob get defaults: a missing JSONPath fails the execution.
     states[s + ".Failed"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".FailedDefaults",
                                      result_path="$.scratch", retry=RETRY)
@@ -299,14 +382,19 @@ def job_states(kind, settings, on_success):
         "SageMaker quota named below; for instance type {} that is \"{} for training job usage\" (\"{} for spot "
         "training job usage\" with spot). {}", *([kind.config + ".instance_type"] * 3 + [slot + ".failure.reason"]))},
         result_path=slot + ".failure")
+    # A training job whose type keeps failing for capacity falls back to the input's next type.
+    exhausted = s + ".Fallback" if kind is TRAIN else s + ".Notify"
     states[s + ".Retry"] = asl.choice([asl.rule(
-        {"Variable": slot + ".attempt", "NumericGreaterThanEquals": MAX_ATTEMPTS}, s + ".Notify")], s + ".RetryWait")
+        {"Variable": slot + ".tries", "NumericGreaterThanEquals": MAX_ATTEMPTS}, exhausted)], s + ".RetryWait")
     states[s + ".RetryWait"] = {"Type": "Wait", "SecondsPath": slot + ".retry_wait", "Next": s + ".NextAttempt"}
     states[s + ".NextAttempt"] = asl.pass_state(s + ".Name", {
-        "attempt.$": "States.MathAdd(%s.attempt, 1)" % slot,
-        "retry_wait.$": "States.MathAdd(%s.retry_wait, %s.retry_wait)" % (slot, slot)}, result_path=slot)
-    template = "%s {} (attempt {} of at most %d) failed: {}" % (label, MAX_ATTEMPTS)
-    arguments = [name_path, asl.to_json(slot + ".attempt"), slot + ".failure.reason"]
+        "attempt.$": "States.MathAdd(%s.attempt, 1)" % slot, "tries.$": "States.MathAdd(%s.tries, 1)" % slot,
+        "retry_wait.$": "States.MathAdd(%s.retry_wait, %s.retry_wait)" % (slot, slot),
+        "launch.$": slot + ".launch", "next_launch.$": slot + ".next_launch"}, result_path=slot)
+    if kind is TRAIN:
+        states.update(_fallback_states(kind, exhausted, s + ".Notify"))
+    template = "%s {} (attempt {} of at most %d on instance type {}) failed: {}" % (label, MAX_ATTEMPTS)
+    arguments = [name_path, asl.to_json(slot + ".tries"), slot + ".instance_type", slot + ".failure.reason"]
     if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
         template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
     cause = asl.fmt(template, *arguments)

@@ -11,6 +11,7 @@ TRAINING_SUBSTITUTIONS = (
     "SecurityGroupId",    # the training security group
     "HostingSecurityGroupId",  # the endpoints' security group (no NFS, HTTPS out)
     "TopicArn",           # SNS topic for phase changes and failures
+    "GateFunctionArn",    # the published version of the gate's Lambda function (stacks.gate)
 )
 STOP_SUBSTITUTIONS = ("TopicArn",)
 
@@ -56,6 +57,7 @@ def render(definition, values):
 # start with `<name_prefix>-`; "execution-role", "endpoint-role": the SageMaker roles of jobs and
 # endpoints (PassRole, condition iam:PassedToService = sagemaker.amazonaws.com); "endpoint-alarm":
 # CloudWatch alarms named `<name_prefix>-*`; "topic": the SNS topic;
+# "gate": the published version of the gate's Lambda function (that version only);
 # "*": actions without resource-level permissions (ListTrainingJobs, Search).
 # AddTags: the create calls carry Tags, which SageMaker authorizes as AddTags.
 REQUIRED_ACTIONS = {
@@ -72,6 +74,7 @@ REQUIRED_ACTIONS = {
         "iam:PassRole": ("execution-role", "endpoint-role"),
         "cloudwatch:PutMetricAlarm": ("endpoint-alarm",),
         "sns:Publish": ("topic",),
+        "lambda:InvokeFunction": ("gate",),
     },
     "stop": {
         "sagemaker:ListTrainingJobs": ("*",),

@@ -1,5 +1,9 @@
 """The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs.
 
+Validate is one Task: the gate (`controlplane.gate`, a Lambda function, `stacks.gate`) checks the input,
+applies its defaults and plans the run; its answer is the state from then on (`$.config`, `$.plan`), or a
+refusal the Fail state shows. Nothing in the definition depends on the presets or the instance types.
+
 Extension points: a stage is a dict of states entered at one name and leaving to the next;
 `build_training_definition` chains them, so a new stage is one more entry in that chain.
 
@@ -22,11 +26,13 @@ import collections
 import hashlib
 import json
 
-from controlplane import presets, rules
+from controlplane import rules
+from lm.spec.conditions import INVALID
 from lm.spec import contract
 from lm.spec import job
 from controlplane import request
-from stacks.state_machine import asl, deploy, inputs, jobs
+from stacks.state_machine import asl, deploy, jobs
+from stacks.state_machine.jobs import GATE_FAILED, gate_task
 
 VALIDATE = "Validate"
 RUN = "Run"
@@ -42,7 +48,7 @@ EXAMPLE_INPUT = {
     "instance_type": "ml.p3.16xlarge",
     "instance_count": 2,
     "max_runtime_seconds": 86400,
-    "hyperparameters": {"global_batch_size": 256, "max_steps": 20000},
+    "hyperparameters": {"global_batch_size": 128, "max_steps": 20000, "recompute": True},
     "deploy": {"enabled": True, "endpoint_name": "gpt-125m"},
     "min_quality": 3.5,
 }
@@ -81,26 +87,33 @@ def _dataset_key_state(next_state, key_fields):
     return asl.pass_state(next_state, {"key.$": dataset_key(key_fields)}, result_path="$.run.dataset")
 
 
-def _model_config_states(first, next_state):
-    """$.run.model_config: the preset's configuration (`controlplane.presets`), the training job's
-    hyperparameter `model_config`. One Choice rule and one Pass state per preset; the preset was
-    checked by the Validate stage, so the default is never taken."""
-    states = collections.OrderedDict()
-    names = collections.OrderedDict((preset, "%s.%s" % (first, preset)) for preset in presets.ALL_PRESETS)
-    states[first] = asl.choice([asl.rule({"Variable": "$.config.preset", "StringEquals": preset}, name)
-                                for preset, name in names.items()], first + ".Unknown")
-    for preset, name in names.items():
-        states[name] = asl.pass_state(next_state, result=presets.model_config(preset),
-                                      result_path=jobs.MODEL_CONFIG_PATH)
-    states[first + ".Unknown"] = asl.fail(inputs.ERROR, asl.fmt(
-        "preset {} has no model configuration", "$.config.preset"))
-    return states
+def _validate_states(first, next_state):
+    """The gate (`controlplane.gate`, a Lambda function): the input checked, its defaults applied, the run
+    planned as asked. Its answer replaces the state: `$.config` (the input with its defaults), `$.plan` (what
+    the planner planned for it, `controlplane.gate.plan_summary`), `$.launches` (how many instance types the
+    run may fall back through) and `$.notes` (published). A refusal ends the execution with the gate's error
+    and cause."""
+    return collections.OrderedDict([
+        (first, gate_task({"input.$": "$", "execution_name.$": "$$.Execution.Name", "launch": 0},
+                          first + ".Decided", "$", first + ".GateFailed")),
+        (first + ".Decided", asl.choice([asl.rule({"Variable": "$.answer.ok", "BooleanEquals": False},
+                                                  first + ".Refused")], first + ".Accepted")),
+        (first + ".Refused", {"Type": "Fail", "ErrorPath": "$.answer.error", "CausePath": "$.answer.cause"}),
+        (first + ".Accepted", asl.pass_state(first + ".Noted", {
+            "config.$": "$.answer.config", "plan.$": "$.answer.plan", "launches.$": "$.answer.launches",
+            "notes.$": "$.answer.notes"})),
+        # What the gate has to say about an accepted run (the planner's warnings; a check's notes) goes to the topic.
+        (first + ".Noted", asl.choice([asl.rule({"Variable": "$.notes[0]", "IsPresent": True}, first + ".Notes")],
+                                      next_state)),
+        (first + ".Notes", asl.publish("${TopicArn}", asl.fmt("execution {}: {}", "$$.Execution.Name",
+                                                             asl.to_json("$.notes")), next_state)),
+        (first + ".GateFailed", asl.fail(GATE_FAILED, "$.gate_error.Cause")),
+    ])
 
 
 def _run_states(first, next_state):
     """$.run: the execution's id (in job names), the defaults of optional fields, the raw source
-    (`raw.source`), the checkpoint prefix's name (`checkpoints.name`), the dataset key (`dataset.key`)
-    and the preset's configuration (`model_config`)."""
+    (`raw.source`), the checkpoint prefix's name (`checkpoints.name`) and the dataset key (`dataset.key`)."""
     states = collections.OrderedDict()
     states[first] = asl.pass_state(first + ".RawSource", {
         "id.$": "States.Hash($$.Execution.Id, 'MD5')",
@@ -116,8 +129,7 @@ def _run_states(first, next_state):
     for name, path in (("Resume", RESUME_FROM_PATH), ("Own", "$$.Execution.Name")):
         states[first + ".Checkpoints." + name] = asl.pass_state(first + ".DatasetKey", {"name.$": path},
                                                                 result_path="$.run.checkpoints")
-    states[first + ".DatasetKey"] = _dataset_key_state(first + ".ModelConfig", DATASET_KEY_FIELDS)
-    states.update(_model_config_states(first + ".ModelConfig", next_state))
+    states[first + ".DatasetKey"] = _dataset_key_state(next_state, DATASET_KEY_FIELDS)
     return states
 
 
@@ -179,10 +191,10 @@ def _init_from_states(first, next_state):
             asl.rule({"Variable": "$.config.strategy", "StringEquals": "smp"}, first + ".Smp"),
             asl.rule({"Variable": jobs.INIT_FROM_PATH, "StringMatches": allowed + "*"}, first + ".Characters"),
         ], first + ".Outside")),
-        (first + ".Smp", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".Smp", asl.fail(INVALID, asl.fmt(
             "init_from is not supported with strategy smp (its model is partitioned across ranks); "
             "choose another strategy"))),
-        (first + ".Outside", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".Outside", asl.fail(INVALID, asl.fmt(
             "init_from must start with %s (the prefix the training jobs may read), got {}" % allowed,
             jobs.INIT_FROM_PATH))),
         (first + ".Characters", asl.pass_state(first + ".Check", {
@@ -195,14 +207,14 @@ def _init_from_states(first, next_state):
             asl.rule(asl.all_of(prepare_enabled, asl.negate({"Variable": prepare_hyperparameters + "tokenizer",
                                                              "StringEquals": ""})), first + ".Tokenizer"),
         ], first + ".DatasetKey")),
-        (first + ".Tag", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".Tag", asl.fail(INVALID, asl.fmt(
             "init_from may hold only letters, digits, spaces and %s (it becomes the tag %s of its jobs), got {}"
             % (" ".join(TAG_VALUE_CHARACTERS[len(rules.ALPHANUMERIC):].strip()), request.INIT_FROM_TAG),
             jobs.INIT_FROM_PATH))),
-        (first + ".TrainTokenizer", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".TrainTokenizer", asl.fail(INVALID, asl.fmt(
             "init_from brings its tokenizer, which the prepare job tokenizes with: leave "
             "prepare.hyperparameters.train_tokenizer false"))),
-        (first + ".Tokenizer", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".Tokenizer", asl.fail(INVALID, asl.fmt(
             "init_from brings its tokenizer, which the prepare job tokenizes with: leave "
             "prepare.hyperparameters.tokenizer empty, got {}", prepare_hyperparameters + "tokenizer"))),
         (first + ".DatasetKey", _dataset_key_state(next_state, INIT_DATASET_KEY_FIELDS)),
@@ -222,14 +234,14 @@ def _resume_states(first, next_state):
                            first + ".Search")),
         (first + ".Search", _search([checkpoints], first + ".Found")),
         (first + ".Found", _found(first + ".Busy", first + ".Unknown")),
-        (first + ".Unknown", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".Unknown", asl.fail(INVALID, asl.fmt(
             "resume_from must name the checkpoint prefix of an earlier execution of this stack (the cause of a failed "
             "run names it); no training job of this stack wrote to %s, got {}" % prefix,
             RESUME_FROM_PATH, RESUME_FROM_PATH))),
         (first + ".Busy", _search([{"Name": "TrainingJobStatus", "Operator": "Equals", "Value": "InProgress"},
                                    checkpoints], first + ".Idle")),
         (first + ".Idle", _found(first + ".InUse", next_state)),
-        (first + ".InUse", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".InUse", asl.fail(INVALID, asl.fmt(
             "resume_from {}: a training job is writing to %s now; wait until it ends or stop its execution"
             % prefix, RESUME_FROM_PATH, RESUME_FROM_PATH))),
     ])
@@ -248,7 +260,7 @@ def _raw_source_states(settings, first, next_state):
         (first, asl.choice([asl.rule(asl.any_of({"Variable": jobs.RAW_S3_URI_PATH, "IsNull": True}, *[
             {"Variable": jobs.RAW_S3_URI_PATH, "StringMatches": prefix + "*"} for prefix in allowed]), next_state)],
             first + ".Outside")),
-        (first + ".Outside", asl.fail(inputs.ERROR, asl.fmt(
+        (first + ".Outside", asl.fail(INVALID, asl.fmt(
             "prepare.raw_s3_uri must start with one of %s (the prefixes the jobs may read; add a bucket prefix "
             "with the raw_data_prefixes setting), got {}" % ", ".join(allowed), jobs.RAW_S3_URI_PATH))),
     ])
@@ -314,7 +326,7 @@ def _outputs_state():
         ("job_name.$", train + ".name"),
         ("model_artifacts.$", train + ".result.model_artifacts"),
         ("billable_seconds.$", train + ".result.billable_seconds"),
-        ("plan_estimate.$", "$.config.plan_estimate"),
+        ("plan.$", "$.plan"),
         ("training_seconds.$", train + ".result.training_seconds"),
         ("console_url.$", train + ".result.console_url"),
         ("attempts.$", train + ".attempt"),
@@ -327,7 +339,7 @@ def _outputs_state():
 
 def build_training_definition(settings):
     states = collections.OrderedDict()
-    states.update(inputs.states(settings, VALIDATE, RUN))
+    states.update(_validate_states(VALIDATE, RUN))
     states.update(_run_states(RUN, INIT_FROM))
     states.update(_init_from_states(INIT_FROM, RESUME))
     states.update(_resume_states(RESUME, PREPARE))

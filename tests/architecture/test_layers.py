@@ -46,10 +46,13 @@ def test_the_field_type_is_a_leaf(edges):
 
 
 def test_policy_rules_are_at_the_top_of_the_control_plane(edges):
-    """controlplane.rules reads the planner and the containers; nothing below the CDK app reads it."""
+    """controlplane.rules reads the planner and the containers; below the CDK app only the gate reads it
+    (controlplane.gate, which decides about an execution input with it), and nothing reads the gate there."""
     readers = sorted(source for source, targets in edges.items()
                      if "controlplane.rules" in targets and layer(source) <= layer("controlplane.rules"))
-    assert readers == []
+    assert readers == ["controlplane.gate"]
+    assert sorted(source for source, targets in edges.items()
+                  if "controlplane.gate" in targets and layer(source) <= layer("controlplane.gate")) == []
 
 
 def test_the_specification_needs_only_the_standard_library(edges):

@@ -35,6 +35,9 @@ def stand_in(name, region):
         "SecurityGroupId": "sg-0123456789abcdef0",
         "HostingSecurityGroupId": "sg-0fedcba9876543210",
         "TopicArn": "arn:aws:sns:%s:%s:lmstack-NotificationsTopic-0A1B2C3D4E5F" % (region, ACCOUNT),
+        # A published version: the function's ARN with the version number (AWS::Lambda::Version Ref).
+        "GateFunctionArn": "arn:aws:lambda:%s:%s:function:lmstack-GateFunction0A1B2C3D-4E5F6G7H8I9J:1" % (
+            region, ACCOUNT),
     }
     if name in shapes:
         return shapes[name]

@@ -480,9 +480,9 @@ TEMPLATE_LIMIT = 1000000
 
 
 def test_definitions_are_deployed_as_files_and_the_template_stays_small(default):
-    """The definitions are file assets (DefinitionS3Location), so the template does not grow with the
-    presets and the plan gate (tests/state_machine/test_definition_budget.py measures the definition
-    against Step Functions' own limit); the asset each location names is the file the CDK staged."""
+    """The definitions are file assets (DefinitionS3Location), so the template does not hold them
+    (tests/state_machine/test_definition_budget.py measures the training definition against Step
+    Functions' own limit); the asset each location names is the file the CDK staged."""
     for key, machine in default.deployed["Resources"].items():
         if machine["Type"] == "AWS::StepFunctions::StateMachine":
             props = machine["Properties"]

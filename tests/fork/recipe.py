@@ -7,7 +7,9 @@ module, in one of two ways:
 
 - `run_in_place(monkeypatch, module, source)`: the edited source runs in the module's own
   namespace (as tests/state_machine/test_rules.py does), so every module that reads
-  `module.NAME` at call time sees the edit; the namespace is restored afterwards;
+  `module.NAME` at call time sees the edit; the namespace is restored afterwards. The gate's
+  Lambda code, which the moto harness stages from the tree, gets the edited file too
+  (`harness.EDITED_SOURCES`): it runs in a process of its own;
 - `reimport(monkeypatch, *names)`: modules that bind a name of an edited module when they are
   imported (`from lm.spec.job import STRATEGIES`, a class generated from a table) are imported
   afresh, as the next process would import them; sys.modules and the parent packages are restored
@@ -20,6 +22,8 @@ import importlib
 import inspect
 import sys
 import types
+
+from state_machine import harness
 
 
 def edited(module, *insertions):
@@ -56,7 +60,9 @@ class _OnUndo:
 
 
 def run_in_place(monkeypatch, module, source):
-    """Run `source` in `module`'s namespace; the namespace comes back when the test ends."""
+    """Run `source` in `module`'s namespace; the namespace comes back when the test ends. The gate's
+    Lambda code staged by the moto harness gets the edited source too, as `cdk synth` would."""
+    monkeypatch.setitem(harness.EDITED_SOURCES, module.__file__, source)
     saved = dict(vars(module))
 
     def restore():
@@ -91,6 +97,7 @@ def add_module(monkeypatch, name, source, path):
     module = types.ModuleType(name)
     module.__file__ = path
     monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(harness.EDITED_SOURCES, path, source)
     exec(compile(source, path, "exec"), vars(module))
     parent, _, child = name.rpartition(".")
     setattr(sys.modules[parent], child, module)

@@ -2,14 +2,13 @@
 family under a new name: its config module, its model module, one FAMILIES entry declaring no
 capability, and one preset in the control plane's table), then a fresh process on the copy checks
 what the checklist says picks it up with no other edit: the job's `model` choice, the presets, the
-Validate stage's definition (its `model` choice and the refusal of each capability the family
-lacks), `lmstack.start`, the planner and `lmstack.plan --list`, and training, export and
-generation of the new family's preset. The same process on the unedited copy refuses the family,
-so the test can fail.
+gate (its `model` choice and the refusal of each capability the family lacks: the state machine's
+Validate state runs it as a Lambda function), `lmstack.start`, the planner and `lmstack.plan --list`,
+and training, export and generation of the new family's preset. The same process on the unedited
+copy refuses the family, so the test can fail.
 
-The Validate stage is checked in the definition the state machine generator writes (and through
-`lmstack.start`, which applies the same schema and rules; tests/state_machine compare the two on
-moto): the moto harness is made of this process's fixtures and cannot run the copy.
+The gate is checked as its Lambda code: staged from the copy (`stacks.gate_code.stage`, what `cdk synth`
+does) and run alone by a `python -I -S` (tests/state_machine run the same code on moto).
 """
 import json
 import os
@@ -62,10 +61,18 @@ def refusal(execution_input):
 out["start"] = refusal(run)
 out["start_smp"] = refusal(dict(run, strategy="smp", instance_type="ml.p3.16xlarge"))
 out["start_recompute"] = refusal(dict(run, hyperparameters={"model": "toy", "recompute": True}))
-from stacks.state_machine import build_training_definition
-definition = json.dumps(build_training_definition(Settings()))
-out["definition_model_choice"] = '"StringEquals": "toy"' in definition
-out["definition_smp_refusal"] = "model toy cannot use strategy smp" in definition
+import subprocess
+from controlplane.gate import Deployment
+from stacks import gate_code
+code = gate_code.stage(sys.argv[2] + "/gate")
+def gate_answer(execution_input):
+    handler = ("import json, sys; sys.path.insert(0, sys.argv[1]); from controlplane.gate import handler; "
+               "print(json.dumps(handler(json.loads(sys.argv[2]))))")
+    answered = subprocess.run([sys.executable, "-I", "-S", "-c", handler, str(code), json.dumps({"input": execution_input})],
+                              env=Deployment.of(Settings()).environment(), capture_output=True, text=True)
+    return json.loads(answered.stdout) if answered.returncode == 0 else answered.stderr
+out["gate"] = gate_answer(run)
+out["gate_smp"] = gate_answer(dict(run, strategy="smp", instance_type="ml.p3.16xlarge"))
 from controlplane import planner
 try:
     out["plan_params"] = planner.plan("toy-tiny", "ml.g5.xlarge")["model"]["params"]
@@ -140,7 +147,7 @@ def test_without_the_checklist_the_family_is_refused(tmp_path, data_dir):
     found = _checks(_copy_tree(str(tmp_path / "tree")), data_dir, tmp_path / "run")
     assert FAMILY not in found["model_choices"] and PRESET not in found["presets"]
     assert "must be one of" in found["start"]
-    assert not found["definition_model_choice"] and not found["definition_smp_refusal"]
+    assert not found["gate"]["ok"] and found["gate"]["cause"] == found["start"]
     assert PRESET not in found["listed"]
     assert found["train"] == 2
 
@@ -155,7 +162,9 @@ def test_a_family_added_by_the_checklist_is_picked_up_everywhere(tmp_path, data_
     # every capability it does not declare is refused before any job starts, naming the family
     assert found["start_smp"].startswith("model toy cannot use strategy smp (capability smp:")
     assert found["start_recompute"].startswith("model toy cannot use hyperparameters.recompute")
-    assert found["definition_model_choice"] and found["definition_smp_refusal"]
+    # the gate's Lambda code as `cdk synth` stages it from the fork's tree, run alone (the standard library)
+    assert found["gate"]["ok"] and found["gate"]["config"]["hyperparameters"]["model"] == FAMILY, found["gate"]
+    assert found["gate_smp"] == {"ok": False, "error": "InvalidInput", "cause": found["start_smp"]}
     assert isinstance(found["plan_params"], int) and found["plan_params"] > 0
     assert PRESET in found["listed"]
     assert found["train"] == 0 and found["exported_family"] == FAMILY

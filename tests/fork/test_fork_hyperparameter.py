@@ -4,7 +4,7 @@ every consumer the checklist names picks it up with no other edit.
 The line is added to a copy of lm/spec/job.py run in the module's place (`recipe`); the modules
 that build something from the table when imported (`lm.training.train`'s `Hyperparameters`
 dataclass and argument parser, `lmstack.start`'s `--hp` help) are imported afresh, as the next
-process would. The Validate stage is generated after the edit (`make_deployment`) and run on moto.
+process would. The state machine and the gate's code are staged after the edit (`make_deployment`) and run on moto.
 Without the line, each of them refuses the name as unknown.
 """
 import contextlib
@@ -17,7 +17,6 @@ from state_machine.harness import StandInSettings
 
 from controlplane import presets
 from lm.spec import job
-from stacks.settings import Settings
 
 from . import recipe
 
@@ -49,7 +48,7 @@ def refusals(value, deployment, train, start):
     run = deployment.run(execution_input, name="z-loss-%s" % str(value).replace(".", "-"))
     return {
         "validate": run.description.get("cause") if run.status == "FAILED" else None,
-        "start": recipe.rejection(lambda: start.validate_input(execution_input, Settings()), start.StartError),
+        "start": recipe.rejection(lambda: start.validate_input(execution_input, StandInSettings()), start.StartError),
         "runtime": recipe.rejection(lambda: job.validate_hyperparameters({NAME: value}), ValueError),
         "train": recipe.rejection(lambda: train.parse_args(["--" + NAME, encoded(value)] + DRY_RUN), ValueError),
     }
@@ -91,7 +90,7 @@ def test_one_line_in_the_table_reaches_every_consumer(with_entry, make_deploymen
     execution_input = start.build_input(start.parse_args(["--hp", "%s=%s" % (NAME, json.dumps(GOOD))]))
     assert execution_input == {"hyperparameters": {NAME: GOOD}}
     assert NAME in _start_help(start)
-    start.validate_input(execution_input, Settings())
+    start.validate_input(execution_input, StandInSettings())
     built = start.training_request(execution_input, StandInSettings(), "run-1")["HyperParameters"]
     assert built[NAME] == expected == "0.25"
     run = deployment.run(execution_input, name="with-hp")

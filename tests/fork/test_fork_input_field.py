@@ -2,18 +2,19 @@
 instance (CreateTrainingJob ResourceConfig.VolumeSizeInGB, today the constant
 `controlplane.request.VOLUME_SIZE_GB`).
 
-Step 1, one `Field` in `stacks.state_machine.inputs.schema`: the Validate stage and `lmstack.start`
-accept it and check its type and bounds with the same message, but it reaches no job. Step 2, a
+Step 1, one `Field` in `controlplane.inputs.schema`: the gate (the Validate state's Lambda function, run
+from its staged code, and `lmstack.start`) accepts it and checks its type and bounds with the same message,
+but it reaches no job. Step 2, a
 field of `controlplane.request.TrainingJob` and its member of the request, and its run-time value
 in `stacks.state_machine.jobs.job_values`: the executed request carries it, as does
 `lmstack.start`'s view of the request. The edits are made to copies of the three modules' sources
 run in their places (`recipe`); the state machine is generated after them. Without the field the
 input is refused as unknown.
 """
-from controlplane import request
+from controlplane import inputs, request
 from lmstack import start
-from stacks.settings import Settings
-from stacks.state_machine import inputs, jobs
+from state_machine.harness import StandInSettings
+from stacks.state_machine import jobs
 
 from . import recipe
 
@@ -39,11 +40,11 @@ def step_2(monkeypatch):
 
 
 def start_says(execution_input):
-    return recipe.rejection(lambda: start.validate_input(execution_input, Settings()), start.StartError)
+    return recipe.rejection(lambda: start.validate_input(execution_input, StandInSettings()), start.StartError)
 
 
 def requested_volume(execution_input):
-    return start.training_request(execution_input, Settings(), "run-1")["ResourceConfig"]["VolumeSizeInGB"]
+    return start.training_request(execution_input, StandInSettings(), "run-1")["ResourceConfig"]["VolumeSizeInGB"]
 
 
 def test_without_the_field_it_is_unknown(deployment):

@@ -31,7 +31,7 @@ JOB_RULE = '''
                       "hyperparameters.recompute must be false with strategy horovod in this fork"))
 '''
 JOB_MESSAGE = "hyperparameters.recompute must be false with strategy horovod in this fork"
-HOROVOD = {"strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2, "preset": "gpt-125m",
+HOROVOD = {"strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2, "preset": "tiny",
            "hyperparameters": {"recompute": True}}
 # test_rules.py's rule and input (mwms on 5 x ml.p4d.24xlarge), as a rule of the deployment.
 DEPLOYMENT_RULE = '''

@@ -85,7 +85,7 @@ def test_a_strategy_added_by_the_checklist_is_picked_up(with_strategy, make_depl
     settings, start, train = with_strategy
     deployment = make_deployment()  # generated after the edits
 
-    # the Validate stage: the choice, the rule of its instance types, and the request of its image
+    # the gate (the Validate state): the choice, the rule of its instance types; the request of its image
     run = deployment.run(RUN, name="solo")
     assert run.status == "SUCCEEDED", run.description.get("cause")
     (_, _, sent), = run.calls("createTrainingJob")
@@ -95,9 +95,9 @@ def test_a_strategy_added_by_the_checklist_is_picked_up(with_strategy, make_depl
     assert {key: value for key, value in sent["HyperParameters"].items() if key not in per_job} == {
         key: value for key, value in built["HyperParameters"].items() if key not in per_job}
     assert sent["HyperParameters"]["strategy"] == '"solo"' and "sagemaker_mpi_enabled" not in sent["HyperParameters"]
-    # The plan gate (controlplane.rules.plan_rules, from the planner, which reads job_rules) refuses it first.
+    # The gate's rules (controlplane.rules.cross_field_rules, which hold job_rules) refuse it.
     elsewhere = deployment.run(ELSEWHERE, name="solo-p3")
-    assert elsewhere.description.get("error") == "PlanRejected"
+    assert elsewhere.description.get("error") == "InvalidInput"
     assert INSTANCE_TYPE_MESSAGE in elsewhere.description["cause"]
 
     # the rules generated per strategy, the planner's refusal (job_rules), lmstack.start

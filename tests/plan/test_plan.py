@@ -87,20 +87,23 @@ def test_the_plan_reads_the_family_s_capabilities():
     assert planner.plan("tiny", "ml.p3.16xlarge", 1, "smp", global_batch=8)["chosen"]["reason"] is None
 
 
-def test_the_plan_gate_covers_every_family(table):
-    """The state machine's plan rules cover rnn presets as they do GPT presets (horovod's CUDA 11.2
-    image cannot run on H100s), and leave the strategy rnn cannot use at all (smp) to the family's rule."""
-    from controlplane import rules
-    from lm.spec import conditions
+def test_the_gate_plans_every_family(table):
+    """The gate (controlplane.gate) refuses with the planner's words for rnn presets as for GPT presets
+    (horovod's CUDA 11.2 image cannot run on H100s), and leaves the strategy rnn cannot use at all (smp) to
+    the family's rule."""
+    from controlplane import gate
+    from stacks.settings import Settings
 
     row = _row(table, "rnn-small", "ml.p5.48xlarge", "horovod")
     assert not row["ok"] and "CUDA 11.2" in row["reason"] and row["suggested_strategy"] == "mwms"
+    context = gate.Context(gate.Deployment.of(Settings()))
     config = {"preset": "rnn-small", "strategy": "horovod", "instance_type": "ml.p5.48xlarge",
-              "hyperparameters": {"model": "rnn", "recompute": False}}
-    assert conditions.broken(rules.plan_rules(), config).startswith("lmstack.plan: horovod on 1 x ml.p5.48xlarge")
-    smp = dict(config, strategy="smp", instance_type="ml.p3.16xlarge")
-    assert conditions.broken(rules.plan_rules(), smp) is None
-    assert conditions.broken(rules.cross_field_rules(), smp).startswith("model rnn cannot use strategy smp")
+              "hyperparameters": {"model": "rnn", "recompute": False, "global_batch_size": 8}}
+    with pytest.raises(gate.Refusal, match=r"^lmstack.plan: horovod on 1 x ml.p5.48xlarge: .*CUDA 11.2") as refused:
+        gate.decide(config, context)
+    assert refused.value.error == "PlanRejected" and "suggestion: use strategy mwms" in str(refused.value)
+    with pytest.raises(gate.Refusal, match="^model rnn cannot use strategy smp"):
+        gate.decide(dict(config, strategy="smp", instance_type="ml.p3.16xlarge"), context)
 
 
 def test_list_prints_every_preset_of_every_family_name_first():

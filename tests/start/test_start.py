@@ -8,8 +8,6 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lm.spec import job
-from controlplane.presets import GPT_PRESETS
 from lmstack import start
 from stacks.settings import Settings
 
@@ -79,8 +77,8 @@ def executions(session, arn):
 FULL_FLAGS = ["--preset", "gpt-125m", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
               "--instance-count", "2", "--max-runtime", "7200", "--spot", "--dataset", "/datasets/pile",
               "--hp", "max_steps=50", "--hp", "learning_rate=0.0003", "--hp", "xla=false",
-              "--hp", "precision=fp16", "--prepare", "--deploy", "--endpoint-name", "gpt-small",
-              "--min-quality", "3.5"]
+              "--hp", "precision=fp16", "--hp", "global_batch_size=128", "--hp", "recompute=true", "--prepare",
+              "--deploy", "--endpoint-name", "gpt-small", "--min-quality", "3.5"]
 
 
 def test_started_execution_carries_the_input_built_from_the_flags(aws):
@@ -91,15 +89,17 @@ def test_started_execution_carries_the_input_built_from_the_flags(aws):
     assert execution["name"] == "smoke-1"
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
     sent = json.loads(described["input"])
-    estimate = sent.pop("plan_estimate")
-    assert estimate["strategy"] == "horovod" and estimate["hours"] > 0
-    assert estimate["tokens"] == 50 * job.HYPERPARAMETERS["global_batch_size"].default * 2048
     assert sent == {
         "preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 2,
         "max_runtime_seconds": 7200, "spot": True, "data_directory": "/datasets/pile", "min_quality": 3.5,
-        "hyperparameters": {"max_steps": 50, "learning_rate": 0.0003, "xla": False, "precision": "fp16"},
+        "hyperparameters": {"max_steps": 50, "learning_rate": 0.0003, "xla": False, "precision": "fp16",
+                            "global_batch_size": 128, "recompute": True},
         "prepare": {"enabled": True}, "deploy": {"enabled": True, "endpoint_name": "gpt-small"},
     }
+    # the gate's plan of the run, printed before the console URL
+    plan = start.validate_input(sent, start.load_settings(str(start.ROOT) + "/cdk.json")).plan
+    assert start.plan_line(plan) in out
+    assert (plan["strategy"], plan["per_device_batch"], plan["steps"]) == ("horovod", 8, 50)
     assert start.console_url(execution["executionArn"]) in out
     assert "region=us-east-1#/v2/executions/details/" + execution["executionArn"] in out
 
@@ -112,15 +112,14 @@ def test_flags_override_a_given_input(aws):
     [execution] = executions(aws, arn)
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
     sent = json.loads(described["input"])
-    assert sent.pop("plan_estimate")["strategy"] == "smddp"
     assert sent == dict(given, preset="gpt-350m", hyperparameters={"max_steps": 10, "seed": 3})
 
 
-def test_the_plan_estimate_covers_every_family():
+def test_the_plan_covers_every_family():
     from controlplane import planner
 
-    estimate = start.plan_estimate({"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}, Settings())
-    assert estimate["ok"] and estimate["hours"] > 0
+    plan = start.validate_input({"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}, Settings()).plan
+    assert plan["hours"] > 0 and json.loads(plan["model_config"])["family"] == "rnn"
     # rnn cannot use smp: the planner reads the family's declaration and says so
     chosen = planner.plan("rnn-tiny", "ml.p3.16xlarge", 1, "smp")["chosen"]
     assert not chosen["ok"] and chosen["reason"].startswith("model rnn cannot use strategy smp (capability smp:")
@@ -169,7 +168,6 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     [execution] = executions(aws, arn)
     described = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
     sent = json.loads(described["input"])
-    assert set(sent.pop("plan_estimate")) >= {"hours", "cost_on_demand_usd", "billable_instance_seconds"}
     assert sent == {"preset": "tiny"}
     assert execution["name"].startswith("tiny-")
     assert start.EXECUTION_NAME.match(execution["name"])
@@ -197,7 +195,9 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     (["--input", '{"prepare": true}'], "prepare must be a JSON object"),
     (["--input", "[1]"], "--input must be a JSON object"),
     (["--input", "{bad"], "--input is not valid JSON"),
-    (["--name", "has spaces"], "--name"),
+    (["--preset", "tiny", "--name", "has spaces"], "--name"),
+    # the deployment's defaults: 64 sequences of gpt-125m on one A10G, which the planner says do not fit
+    ([], "lmstack.plan: single on 1 x ml.g5.2xlarge: needs"),
 ])
 def test_invalid_input_names_the_field_and_starts_nothing(aws, capsys, flags, named):
     arn = deploy_stack(aws)
@@ -209,7 +209,7 @@ def test_invalid_input_names_the_field_and_starts_nothing(aws, capsys, flags, na
 
 
 def test_missing_stack_is_a_clear_error(aws, capsys):
-    code, _ = run(aws, ["--stack-name", "nowhere"])
+    code, _ = run(aws, ["--preset", "tiny", "--stack-name", "nowhere"])
     assert code == 2
     err = capsys.readouterr().err
     assert "nowhere" in err and "cdk deploy" in err
@@ -217,7 +217,7 @@ def test_missing_stack_is_a_clear_error(aws, capsys):
 
 def test_stack_without_the_output_lists_what_it_has(aws, capsys):
     deploy_stack(aws, outputs=False)
-    code, _ = run(aws, [])
+    code, _ = run(aws, ["--preset", "tiny"])
     assert code == 2
     err = capsys.readouterr().err
     assert "StateMachineArn" in err and "ArtifactBucket" in err
@@ -247,8 +247,6 @@ def test_dry_run_prints_the_input_and_calls_nothing(capsys):
     out = io.StringIO()
     assert start.main(["--preset", "tiny", "--hp", "max_steps=5", "--dry-run"], session=NoAws(), out=out) == 0
     printed = json.loads(out.getvalue())
-    tiny_block = GPT_PRESETS["tiny"].block_size
-    assert printed.pop("plan_estimate")["tokens"] == 5 * job.HYPERPARAMETERS["global_batch_size"].default * tiny_block
     assert printed == {"preset": "tiny", "hyperparameters": {"max_steps": 5}}
 
 
@@ -326,7 +324,8 @@ def test_show_request_prints_what_the_run_would_send_and_calls_nothing():
     out = io.StringIO()
     assert start.main(["--preset", "gpt-125m", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge",
                        "--instance-count", "2", "--spot", "--max-runtime", "7200", "--hp", "max_steps=5",
-                       "--name", "run-7", "--show-request"], session=NoAws(), out=out) == 0
+                       "--hp", "recompute=true", "--hp", "global_batch_size=32", "--name", "run-7", "--show-request"],
+                      session=NoAws(), out=out) == 0
     sent = json.loads(out.getvalue())
     assert sent["ResourceConfig"]["InstanceType"] == "ml.p3.16xlarge" and sent["ResourceConfig"]["InstanceCount"] == 2
     assert sent["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
@@ -368,7 +367,7 @@ def _corpus(tmp_path):
 def test_upload_corpus_puts_the_files_under_raw_and_prepares_from_there(aws, tmp_path):
     arn = _deploy_with_bucket(aws)
     corpus = _corpus(tmp_path)
-    code, out = run(aws, ["--upload-corpus", str(corpus), "--preset", "gpt-125m"])
+    code, out = run(aws, ["--upload-corpus", str(corpus), "--preset", "tiny"])
     assert code == 0, out
     s3 = aws.client("s3")
     keys = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="lmstack-artifacts")["Contents"])
@@ -383,17 +382,19 @@ def test_upload_corpus_puts_the_files_under_raw_and_prepares_from_there(aws, tmp
     # Issue 24.4: each corpus its own dataset directory, so a new corpus is not taken for the old dataset.
     assert sent["data_directory"] == "/corpora/pile-sample"
 
-    again_code, again = run(aws, ["--upload-corpus", str(corpus), "--preset", "gpt-125m", "--name", "second"])
+    again_code, again = run(aws, ["--upload-corpus", str(corpus), "--preset", "tiny", "--name", "second"])
     assert again_code == 0 and again.count("already uploaded") == len(keys) and "uploading" not in again
 
 
 def test_upload_corpus_dry_run_uploads_nothing_and_a_bad_path_starts_nothing(aws, tmp_path, capsys):
     arn = _deploy_with_bucket(aws)
-    code, out = run(aws, ["--upload-corpus", str(_corpus(tmp_path)), "--corpus-name", "pile", "--dry-run"])
+    code, out = run(aws, ["--upload-corpus", str(_corpus(tmp_path)), "--corpus-name", "pile", "--preset", "tiny",
+                          "--dry-run"])
     assert code == 0
     assert json.loads(out)["prepare"]["raw_s3_uri"] == "s3://<ArtifactBucketName>/raw/pile/"
     assert json.loads(out)["data_directory"] == "/corpora/pile"
-    code, out = run(aws, ["--upload-corpus", str(tmp_path / "pile-sample"), "--dataset", "/datasets/mine", "--dry-run"])
+    code, out = run(aws, ["--upload-corpus", str(tmp_path / "pile-sample"), "--dataset", "/datasets/mine",
+                          "--preset", "tiny", "--dry-run"])
     assert code == 0 and json.loads(out)["data_directory"] == "/datasets/mine"
     assert "Contents" not in aws.client("s3").list_objects_v2(Bucket="lmstack-artifacts")
     empty = tmp_path / "empty"
@@ -407,10 +408,10 @@ def test_upload_corpus_dry_run_uploads_nothing_and_a_bad_path_starts_nothing(aws
     assert executions(aws, arn) == []
 
 
-def test_the_plan_estimate_counts_the_deployment_s_traffic_encryption():
+def test_the_plan_counts_the_deployment_s_traffic_encryption():
     run = {"preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 4,
-           "hyperparameters": {"global_batch_size": 32}}
-    encrypted = start.plan_estimate(run, Settings())
-    plain = start.plan_estimate(run, Settings(inter_container_traffic_encryption=False))
+           "hyperparameters": {"global_batch_size": 32, "recompute": True}}
+    encrypted = start.validate_input(run, Settings()).plan
+    plain = start.validate_input(run, Settings(inter_container_traffic_encryption=False)).plan
     assert Settings().inter_container_traffic_encryption is True
     assert encrypted["cost_on_demand_usd"] > plain["cost_on_demand_usd"]

@@ -79,8 +79,9 @@ from moto.stepfunctions.parser.asl.utils import json_path
 import aws_rules
 from lm.spec import contract
 from lm.spec import job
-from lmstack import local_sfn
+from lmstack import local_lambda, local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
+from stacks import gate_code
 from stacks.state_machine import build_stop_definition, build_training_definition, render
 
 # The clients of every Deployment come from one boto3 session: a new session loads and parses each
@@ -88,6 +89,9 @@ from stacks.state_machine import build_stop_definition, build_training_definitio
 # the handlers of every session (moto.core.models adds it to botocore's BUILTIN_HANDLERS at import), so
 # these clients reach moto whenever a mock is active, as clients of a fresh session do.
 _SESSION = boto3.session.Session(region_name=REGION)
+# Source files a test edited in this process (tests/fork/recipe.py registers them: {file: source}): the gate's
+# code is staged from the tree, then these replace their copies, as an edit of the files before `cdk synth`.
+EDITED_SOURCES = {}
 ROLE = "arn:aws:iam::%s:role/sfn" % ACCOUNT
 EXECUTION_ROLE = "arn:aws:iam::%s:role/lmstack-sagemaker" % ACCOUNT
 
@@ -269,9 +273,12 @@ class StrictLayer:
 
 
 class JobFake:
-    """Scripts for the jobs moto's backend creates, in creation order; then `default`."""
+    """Scripts for the jobs moto's backend creates, in creation order; then `default`. A script is a list of
+    steps, one per DescribeTrainingJob, or a function of the simulated seconds since the job's creation
+    (`clock`: the seconds the execution's Wait states asked for so far) returning the step."""
 
     def __init__(self, strict=None):
+        self.clock = None
         self.strict = strict or StrictLayer()
         self.scripts = []
         self.default = SUCCESS
@@ -309,8 +316,14 @@ class JobFake:
         self.created.append(training_job.training_job_name)
         self.strict.report("Search", training_job.training_job_name, ("TrainingJobName", "Tags"))
         script = self.scripts.pop(0) if self.scripts else self.default
-        self._steps[training_job.training_job_name] = collections.deque(script)
-        self._apply(training_job, script[0])
+        if callable(script):
+            created = self.clock()
+            self._steps[training_job.training_job_name] = lambda: script(self.clock() - created)
+            self._apply(training_job, script(0))
+        else:  # the first describe reports the first step too
+            steps = collections.deque(script)
+            self._steps[training_job.training_job_name] = lambda: steps.popleft() if len(steps) > 1 else steps[0]
+            self._apply(training_job, script[0])
 
     def on_describe(self, training_job):
         parked = self._parked.pop(training_job.training_job_name, None)
@@ -318,9 +331,9 @@ class JobFake:
             arrived, release = parked
             arrived.set()
             release.wait(60)
-        steps = self._steps.get(training_job.training_job_name)
-        if steps and training_job.training_job_name not in self.stopped:
-            self._apply(training_job, steps.popleft() if len(steps) > 1 else steps[0])
+        step = self._steps.get(training_job.training_job_name)
+        if step and training_job.training_job_name not in self.stopped:
+            self._apply(training_job, step())
 
     def on_stop(self, training_job):
         self.stopped.append(training_job.training_job_name)
@@ -425,11 +438,14 @@ def jobs(monkeypatch, strict):
 class Deployment:
     """A mocked account with the resources the definitions point at, and helpers to run them."""
 
-    def __init__(self, settings, jobs, prepared=None):
+    def __init__(self, settings, jobs, directory, prepared=None):
         """`prepared`: the data directories earlier executions prepared (default: the settings' dataset
-        directory; `()` for a fresh account whose file system holds only its root)."""
+        directory; `()` for a fresh account whose file system holds only its root); `directory`: where the
+        gate's code is staged."""
         self.settings = settings
         self.jobs = jobs
+        self.gate = local_lambda.create_gate(_SESSION.client("iam"), _SESSION.client("lambda"), settings,
+                                             staged_gate(directory))
         self.sfn = _SESSION.client("stepfunctions")
         self.sagemaker = _SESSION.client("sagemaker")
         sns = _SESSION.client("sns")
@@ -440,7 +456,7 @@ class Deployment:
         sns.subscribe(TopicArn=self.topic, Protocol="sqs", Endpoint=queue_arn,
                       Attributes={"RawMessageDelivery": "true"})
         self.sqs = sqs
-        self.values = local_sfn.stand_in_values(settings, self.topic)
+        self.values = local_sfn.stand_in_values(settings, self.topic, self.gate)
         self.machine = self._create("lmstack-training", build_training_definition(settings))
         self.stop_machine = self._create("lmstack-stop", build_stop_definition(settings))
         self.file_system = aws_rules.FileSystem(self.values["FileSystemId"])
@@ -479,7 +495,10 @@ class Deployment:
 
     def run(self, execution_input, name="run-1", machine=None):
         execution = self.start(execution_input, name, machine)
-        return Run(self, execution, self.wait(execution))
+        run = Run(self, execution, self.wait(execution))
+        if machine is None:
+            run.assert_the_gate_ran()
+        return run
 
     def history(self, execution_arn):
         return local_sfn.history(self.sfn, execution_arn)
@@ -525,6 +544,22 @@ class Run:
     def states_entered(self):
         return local_sfn.states_entered(self.events)
 
+    def gate_answers(self):
+        """What the gate's handler answered this execution, in order (`lmstack.local_lambda`'s records)."""
+        name = self.arn.rsplit(":", 1)[-1]
+        return [invocation.payload for invocation in local_lambda.RUNTIME.invocations
+                if invocation.function_arn == self.deployment.gate and invocation.event.get("execution_name") == name]
+
+    def assert_the_gate_ran(self):
+        """The Validate state's answer came from the gate's handler, run from its staged code (moto's Lambda
+        alone echoes the payload, and a Choice on a missing field takes its default)."""
+        exits = [json.loads(event["stateExitedEventDetails"]["output"]) for event in self.events
+                 if event.get("stateExitedEventDetails", {}).get("name") == "Validate"]
+        decided = [output for output in exits if "answer" in output]  # not a caught error of the function
+        if decided:
+            answers = self.gate_answers()
+            assert answers and answers[0] == decided[0]["answer"], (answers[:1], decided)
+
 
 def invalid_sagemaker_requests(run):
     """botocore's own parameter validation of every SageMaker request the execution made, then the strict
@@ -555,12 +590,24 @@ def retry_waits(monkeypatch):
     return asked
 
 
+def staged_gate(directory):
+    """The gate's code as `cdk synth` stages it (`stacks.gate_code.stage`), with this process's edited sources."""
+    code = gate_code.stage(directory)
+    for source, text in EDITED_SOURCES.items():
+        target = gate_code.code_path(source)
+        if target is not None:
+            (code / target).parent.mkdir(parents=True, exist_ok=True)
+            (code / target).write_text(text)
+    return code
+
+
 @pytest.fixture
 def engine(strict, monkeypatch, retry_waits):
+    """moto's Step Functions engine (fast), with the strict layer and the gate's function running its code."""
     monkeypatch.setattr(json_path, "parse", _json_path)
     monkeypatch.setattr(result_path, "parse", _result_path)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), local_sfn.fast_engine() as asked, \
-            strict.active():
+            strict.active(), local_lambda.local_lambda():
         yield asked
 
 
@@ -571,8 +618,9 @@ def waits(engine):
 
 
 @pytest.fixture
-def make_deployment(engine, jobs):
-    return lambda settings=None, prepared=None: Deployment(settings or StandInSettings(), jobs, prepared)
+def make_deployment(engine, jobs, tmp_path_factory):
+    return lambda settings=None, prepared=None: Deployment(settings or StandInSettings(), jobs,
+                                                           tmp_path_factory.mktemp("gate"), prepared)
 
 
 @pytest.fixture

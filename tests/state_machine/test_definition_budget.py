@@ -1,21 +1,17 @@
-"""Presets are data: the training machine maps every preset to its configuration and its plan gate
-covers every preset, and the definition stays under Step Functions' limit as presets are added.
+"""The training definition stays small however many presets and GPU instance types a fork adds.
 
-The limit: "Maximum request size: 1 MB per request", which holds a CreateStateMachine or
-UpdateStateMachine definition (Step Functions developer guide, "Step Functions service quotas",
-quotas related to API action requests); CloudFormation's StateMachine handler refuses a
-DefinitionS3Location object over 1,048,576 bytes before that ("State Machine definition file cannot
-exceed 1MB", aws-cloudformation-resource-providers-stepfunctions, Constants.MAX_DEFINITION_SIZE).
-The definition the stack deploys is the file `definition_text(build_training_definition(settings))`
-(stacks.orchestration: compact JSON), placeholders filled by CloudFormation. The template, whose
-own limit is 1,000,000 bytes, holds only its location (tests/cdk/test_stack.py).
+The limits: "Maximum request size: 1 MB per request", which holds a CreateStateMachine or
+UpdateStateMachine definition (Step Functions developer guide, "Step Functions service quotas");
+CloudFormation's StateMachine handler refuses a DefinitionS3Location object over 1,048,576 bytes
+("State Machine definition file cannot exceed 1MB", aws-cloudformation-resource-providers-stepfunctions,
+Constants.MAX_DEFINITION_SIZE). The definition the stack deploys is the file
+`definition_text(build_training_definition(settings))` (stacks.orchestration: compact JSON).
 
-Measured here by adding synthetic presets (copies of the GPT-3 shapes, one layer more) and
-synthetic GPU instance types (copies of real ones, priced as a p4d): with the Llama presets the
-definition is about 750 KB, each GPT-sized preset adds about 44 KB (almost all of it the plan gate:
-one Choice rule and one Fail state per instance type x strategy it cannot run with its own
-message; the gate branches on instance type and strategy before it tests presets,
-stacks.state_machine.plan_gate) and each GPU instance type about 13 KB.
+The input checks and the plan are the gate's (`controlplane.gate`, a Lambda function), not states: the
+definition holds no preset and no instance type. Before the gate it was 745,822 bytes and 1,633 states
+(about 1,400 of them the input checks and the plan gate; 44 KB more per GPT-sized preset, 13 KB per GPU
+type). Measured here with the most subnets the settings allow, then with synthetic presets (copies of the
+GPT-3 shapes, one layer more) and GPU instance types (copies of real ones, priced as a p4d).
 """
 import collections
 import contextlib
@@ -24,23 +20,18 @@ from unittest import mock
 
 import pytest
 
-from controlplane import presets, prices, rules
-from lm.spec import conditions, hardware
-from stacks.settings import Settings
+from controlplane import gate, presets, prices
+from lm.spec import hardware
+from stacks.settings import MAX_AZ_COUNT, Settings
 from stacks.state_machine import build_training_definition, definition_text
 
-DEFINITION_LIMIT = 1024 * 1024
-# What the definition must still hold: this many more GPT-sized presets and GPU instance types,
-# with this share of the limit to spare (for the placeholders CloudFormation fills and what the
-# next change adds).
-MORE_PRESETS = 5
-MORE_INSTANCE_TYPES = 2
-MARGIN = 0.05
+DEFINITION_MAX_BYTES = 350_000
+PRESET_MAX_BYTES = 10_000  # what one more preset may add
+MORE = 5
 
 
 def definition_bytes():
-    rules.serving_rules.cache_clear()  # cached per table; the tables are patched here
-    return len(definition_text(build_training_definition(Settings())))
+    return len(definition_text(build_training_definition(Settings(az_count=MAX_AZ_COUNT))))
 
 
 def synthetic_presets(count):
@@ -53,51 +44,53 @@ def synthetic_presets(count):
 
 @contextlib.contextmanager
 def more_presets(extra):
-    """The preset tables with `extra` GPT presets, changed in place (the planner and the stages hold them)."""
+    """The preset tables with `extra` GPT presets, changed in place (the planner and the gate hold them)."""
     with mock.patch.dict(presets.GPT_PRESETS, extra), mock.patch.dict(presets.ALL_PRESETS, extra):
         yield
 
 
+@contextlib.contextmanager
 def more_instance_types(count):
     gpu = [instance for instance in hardware.INSTANCES.values() if instance.gpus]
     extra = collections.OrderedDict(("ml.synthetic%d.48xlarge" % index, gpu[-1 - index]._replace(
         name="ml.synthetic%d.48xlarge" % index)) for index in range(count))
     price = prices.ON_DEMAND_USD_PER_HOUR["ml.p4d.24xlarge"]
-    return mock.patch.dict(hardware.INSTANCES, extra), mock.patch.dict(
-        prices.ON_DEMAND_USD_PER_HOUR, {name: price for name in extra})
+    with mock.patch.dict(hardware.INSTANCES, extra), mock.patch.dict(
+            prices.ON_DEMAND_USD_PER_HOUR, {name: price for name in extra}):
+        yield
 
 
-def test_the_definition_holds_more_presets_and_instance_types_with_margin():
-    extra = synthetic_presets(MORE_PRESETS)
-    instances, priced = more_instance_types(MORE_INSTANCE_TYPES)
-    with more_presets(extra), instances, priced:
-        grown = definition_bytes()
-    assert grown < DEFINITION_LIMIT * (1 - MARGIN), (
-        "with %d more presets and %d more GPU instance types the training definition is %d bytes, over %d%% of "
-        "Step Functions' %d" % (MORE_PRESETS, MORE_INSTANCE_TYPES, grown, 100 * (1 - MARGIN), DEFINITION_LIMIT))
-
-
-def test_the_measurement_sees_each_preset():
-    """The budget test can fail: a preset grows the definition (its configuration state, its plan gate rules)."""
+def test_the_definition_is_small_and_grows_by_no_preset_nor_instance_type():
     base = definition_bytes()
-    with more_presets(synthetic_presets(1)):
-        assert definition_bytes() > base + len(presets.model_config("gpt-13b"))
+    with more_presets(synthetic_presets(MORE)):
+        with_presets = definition_bytes()
+        with more_instance_types(MORE):
+            with_types = definition_bytes()
+    print("training definition: %d bytes; %d more presets: +%d; and %d more GPU types: +%d"
+          % (base, MORE, with_presets - base, MORE, with_types - with_presets))
+    assert base <= DEFINITION_MAX_BYTES, base
+    assert (with_presets - base) / MORE <= PRESET_MAX_BYTES
+    assert (with_types - with_presets) / MORE <= PRESET_MAX_BYTES
+    assert with_types <= DEFINITION_MAX_BYTES
 
 
-def test_a_new_preset_is_mapped_to_its_configuration_and_gated_by_the_plan():
-    """A preset added to the table only: the machine gives the job its configuration, and the plan
-    gate refuses it where the planner says it cannot run, as for the preset it copies."""
+def test_a_new_preset_is_planned_by_the_gate():
+    """A preset added to the table only: the gate gives the job its configuration, and refuses it where the
+    planner says it cannot run, as for the preset it copies."""
+    context = gate.Context(gate.Deployment.of(Settings()))
     extra = collections.OrderedDict([("gpt-13b-copy", presets.GPT_PRESETS["gpt-13b"])])
-    with more_presets(extra):
-        states = build_training_definition(Settings())["States"]
-        gate = rules.plan_rules()
-    mapped = [rule["Next"] for rule in states["Run.ModelConfig"]["Choices"]
-              if rule["StringEquals"] == "gpt-13b-copy"]
-    assert [states[name]["Result"] for name in mapped] == [presets.model_config("gpt-13b")]
     single_small = {"preset": "gpt-13b-copy", "strategy": "single", "instance_type": "ml.g5.2xlarge",
                     "hyperparameters": {"recompute": True}}
-    assert "lmstack.plan" in conditions.broken(gate, single_small)
-    assert conditions.broken(gate, dict(single_small, instance_type="ml.p4de.24xlarge", strategy="smp")) is None
+    smp = {"preset": "gpt-13b-copy", "strategy": "smp", "instance_type": "ml.p4de.24xlarge",
+           "mp_parameters": {"partitions": 4, "microbatches": 1},
+           "hyperparameters": {"global_batch_size": 2, "seq_len": 1024}}
+    with more_presets(extra):
+        with pytest.raises(gate.Refusal, match="lmstack.plan: single on 1 x ml.g5.2xlarge: needs"):
+            gate.decide(single_small, context)
+        planned = gate.decide(smp, context).plan
+    assert planned["model_config"] == presets.model_config("gpt-13b")
+    with pytest.raises(gate.Refusal, match="preset must be one of"):
+        gate.decide(smp, context)
 
 
 @pytest.mark.parametrize("preset", list(presets.ALL_PRESETS))

@@ -8,20 +8,14 @@ SageMaker entrypoint reads (HF_MODEL_ID, SM_NUM_GPUS) and its launcher's limits 
 (MAX_INPUT_LENGTH, MAX_TOTAL_TOKENS, DTYPE). LMI likewise: its image and the OPTION_* Environment
 (model directory, vLLM engine, tensor-parallel degree, max_model_len, dtype) of `controlplane.containers`.
 """
-import collections
-import json
 
-import boto3
 import pytest
-from state_machine.harness import ROLE, invalid_sagemaker_requests
+from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 
-from lm.spec import conditions
-from controlplane import rules
-from controlplane import containers
+from controlplane import containers, gate, inputs, rules
 from controlplane.presets import get_preset
+from lm.spec import conditions, fields
 from lmstack import start
-from lmstack.local_sfn import REGION
-from stacks.state_machine import deploy
 
 # moto accepts only its own (older) list of hosting instance types: of ours, ml.g4dn.12xlarge and ml.p3.*.
 TGI_DEPLOY = {"enabled": True, "endpoint_name": "tgi", "instance_type": "ml.g4dn.12xlarge", "container": "tgi"}
@@ -114,38 +108,26 @@ def test_shards_follow_the_gpu_memory():
 
 
 @pytest.mark.parametrize("container", list(containers.HF_CONTAINERS))
-def test_the_environment_states_choose_what_lm_containers_computes(engine, container):
-    """The per-preset, per-instance-type Choice of the deploy stage, run on moto alone, for pairs
-    the container can serve: its Environment is `controlplane.containers.environment` with the computed shards."""
-    sfn = boto3.client("stepfunctions", region_name=REGION)
-    states = collections.OrderedDict(deploy._environment_states(container, "Tgi", "Done"))
-    states["Done"] = {"Type": "Pass", "End": True}
-    machine = sfn.create_state_machine(name="%s-env" % container, roleArn=ROLE, definition=json.dumps(
-        {"StartAt": "Tgi", "States": states}))["stateMachineArn"]
+def test_the_gate_gives_the_deploy_stage_the_container_s_environment(container):
+    """`controlplane.gate.check_serving`: the Environment of the container for the preset and deploy.instance_type
+    (`controlplane.containers.environment` with the computed shards), which the deploy stage's CreateModel sends
+    ($.plan.serving_environment); a pair the container cannot serve is refused."""
+    context = gate.Context(gate.Deployment.of(StandInSettings()))
+
+    def decided(preset, instance_type):
+        config = fields.with_defaults(inputs.schema(context.deployment), {"preset": preset, "deploy": {
+            "enabled": True, "container": container, "instance_type": instance_type}})
+        decision = gate.Decision(given={}, config=config, plan={})
+        gate.check_serving(decision, context)
+        return decision.plan["serving_environment"]
+
     cases = [("gpt-13b", "ml.g4dn.12xlarge"), ("gpt-13b", "ml.g5.12xlarge"), ("gpt-6.7b", "ml.p3.8xlarge"),
              ("gpt-125m", "ml.g5.xlarge"), ("tiny", "ml.p5.48xlarge")]
-    for index, (preset, instance_type) in enumerate(cases):
-        arn = sfn.start_execution(stateMachineArn=machine, name="env-%d" % index, input=json.dumps(
-            {"config": {"preset": preset, "deploy": {"instance_type": instance_type}}}))["executionArn"]
-        description = _finished(sfn, arn)
-        assert description["status"] == "SUCCEEDED", description
+    for preset, instance_type in cases:
         shards, _ = containers.gpu_shards(container, get_preset(preset), instance_type)
-        assert json.loads(description["output"])["deploy_serving"] == dict(
-            containers.environment(container, get_preset(preset), shards)), (preset, instance_type)
-    arn = sfn.start_execution(stateMachineArn=machine, name="env-none", input=json.dumps(
-        {"config": {"preset": "gpt-13b", "deploy": {"instance_type": "ml.p3.2xlarge"}}}))["executionArn"]
-    assert _finished(sfn, arn)["status"] == "FAILED"
-
-
-def _finished(sfn, arn):
-    import time
-
-    for _ in range(400):
-        description = sfn.describe_execution(executionArn=arn)
-        if description["status"] != "RUNNING":
-            return description
-        time.sleep(0.05)
-    raise AssertionError("execution %s still running" % arn)
+        assert decided(preset, instance_type) == dict(containers.environment(container, get_preset(preset), shards))
+    with pytest.raises(gate.Refusal, match="cannot serve preset gpt-13b on deploy.instance_type ml.p3.2xlarge"):
+        decided("gpt-13b", "ml.p3.2xlarge")
 
 
 REJECTED = [
@@ -154,7 +136,7 @@ REJECTED = [
     (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, instance_type="ml.m5.xlarge")),
      "deploy.container tgi: TGI needs a GPU instance; ml.m5.xlarge has none; choose another deploy.instance_type"),
     (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="vllm")),
-     "deploy.container must be one of lmstack, tgi, lmi, got \"vllm\""),
+     "deploy.container must be one of lmstack, tgi, lmi, got 'vllm'"),
     (dict(TINY_TGI, hyperparameters={"max_steps": 10}, deploy=dict(TGI_DEPLOY, container="lmi")),
      "deploy.container lmi serves the Hugging Face export: set hyperparameters.export_hf to true"),
     (dict(TINY_TGI, deploy=dict(TGI_DEPLOY, container="lmi", instance_type="ml.m5.xlarge")),
@@ -172,13 +154,13 @@ def test_the_validate_stage_refuses_what_tgi_cannot_serve(deployment, execution_
     assert run.calls("createTrainingJob") == []
     with pytest.raises(start.StartError) as raised:
         start.validate_input(execution_input, deployment.settings)
-    assert message.replace('"', "'") in str(raised.value)  # Python's repr quotes where the ASL writes JSON
+    assert str(raised.value) == run.description["cause"]  # the same gate
 
 
 @pytest.mark.parametrize("container", list(containers.HF_CONTAINERS))
 def test_the_fit_rule_rejects_a_preset_too_large_for_the_endpoint(container):
-    """The plan gate would reject gpt-13b on the default training instance first, so the rule is
-    shown on the rule table itself (what the Validate stage and lmstack.start both read)."""
+    """The gate's plan would reject gpt-13b on the default training instance first, so the rule is
+    shown on the rule table itself (what the gate reads, for the state machine and lmstack.start)."""
     table = rules.cross_field_rules()
     config = {"preset": "gpt-13b", "hyperparameters": {"export_hf": True, "model": "gpt"},
               "deploy": {"enabled": True, "container": container, "instance_type": "ml.p3.2xlarge"}}

@@ -50,9 +50,10 @@ def test_init_from_must_be_an_s3_uri(deployment):
     execution_input = {"preset": "tiny", "init_from": "https://example.com/gpt2"}
     run = deployment.run(execution_input, name="init-4")
     assert run.status == "FAILED"
-    assert run.description["cause"] == 'init_from must start with s3://, got "https://example.com/gpt2"'
-    with pytest.raises(start.StartError, match="init_from must start with s3://, got 'https://example.com/gpt2'"):
+    assert run.description["cause"] == "init_from must start with s3://, got 'https://example.com/gpt2'"
+    with pytest.raises(start.StartError) as raised:
         start.validate_input(execution_input, deployment.settings)
+    assert str(raised.value) == run.description["cause"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ from lm.spec import conditions
 from lm.spec import fields
 from lm.spec import contract
 from controlplane import request
-from stacks.state_machine import inputs, jobs, render, training
+from controlplane import inputs
+from stacks.state_machine import jobs, render, training
 
 INIT_FROM = "s3://lmstack-artifacts/%sgpt2-random/" % contract.INIT_PREFIX
 OTHER_INIT_FROM = "s3://lmstack-artifacts/%sgpt2-other/" % contract.INIT_PREFIX

@@ -16,7 +16,8 @@ from state_machine.harness import StandInSettings
 from lm.spec import fields
 from lm.spec import job
 from controlplane import request
-from stacks.state_machine import inputs, jobs, render, training
+from controlplane import inputs
+from stacks.state_machine import jobs, render, training
 
 INSTANCE_TYPE = "ml.p4d.24xlarge"
 
@@ -62,7 +63,8 @@ def _created(run):
 def test_the_definition_sends_what_the_builder_builds_for_each_strategy(deployment, strategy):
     execution_input = {"preset": "gpt-125m", "strategy": strategy, "instance_type": INSTANCE_TYPE,
                        "instance_count": 1 if strategy == "single" else 2, "spot": strategy == "horovod",
-                       "hyperparameters": {"max_steps": 20, "learning_rate": 0.001}}
+                       "hyperparameters": {"max_steps": 20, "learning_rate": 0.001, "global_batch_size": 32,
+                                           "recompute": strategy != "smp"}}
     run = deployment.run(execution_input, name="request-%s" % strategy)
     sent, = _created(run)
     assert_equal_key_by_key(concrete_request(deployment, run, jobs.TRAIN, execution_input), sent)

@@ -15,7 +15,8 @@ from state_machine.harness import SUCCESS, invalid_sagemaker_requests
 from lm.spec import conditions
 from lm.spec import fields
 from controlplane import request
-from stacks.state_machine import inputs, jobs, render
+from controlplane import inputs
+from stacks.state_machine import jobs, render
 
 FAILED = SUCCESS[:3] + [("Failed", "Failed", {"FailureReason": "InternalServerError: the instance was lost"})]
 CHECKPOINTS = "s3://lmstack-artifacts/checkpoints/%s/"

@@ -10,15 +10,17 @@ import inspect
 import re
 
 import pytest
+from state_machine import harness
 
 from controlplane import planner
 from controlplane import rules
 from lm.spec import conditions
 from lm.spec import fields, job
 from lmstack import start
+from controlplane import inputs
 from stacks import settings
 from stacks.settings import Settings, SettingsError
-from stacks.state_machine import inputs, jobs
+from stacks.state_machine import jobs
 
 # botocore's sagemaker service model, shape EndpointName.
 ENDPOINT_PATTERN = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
@@ -36,12 +38,14 @@ RUN = {"strategy": "mwms", "instance_type": "ml.p4d.24xlarge", "instance_count":
 
 
 @pytest.fixture
-def with_new_rule(tmp_path):
+def with_new_rule(tmp_path, monkeypatch):
     source = inspect.getsource(job)
     end = "\n    return found\n"
     at = source.index(end, source.index("\ndef job_rules("))
     copy = tmp_path / "job.py"
     copy.write_text(source[:at] + "\n" + NEW_RULE + source[at + 1:])
+    # The gate's code is staged from the tree with this edit, as `cdk synth` would after it.
+    monkeypatch.setitem(harness.EDITED_SOURCES, job.__file__, copy.read_text())
     saved = dict(vars(job))
     exec(compile(copy.read_text(), str(copy), "exec"), vars(job))
     yield
@@ -85,20 +89,18 @@ def test_a_rule_added_to_the_table_is_enforced_on_every_path(with_new_rule, make
         "asl": None, "start": None, "plan": None, "settings": found["settings"]}
 
 
-def test_start_rejects_what_the_plan_gate_rejects_with_its_message(deployment):
-    """The plan gate's rules (`rules.plan_rules`) are checked by lmstack.start too, before anything starts."""
-    found = next(item for item in rules.plan_rules() if item.error == conditions.PLAN_REJECTED
-                 and len(item.when.conditions) == 3 and item.when.conditions[0].value == "single")
-    strategy, instance_type, presets = (condition.value if isinstance(condition, conditions.Is) else condition.values
-                                        for condition in found.when.conditions)
-    execution_input = {"strategy": strategy, "instance_type": instance_type, "instance_count": 1,
-                       "preset": presets[-1]}
+def test_start_refuses_what_the_state_machine_refuses_with_its_words(deployment):
+    """A run the planner says cannot fit: the gate refuses it for the state machine and for lmstack.start, in
+    the same words, before anything starts."""
+    execution_input = {"strategy": "single", "instance_type": "ml.g5.2xlarge", "instance_count": 1,
+                       "preset": "gpt-1.3b"}
     run = deployment.run(execution_input, name="plan-gate")
-    assert (run.status, run.description.get("error"), run.description.get("cause")) == (
-        "FAILED", conditions.PLAN_REJECTED, found.message)
     with pytest.raises(start.StartError) as error:
         start.validate_input(execution_input, Settings())
-    assert str(error.value) == found.message
+    assert (run.status, run.description.get("error"), run.description.get("cause")) == (
+        "FAILED", conditions.PLAN_REJECTED, str(error.value))
+    assert str(error.value).startswith("lmstack.plan: single on 1 x ml.g5.2xlarge: needs ")
+    assert deployment.jobs.created == []
 
 
 # ---- names (controlplane.rules.name_rules) ----
@@ -118,11 +120,12 @@ def test_endpoint_name_rule(value, ok):
 
 
 def test_names_the_state_machine_builds_fit_for_the_longest_prefix():
-    """The job, model and endpoint-config names are made from the prefix, which the settings bound:
-    checked here at synth time, since no intrinsic function gives a string's length."""
+    """The job, model and endpoint-config names are made by the state machine from the prefix, which the
+    settings bound: checked here at synth time, for the most attempts a run makes (every fallback type's)."""
     prefix = "p" * settings._NAME_PREFIX_MAX
+    most_attempts = jobs.MAX_ATTEMPTS * (1 + inputs.MAX_FALLBACK_INSTANCE_TYPES)
     for kind in (jobs.TRAIN, jobs.PREPARE):
-        assert rules.job_name_length(prefix, kind.token, jobs.MAX_ATTEMPTS) <= rules.SAGEMAKER_NAME_MAX
+        assert rules.job_name_length(prefix, kind.token, most_attempts) <= rules.SAGEMAKER_NAME_MAX
     assert len(prefix) + 1 + rules.JOB_NAME_HASH_LENGTH <= rules.SAGEMAKER_NAME_MAX  # model, endpoint config
     endpoint = rules.name_rules(prefix)[0]
     default = inputs.schema(Settings(name_prefix=prefix))

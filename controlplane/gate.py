@@ -1,0 +1,390 @@
+"""The gate: one decision about an execution input, made by the same Python whoever asks.
+
+The state machine's first state invokes `handler` as an AWS Lambda function (stacks.gate stages this
+package and `lm.spec` as its code); `lmstack.start` calls `decide` before it starts anything. Either
+way the input is checked against the schema (`controlplane.inputs`), the rules between fields
+(`controlplane.rules`), the names AWS restricts, and planned exactly as asked with
+`controlplane.planner.plan`, the function `python -m lmstack.plan` prints: the global batch, sequence
+length, precision, strategy and instance count of the input. The answer is the input with its
+defaults and the plan (`plan_summary`), or a refusal naming the field and what it allows, which the
+state machine's Fail state shows as the execution's cause.
+
+A decision is a list of checks (CHECKS), each `check(decision, context)`: it reads `decision.given` and
+`decision.config`, refuses with `Refusal(message, error)`, or sets `decision.config`, `decision.plan`
+and `decision.notes` (lines for the run's notification). `context` holds what a check may need from
+outside the input: the deployment's settings (`Deployment`), the execution's name and a factory of
+AWS clients (`context.client("service-quotas")`; tests pass their own). A new check is one function
+in CHECKS.
+
+The event of the Lambda function: {"input": <execution input>, "execution_name": <name>, "launch": k},
+k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the
+state machine asks again when a type's capacity errors outlast their retries; the plan then says what
+changed). Its answer: {"ok": true, "config", "plan", "notes", "launches"} or {"ok": false, "error",
+"cause"}; an exception is the function's error (the machine fails with GateFailed).
+
+Pure Python, standard library only (boto3 only where a check calls AWS): no TensorFlow.
+"""
+import collections
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Optional
+
+from controlplane import containers, history, inputs, planner, presets, rules
+from lm.spec import conditions, hardware, job
+from lm.spec.fields import check, check_object, with_defaults
+
+INVALID = conditions.INVALID
+PLAN_REJECTED = conditions.PLAN_REJECTED
+ENVIRONMENT_KEY = "LMSTACK_DEPLOYMENT"  # the Lambda function's environment: the Deployment as JSON
+# What a fallback changes of the plan, in the order the notification names them.
+PLAN_CHANGES = ("instance_type", "strategy", "per_device_batch", "micro_batch", "mp_parameters", "recompute",
+                "memory_gib", "usd_per_instance_hour", "hours", "cost_usd")
+
+
+class Refusal(Exception):
+    """The input cannot run: `message` names the field and what it allows; `error` is the execution's error."""
+
+    def __init__(self, message, error=INVALID):
+        super().__init__(message)
+        self.error = error
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """What the gate knows of the deployment: the settings the input's defaults and checks read
+    (`stacks.settings.Settings` has each of them)."""
+    name_prefix: str
+    runtimes: tuple
+    default_preset: str
+    default_strategy: str
+    default_instance_type: str
+    default_instance_count: int
+    default_max_runtime_seconds: int
+    spot: bool
+    dataset_directory: str
+    inter_container_traffic_encryption: bool
+
+    @classmethod
+    def of(cls, settings):
+        values = {field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)}
+        return cls(**dict(values, runtimes=tuple(values["runtimes"])))
+
+    def environment(self):
+        """The Lambda function's environment variables that carry it."""
+        return {ENVIRONMENT_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True)}
+
+    @classmethod
+    def from_environment(cls, environ):
+        if ENVIRONMENT_KEY not in environ:
+            raise KeyError("the gate's environment has no %s (stacks.gate sets it)" % ENVIRONMENT_KEY)
+        values = json.loads(environ[ENVIRONMENT_KEY])
+        return cls(**dict(values, runtimes=tuple(values["runtimes"])))
+
+
+def aws_client(service):
+    """A boto3 client, for checks that ask AWS (the Lambda runtime has boto3; nothing else imports it)."""
+    import boto3
+    return boto3.client(service)
+
+
+@dataclasses.dataclass
+class Context:
+    deployment: Deployment
+    execution_name: Optional[str] = None
+    clients: Callable[[str], Any] = aws_client
+
+    def client(self, service):
+        return self.clients(service)
+
+
+@dataclasses.dataclass
+class Decision:
+    given: Any
+    launch: int = 0
+    config: Optional[dict] = None
+    plan: Optional[dict] = None
+    launches: int = 1
+    notes: list = dataclasses.field(default_factory=list)
+
+    def answer(self):
+        return collections.OrderedDict([("ok", True), ("config", self.config), ("plan", self.plan),
+                                        ("notes", self.notes), ("launches", self.launches)])
+
+
+# ---- the checks, in order ----
+
+def _typed(fields, values):
+    """`values` (checked, with defaults) with every number as its field's type: 2.0 given for an integer is 2."""
+    typed = collections.OrderedDict()
+    for spec in fields:
+        value = values[spec.name]
+        typed[spec.name] = _typed(spec.fields, value) if spec.type is dict else check(spec, value, spec.name)
+    return typed
+
+
+def check_fields(decision, context):
+    """The schema: unknown fields, types, bounds, choices; then the defaults, and the hyperparameters as the
+    runtime reads them (`lm.spec.job.validate_hyperparameters`, which applies the job's rules too)."""
+    given = decision.given
+    if not isinstance(given, dict):
+        raise Refusal("the input must be a JSON object, got %s" % json.dumps(given))
+    fields = inputs.schema(context.deployment)
+    try:
+        check_object(fields, given)
+        config = _typed(fields, with_defaults(fields, json.loads(json.dumps(given))))
+        job.validate_hyperparameters(dict(given.get("hyperparameters", {}), preset=config["preset"],
+                                          strategy=config["strategy"]))
+    except ValueError as error:
+        raise Refusal(str(error))
+    decision.config = config
+
+
+def check_fallback_instance_types(decision, context):
+    """fallback_instance_types: distinct instance types, at most MAX_FALLBACK_INSTANCE_TYPES, not instance_type."""
+    config = decision.config
+    value = config[inputs.FALLBACK_FIELD]
+    allowed = "a list of at most %d instance types other than instance_type, each one of %s" % (
+        inputs.MAX_FALLBACK_INSTANCE_TYPES, ", ".join(hardware.INSTANCES))
+    if (not isinstance(value, (list, tuple)) or len(value) > inputs.MAX_FALLBACK_INSTANCE_TYPES
+            or any(item not in hardware.INSTANCES for item in value)
+            or len(set(value) | {config["instance_type"]}) != len(value) + 1):
+        raise Refusal("%s must be %s, got %r" % (inputs.FALLBACK_FIELD, allowed, value))
+    config[inputs.FALLBACK_FIELD] = list(value)
+    decision.launches = 1 + len(value)
+    if not 0 <= decision.launch < decision.launches:
+        raise Refusal("launch %r: this input has %d instance types" % (decision.launch, decision.launches))
+
+
+def check_rules(decision, context):
+    """Every rule between fields (`controlplane.rules.cross_field_rules` for the deployment's images)."""
+    message = conditions.broken(rules.cross_field_rules(context.deployment.runtimes), decision.config)
+    if message:
+        raise Refusal(message)
+
+
+def check_names(decision, context):
+    """The names AWS restricts (`controlplane.rules.name_rules`): the endpoint's, the execution's."""
+    for found in rules.name_rules(context.deployment.name_prefix):
+        if found.path == rules.EXECUTION_NAME:
+            value = context.execution_name
+            if value is None:
+                continue  # lmstack.start checks the name it starts the execution with
+        else:
+            value = conditions.value_at(decision.config, found.path)
+        message = rules.name_problem(found, value)
+        if message:
+            raise Refusal(message)
+
+
+def check_plan(decision, context):
+    """The run planned as asked on `instance_type`, refused where the runtime would refuse its batch or the
+    planner says it cannot fit or run; each fallback type re-planned (`fallback_launch`), refused where none
+    fits. The decision's config and plan are those of the launch it asks for; a fallback's plan says what
+    changed from the launch before it."""
+    config = decision.config
+    launches = [(config, exact_plan(config, context.deployment))]
+    fallbacks = config[inputs.FALLBACK_FIELD]
+    # The first launch checks every fallback now, before any job; a fallback needs the launches up to it.
+    for index, instance_type in enumerate(fallbacks[:decision.launch or len(fallbacks)]):
+        launches.append(fallback_launch(config, instance_type, "%s[%d]" % (inputs.FALLBACK_FIELD, index),
+                                        context.deployment))
+    decision.config, decision.plan = launches[decision.launch]
+    decision.notes.extend("lmstack.plan: %s" % warning for warning in decision.plan["warnings"])
+    if decision.launch:
+        before = launches[decision.launch - 1][1]
+        decision.plan["changes"] = plan_changes(before, decision.plan)
+
+
+def check_serving(decision, context):
+    """The Environment of the serving container for the preset and deploy.instance_type (tgi, lmi:
+    `controlplane.containers.environment`; None for lmstack's own server or without deploy): the deploy
+    stage's CreateModel sends it. A pair the container cannot serve was refused by the rules."""
+    deploy = decision.config["deploy"]
+    environment = None
+    if deploy["enabled"] and deploy["container"] in containers.HF_CONTAINERS:
+        config = presets.ALL_PRESETS[decision.config["preset"]]
+        shards, reason = containers.gpu_shards(deploy["container"], config, deploy["instance_type"])
+        if shards is None:
+            raise Refusal("deploy.container %s cannot serve preset %s on deploy.instance_type %s: %s" % (
+                deploy["container"], decision.config["preset"], deploy["instance_type"], reason))
+        environment = containers.environment(deploy["container"], config, shards)
+    decision.plan["serving_environment"] = environment
+
+
+def check_history(decision, context):
+    """How long the job monitor may wait between polls (`controlplane.history.poll_cap`) so the longest run
+    this input allows fits the execution's history."""
+    config = decision.config
+    walls = [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
+    if config["prepare"]["enabled"]:
+        walls.append(config["prepare"]["max_runtime_seconds"])
+    cap = history.poll_cap(walls)
+    decision.plan["poll"] = collections.OrderedDict([("min_seconds", history.POLL_MIN_SECONDS),
+                                                     ("max_seconds", cap), ("half_max_seconds", cap // 2),
+                                                     ("phase_resets", history.PHASE_RESETS)])
+
+
+CHECKS = (check_fields, check_fallback_instance_types, check_rules, check_names, check_plan, check_serving,
+          check_history)
+
+
+# ---- the plan ----
+
+def plan_settings(config, deployment):
+    """The keyword arguments of `controlplane.planner.plan` for the run `config` asks for, exactly."""
+    hyperparameters = config["hyperparameters"]
+    seq_len = hyperparameters["seq_len"] or presets.ALL_PRESETS[config["preset"]].block_size
+    batch = hyperparameters["global_batch_size"]
+    values = dict(global_batch=batch, seq_len=seq_len, precision=hyperparameters["precision"],
+                  recompute=hyperparameters["recompute"], xla=hyperparameters["xla"],
+                  tokens=hyperparameters["max_steps"] * batch * seq_len, spot=config["spot"],
+                  learning_rate=hyperparameters["learning_rate"], scale_lr=hyperparameters["scale_lr"],
+                  traffic_encryption=deployment.inter_container_traffic_encryption)
+    if config["strategy"] == "smp":
+        mp_parameters = config["mp_parameters"]
+        values.update(partitions=mp_parameters["partitions"], microbatches=mp_parameters["microbatches"],
+                      pipeline=mp_parameters["pipeline"])
+    return values
+
+
+def planned(config, deployment, strategy=None):
+    """`controlplane.planner.plan` of the run (with `strategy`: that strategy, "auto" searches them all);
+    the planner's own refusals of a value (a precision the GPU lacks, a seq_len over the model's) are the
+    input's."""
+    try:
+        return planner.plan(config["preset"], config["instance_type"], config["instance_count"],
+                            strategy or config["strategy"], **plan_settings(config, deployment))
+    except ValueError as error:
+        raise Refusal("controlplane.planner: %s" % error)
+
+
+def exact_plan(config, deployment):
+    """The plan of the run as asked; Refusal with the planner's words where it cannot run so."""
+    gpus = hardware.INSTANCES[config["instance_type"]].gpus
+    partitions = config["mp_parameters"]["partitions"]
+    if config["strategy"] == "smp" and (partitions < 2 or gpus % partitions):
+        raise Refusal("mp_parameters.partitions %d must divide the %d GPUs per host of instance_type %s, at least 2"
+                      % (partitions, gpus, config["instance_type"]))
+    result = planned(config, deployment)
+    chosen = result["chosen"]
+    batch = config["hyperparameters"]["global_batch_size"]
+    if chosen["global_batch"] != batch:
+        raise Refusal("controlplane.planner: %s" % next(
+            warning for warning in chosen["warnings"] if "nearest valid" in warning))
+    if not chosen["ok"]:
+        raise Refusal("lmstack.plan: %s" % refusal_reason(result, config), PLAN_REJECTED)
+    return plan_summary(result, config)
+
+
+def refusal_reason(result, config):
+    """Why the planner refuses the run, and what would work (`controlplane.planner.check`'s words)."""
+    chosen, best = result["chosen"], result["suggested"]
+    reason = "%s on %d x %s: %s" % (chosen["strategy"], config["instance_count"], config["instance_type"],
+                                    chosen["reason"])
+    if best is None:
+        return "%s; no strategy fits on %s: use a GPU with more memory or a smaller global batch" % (
+            reason, config["instance_type"])
+    hints = []
+    if best["strategy"] != chosen["strategy"]:
+        hints.append(planner.use_strategy(best))
+    if best["recompute"] != result["settings"]["recompute"]:
+        hints.append("set hyperparameters.recompute to %s" % str(best["recompute"]).lower())
+    if best["global_batch"] != result["settings"]["global_batch"]:
+        hints.append("set hyperparameters.global_batch_size to %d" % best["global_batch"])
+    return "%s; suggestion: %s" % (reason, " and ".join(hints)) if hints else reason
+
+
+def fallback_launch(config, instance_type, label, deployment):
+    """(config, plan) of the run on `instance_type` after another type had no capacity: the same model,
+    global batch, sequence length, precision and instance count; the asked strategy where it fits and this
+    deployment runs it there, else the cheapest that does (SMP's parameters searched, recomputation as the
+    planner needs it). Refusal naming `label` where none does."""
+    base = dict(config, instance_type=instance_type)
+    candidates = [base]
+    try:
+        searched = planned(dict(base, strategy="single"), deployment, strategy="auto")  # SMP's parameters searched
+    except Refusal as refusal:
+        raise Refusal("%s %s: %s" % (label, instance_type, refusal), refusal.error)
+    fitting = [c for c in searched["candidates"] + [searched["suggested"]] if c and c["ok"] and c["time"]]
+    for candidate in sorted(fitting, key=lambda c: (c["time"]["cost_on_demand_usd"] or 0.0, c["time"]["hours"],
+                                                    job.STRATEGIES.index(c["strategy"]))):
+        hyperparameters = dict(config["hyperparameters"], recompute=candidate["recompute"])
+        mp_parameters = dict(config["mp_parameters"], **(candidate.get("mp_parameters") or {}))
+        candidates.append(dict(base, strategy=candidate["strategy"], hyperparameters=hyperparameters,
+                               mp_parameters=mp_parameters))
+    reasons = []
+    for candidate in candidates:
+        message = conditions.broken(rules.cross_field_rules(deployment.runtimes), candidate)
+        if message is None:
+            try:
+                return candidate, exact_plan(candidate, deployment)
+            except Refusal as refusal:
+                message = str(refusal)
+        reasons.append(message)
+    raise Refusal("%s %s: no strategy this deployment runs fits the run there (%s)" % (
+        label, instance_type, reasons[0]), PLAN_REJECTED)
+
+
+def plan_summary(result, config):
+    """What the state machine and the notifications need of a plan (the planner's whole plan is large)."""
+    chosen = result["chosen"]
+    timing = chosen["time"] or {}
+    instance = result["instance"]
+    spot = config["spot"]
+    summary = collections.OrderedDict([
+        ("instance_type", config["instance_type"]), ("instance_count", config["instance_count"]),
+        ("strategy", chosen["strategy"]),
+        ("processes_per_host", job.processes_per_host("horovod", instance["gpus_per_host"])),
+        ("model_config", presets.model_config(config["preset"])),
+        ("global_batch", chosen["global_batch"]), ("seq_len", result["settings"]["seq_len"]),
+        ("precision", result["settings"]["precision"]), ("recompute", chosen["recompute"]),
+        ("data_parallel", chosen["data_parallel"]), ("per_device_batch", chosen["per_replica_batch"]),
+        ("micro_batch", chosen["micro_batch"]), ("mp_parameters", chosen.get("mp_parameters")),
+        ("memory_gib", round(chosen["memory_gib"]["peak"], 2)), ("usable_gib", round(chosen["usable_gib"], 2)),
+        ("learning_rate", result["learning_rate"]["peak"]),
+        ("tokens", result["settings"]["tokens"]), ("steps", timing.get("steps")),
+        ("tokens_per_second", timing.get("tokens_per_second")), ("hours", timing.get("hours")),
+        ("usd_per_instance_hour", instance["on_demand_usd_per_hour"]),
+        ("cost_on_demand_usd", timing.get("cost_on_demand_usd")), ("cost_spot_usd", timing.get("cost_spot_usd")),
+        ("cost_usd", timing.get("cost_spot_usd" if spot else "cost_on_demand_usd")),
+        ("price_region", instance["price_region"]), ("price_date", instance["price_date"]),
+        ("warnings", chosen["warnings"]),
+    ])
+    return summary
+
+
+def plan_changes(before, after):
+    """What a fallback changed of the plan, as "name: before -> after" phrases."""
+    def shown(value):
+        if isinstance(value, float):
+            return "%.2f" % value
+        return json.dumps(value) if isinstance(value, (dict, list)) or value is None else str(value)
+
+    return "; ".join("%s: %s -> %s" % (name, shown(before.get(name)), shown(after.get(name)))
+                     for name in PLAN_CHANGES if before.get(name) != after.get(name))
+
+
+# ---- whoever asks ----
+
+def decide(execution_input, context, launch=0, checks=CHECKS):
+    """The Decision about `execution_input` for launch `launch`; Refusal when it cannot run."""
+    decision = Decision(given=execution_input, launch=launch)
+    for found in checks:
+        found(decision, context)
+    return decision
+
+
+def answer(event, context):
+    """The Lambda function's answer to one event (the module docstring)."""
+    try:
+        decision = decide(event.get("input"), context, launch=event.get("launch", 0))
+    except Refusal as refusal:
+        return collections.OrderedDict([("ok", False), ("error", refusal.error), ("cause", str(refusal))])
+    return decision.answer()
+
+
+def handler(event, lambda_context=None, environ=os.environ):
+    """The Lambda function's handler; its environment holds the Deployment (stacks.gate)."""
+    context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"))
+    return answer(event, context)
