@@ -2,7 +2,8 @@
 construct (`stacks.gate`), the moto harness and the demo stage it alike.
 
 `stage(directory)` writes the function's code: the `controlplane` package and the TF-free `lm.spec`
-(with `lm/__init__.py`, which imports nothing), Python files only. The app stages it into the cloud
+(with `lm/__init__.py`, which imports nothing): their Python files and the data files they read
+(`SUFFIXES`: `controlplane/measured_mfu.json`). The app stages it into the cloud
 assembly at synth (`Code.from_asset` of that directory: a zip of plain files, no Docker); the moto
 harness and the demo stage the same directory and run the handler from it
 (`lmstack.local_lambda`). Nothing of TensorFlow or the rest of the runtime is in it:
@@ -17,7 +18,7 @@ import shutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HANDLER = "controlplane.gate.handler"
-# (source directory, its path in the function's code); every .py file below each, recursively.
+# (source directory, its path in the function's code); every file below each with one of SUFFIXES, recursively.
 PACKAGES = ((ROOT / "controlplane", "controlplane"), (ROOT / "training_image" / "lm" / "spec", "lm/spec"))
 # `lm/__init__.py` only: the package's docstring (the runtime's modules stay out).
 PACKAGE_FILES = ((ROOT / "training_image" / "lm" / "__init__.py", "lm/__init__.py"),)
@@ -25,14 +26,16 @@ PACKAGE_FILES = ((ROOT / "training_image" / "lm" / "__init__.py", "lm/__init__.p
 RUNTIME = "python3.14"
 TIMEOUT_SECONDS = 60  # a decision plans every instance type of the input: milliseconds each
 MEMORY_MB = 512
+# Python modules and the JSON data they load at import (the planner reads measured_mfu.json).
+SUFFIXES = (".py", ".json")
 
 
 def staged_files():
     """{path in the function's code: source file}, sorted: what `stage` copies."""
     files = {target: source for source, target in PACKAGE_FILES}
     for source_root, target_root in PACKAGES:
-        for source in sorted(source_root.rglob("*.py")):
-            if "__pycache__" not in source.parts:
+        for source in sorted(source_root.rglob("*")):
+            if source.suffix in SUFFIXES and source.is_file() and "__pycache__" not in source.parts:
                 files["%s/%s" % (target_root, source.relative_to(source_root).as_posix())] = source
     return dict(sorted(files.items()))
 
@@ -45,7 +48,7 @@ def code_path(source):
         if source == file:
             return target
     for root, target_root in PACKAGES:
-        if source.suffix == ".py" and root in source.parents:
+        if source.suffix in SUFFIXES and root in source.parents:
             return "%s/%s" % (target_root, source.relative_to(root).as_posix())
     return None
 
