@@ -15,7 +15,6 @@ from lmstack import plan
 from controlplane.presets import GPT_PRESETS
 from lm.spec.families import parameter_count
 from lm.distributed import get_strategy
-from lm.models.gpt import GPT
 from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
 
 
@@ -169,7 +168,11 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     probe = first.build_model(build_tiny)
     from lm.training.optim import AdamW
     probe_step = first.build_train_step(probe, AdamW(probe.trainable_variables, lambda step: 0.0), sequence_loss)
+    # From the probe's initial weights: the library's tracing copy draws its own first, in the same process.
     reference = build_tiny()
+    from lm.distributed.smp import weight_paths
+    for path, weight in weight_paths(reference).items():
+        weight.assign(weight_paths(probe)[path])
     inputs, labels = token_batch(8, seed=0)
     with tf.GradientTape() as tape:
         loss = sequence_loss(labels, reference(inputs, training=True))
@@ -180,12 +183,33 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     assert losses[-1] < losses[0]
 
 
-def test_model_is_one_distributed_model_called_only_in_steps(fake_smdist, monkeypatch):
+def test_the_model_is_built_the_way_the_library_builds_a_distributed_model(fake_smdist, monkeypatch):
     import smdistributed.modelparallel.tensorflow as smp
+
+    from lm.compat import keras_of
+    from lm.models.gpt import gpt_classes
     _mp_parameters(monkeypatch, partitions=1)
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)
-    assert isinstance(model, smp.DistributedModel) and isinstance(model, GPT)
+    # One Keras: the GPT of the Keras the library's DistributedModel derives from (TensorFlow's bundled
+    # one, v2/model.py line 14), with DistributedModel before that Keras' Model in the MRO, so its
+    # __init__ and __call__ run; and every layer of that Keras, so the model tracks them.
+    tree = keras_of(smp.DistributedModel)
+    assert tree.__name__ == "tensorflow.python.keras" and isinstance(model, gpt_classes(tree).GPT)
+    order = type(model).__mro__
+    assert order.index(smp.DistributedModel) < order.index(tree.Model)
+    names = ["embedding", "block_0", "block_1", "ln_f"]
+    assert [layer.name for layer in model.layers] == names
+    assert all(isinstance(layer, tree.layers.Layer) for layer in model.layers)
+    # The construction path: a tracing copy made from the constructor's arguments, its layers listed
+    # (get_layers: the model's own layers on this TensorFlow, whose Keras has no `_layers`), each
+    # built with build() in the partition, and the calls through DistributedModel.__call__.
+    calls = fake_smdist.calls
+    assert [details for name, details in calls if name == "smp.DistributedModel.tracing_copy"] == [
+        {"model": "DistributedGPT", "rank": 0, "layers": names}]
+    assert [(details["layers"], details["built"]) for name, details in calls
+            if name == "smp.DistributedModel.partition"] == [(names, names)]
+    assert "smp.DistributedModel.output" in [name for name, _ in calls]
     # One partition holds every weight; Keras' count_params is not available on a rank.
     assert sum(weight.shape.num_elements() for weight in model.weights) == parameter_count(GPT_PRESETS["tiny"])
     with pytest.raises(ValueError, match="count_params"):
@@ -201,6 +225,9 @@ class _Scale:
 
 def _doubling_model(smp):
     class Doubling(smp.DistributedModel):
+        def __init__(self):  # the library reads the arguments of the model's own __init__ (v2/model.py)
+            super().__init__()
+
         def call(self, x, scale):
             return x * scale
 
@@ -520,17 +547,20 @@ def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
 
 # ---- what the library's own code does (GitHub tkazusa/smdistributed_modelparallel, 1.12.1) ----
 
-def _wrapped_gpt_model(smp):
-    """A DistributedModel around a GPT built outside it: what lm.distributed.smp did before."""
+def _model_around_a_layer_built_outside(smp):
+    """A DistributedModel around a layer built outside it (as lm.distributed.smp once wrapped a GPT)."""
+    from lm.compat import keras_of
+    from lm.models.gpt import gpt_classes
+
     class Wrapper(smp.DistributedModel):
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
 
         def call(self, inputs, labels, training=None):
-            return sequence_loss(labels, self.inner(inputs, training=training))
+            return sequence_loss(labels, self.inner.project(self.inner(inputs)))
 
-    return Wrapper(build_tiny(build=False))
+    return Wrapper(gpt_classes(keras_of(smp.DistributedModel)).Embedding(512, 16, 8, name="embedding"))
 
 
 def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypatch):
@@ -539,7 +569,7 @@ def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypa
     import smdistributed.modelparallel.tensorflow as smp
     _mp_parameters(monkeypatch, partitions=1, microbatches=2)
     strategy = get_strategy("smp").setup()
-    wrapped = _wrapped_gpt_model(smp)
+    wrapped = _model_around_a_layer_built_outside(smp)
 
     @smp.step
     def loss_of(inputs, labels):
@@ -553,6 +583,85 @@ def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypa
     copy = built._fake_copy.value
     assert type(copy) is type(built) and copy.model_config == built.model_config
     assert not {id(layer) for layer in copy.layers} & {id(layer) for layer in built.layers}
+
+
+def _librarys_keras(monkeypatch):
+    import smdistributed.modelparallel.tensorflow as smp
+
+    from lm.compat import keras_of
+    _mp_parameters(monkeypatch, partitions=1)
+    smp.init()
+    return smp, keras_of(smp.DistributedModel)
+
+
+def test_the_tracing_copy_takes_the_arguments_of_the_frame_that_called_distributed_models_init(fake_smdist,
+                                                                                               monkeypatch):
+    # Read three frames out of _get_init_args: the caller of DistributedModel.__init__, whatever class
+    # that __init__ belongs to (v2/model.py, lines 97-126).
+    smp, keras = _librarys_keras(monkeypatch)
+
+    class Dense(smp.DistributedModel):
+        def __init__(self, width, **kwargs):
+            super().__init__(**kwargs)
+            self.width = width
+            self.dense = keras.layers.Dense(width)
+
+        def call(self, x):
+            return self.dense(x)
+
+    class Inherited(Dense):
+        pass
+
+    class Renamed(Dense):
+        def __init__(self, size, **kwargs):
+            super().__init__(size, **kwargs)
+
+    copy = Inherited(3, name="inherited")._fake_copy.value
+    assert type(copy) is Inherited and copy.width == 3 and copy.name == "inherited"
+    # Renamed.__init__ reaches DistributedModel.__init__ through Dense.__init__, whose frame has no `size`.
+    with pytest.raises(KeyError, match=r"Renamed.__init__'s parameters \['size'\] are not variables of __init__"):
+        Renamed(3)
+
+
+@pytest.mark.parametrize("builds_inner", [False, True])
+def test_a_sublayer_that_only_its_parents_call_builds_is_refused(fake_smdist, monkeypatch, builds_inner):
+    # The library's ranks build the layers get_layers lists with build() and never call them
+    # (v2/serialization.py, lines 280-313); on this TensorFlow those are the model's own layers.
+    smp, keras = _librarys_keras(monkeypatch)
+
+    class Outer(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(2, name="inner")
+
+        def build(self, input_shape):
+            if builds_inner:
+                with tf.name_scope(self.inner.name):
+                    self.inner.build(input_shape)
+            super().build(input_shape)
+
+        def call(self, x):
+            return self.inner(x)
+
+    class Model(smp.DistributedModel):
+        def __init__(self):
+            super().__init__()
+            self.outer = Outer(name="outer")
+
+        def call(self, x):
+            return self.outer(x)
+
+    model = Model()
+
+    @smp.step
+    def forward(x):
+        return model(x)
+
+    if builds_inner:
+        assert forward(tf.ones([2, 3])).outputs[0].shape == [2, 2]
+    else:
+        with pytest.raises(RuntimeError, match="'kernel' is created in a layer's call"):
+            forward(tf.ones([2, 3]))
 
 
 def _accumulations():

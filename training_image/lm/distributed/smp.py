@@ -149,10 +149,18 @@ def distributed_gpt_class(smp):
     outside would share every layer with its copy. The library partitions the graph it traces
     from that copy (lines 259-277), so what `call` uses must be the class's: the loss function is
     set on the class, not on the instance.
-    """
-    from lm.models.gpt import GPT
 
-    class DistributedGPT(GPT, smp.DistributedModel):
+    The library's `DistributedModel` derives from TensorFlow's bundled Keras
+    (`tensorflow.python.keras.models.Model`, v2/model.py line 14), which on TF 2.6 is not `tf.keras`
+    (the keras 2.6 package): the GPT and every layer come from the Keras `keras_of` finds it derives
+    from. Its MRO is then DistributedGPT, GPT, DistributedModel, Model: GPT.__init__ calls
+    DistributedModel.__init__ directly, whose caller frame the library reads the arguments from, and
+    calls go through DistributedModel.__call__, where the library partitions.
+    """
+    from lm.compat import keras_of
+    from lm.models.gpt import gpt_classes
+
+    class DistributedGPT(gpt_classes(keras_of(smp.DistributedModel)).GPT, smp.DistributedModel):
         """The GPT whose call takes (tokens, labels) and returns the mean token loss: "tensors
         returned from the call method will be broadcast across model-parallel devices"."""
 

@@ -67,6 +67,8 @@ import numpy as np
 
 from lm.compat import keras, tf
 from smdistributed import env_int, record
+# The library's base class (v2/model.py line 14): TensorFlow's bundled Keras, not `tf.keras`.
+from tensorflow.python.keras.models import Model  # noqa: E402
 
 FAKE = "fake smdistributed.modelparallel"
 TIMEOUT_ENV = "FAKE_SMP_TIMEOUT"
@@ -612,7 +614,14 @@ def _step_barrier(state, eager, after=()):
         return np.int32(0)
 
     with tf.control_dependencies(list(after)):
-        return tf.numpy_function(wait, [], tf.int32, stateful=True, name="FakeSMPStepBarrier")
+        return stateful_numpy_function(wait, [], tf.int32, name="FakeSMPStepBarrier")
+
+
+def stateful_numpy_function(function, inputs, dtypes, name):
+    """tf.numpy_function as an op TensorFlow keeps in program order (not part of the library: the fake
+    Horovod uses it too). TF 2.6's numpy_function is always stateful and has no `stateful` argument."""
+    stateful = {"stateful": True} if "stateful" in inspect.signature(tf.numpy_function).parameters else {}
+    return tf.numpy_function(function, inputs, dtypes, name=name, **stateful)
 
 
 def register_post_partition_hook(hook):
@@ -709,6 +718,14 @@ def _seed_generator():
     return generator
 
 
+def _private_generator():
+    """A generator in the state this thread's Keras draws seeds from now (see `_seed_generator`)."""
+    source = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None) or random
+    generator = random.Random()
+    generator.setstate(source.getstate())
+    return generator
+
+
 class _random_of:  # noqa: N801
     """Draw initial values from one generator for the whole mp group (Keras keeps it per thread),
     so a partitioned model starts from the values one process building it would draw."""
@@ -737,60 +754,173 @@ class _Holder:
         self.value = value
 
 
-def _has_own_build(layer):
-    return not getattr(type(layer).build, "_is_default", False)
-
-
 def _nested_layers(model):
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
-class DistributedModel(keras.Model):
+def get_layers(model):
+    """The layers the library walks (v2/utils.py, `get_layers` and `_flatten_layers`, lines 14-52):
+    each of `model.layers`, and below each the layers found in its `_layers` attribute, recursively
+    (those that are `tf.keras.layers.Layer`s). Keras named that attribute `_self_tracked_trackables`
+    from TF 2.5 on; neither Keras of TF 2.6 (nor of later TFs) has `_layers`, so the walk finds no
+    sublayer: the model's own layers are all it lists. The 1.4.0 wheel of the TF 2.6 DLC was not
+    read; 1.7.0 and 1.12.1, released after TF 2.5, still read `_layers`."""
+    found = []
+    for layer in model.layers:
+        found.extend(_walk_layers(layer))
+    return found
+
+
+def _walk_layers(layer, seen=None):
+    seen = set() if seen is None else seen
+    yield layer
+    for inner in tf.nest.flatten(getattr(layer, "_layers", None)):
+        if id(inner) not in seen and isinstance(inner, tf.keras.layers.Layer):
+            seen.add(id(inner))
+            yield from _walk_layers(inner, seen)
+
+
+def _builds_itself(layer):
+    """The library's test for a layer with a build() of its own (v2/model.py line 252, serialization.py
+    line 292): Keras marks its default build with `_is_default`."""
+    return not hasattr(layer.build, "_is_default")
+
+
+class DistributedModel(Model):
     """Subclass and implement `call`; calling the model is allowed only inside smp.step.
 
-    As the library's (smdistributed/modelparallel/tensorflow/v2/model.py in the 1.12.1 source,
-    GitHub tkazusa/smdistributed_modelparallel): on mp_rank 0, `__init__` makes the tracing copy
-    by calling the subclass again with the values its `__init__` was called with (lines 62-64,
-    77-126: the arguments of the subclass's `__init__` signature, read from the frame that called
-    `DistributedModel.__init__`), and the first call refuses layers with their own `build()` that
-    the model and its copy share (lines 217-218, 249-257). A rank's model is never called through
-    Keras there (it imports the partitioned graph, line 160), so `count_params()` raises.
+    As the library's (smdistributed/modelparallel/tensorflow/v2/model.py in the 1.12.1 source, GitHub
+    tkazusa/smdistributed_modelparallel), from its base on: TensorFlow's bundled Keras Model (line 14,
+    `from tensorflow.python.keras.models import Model`), not `tf.keras.Model`, which on TF 2.6 is the
+    separate keras package's. On mp_rank 0, `__init__` makes the tracing copy (lines 62-64) by calling
+    the model's class again with the values of its `__init__`'s parameters read from the frame three
+    levels out of `_get_init_args` (lines 77-126): the frame that called `DistributedModel.__init__`.
+    The first call refuses layers with their own `build()` that the model and its copy share (lines
+    217-218, 249-257) and partitions: the copy's call is traced, recording the input shape each layer
+    `get_layers` lists is built with (serialization.py `track_graph`, lines 132-213), and every rank
+    builds those layers, with `build(shape)` and never a call (serialization.py `import_graph`, lines
+    280-313): a weight that only a layer's call creates does not exist on the library's ranks, and
+    the fake refuses it. A rank's model is never called through Keras there (it imports the
+    partitioned graph, line 160), so `count_params()` raises. Not emulated: the SMPDummy layers the
+    library adds to every model (lines 58, 556-570) and the layer names of the copy (lines 128-148).
     """
-
-    _constructing_copy = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # In a holder Keras does not track: the copy's layers are not this model's.
         self._fake_copy = _Holder(None)
-        if mp_rank() == 0 and not DistributedModel._constructing_copy:
-            if type(self).__init__ is DistributedModel.__init__:
-                args_again, kwargs_again = args, kwargs
-            else:
-                args_again, kwargs_again = self._constructor_arguments(sys._getframe(1))
-            DistributedModel._constructing_copy = True
-            try:
-                self._fake_copy = _Holder(type(self)(*args_again, **kwargs_again))
-            finally:
-                DistributedModel._constructing_copy = False
+        state = _state()
+        if mp_rank() == 0 and not state.get("constructing_duplicate"):
+            self._fake_copy = _Holder(DistributedModel._duplicate_model(self))
+            record("smp.DistributedModel.tracing_copy", model=type(self).__name__, rank=state["rank"],
+                   layers=[layer.name for layer in get_layers(self._fake_copy.value)])
 
-    def _constructor_arguments(self, caller):
-        """The values of the subclass __init__'s parameters in the frame that called this __init__."""
-        spec = inspect.getfullargspec(type(self).__init__)
-        given = caller.f_locals
-        args = [given[name] for name in spec.args[1:]] + (list(given[spec.varargs]) if spec.varargs else [])
-        kwargs = {name: given[name] for name in spec.kwonlyargs}
-        if spec.varkw:
-            kwargs.update(given[spec.varkw])
+    @staticmethod
+    def _duplicate_model(model):
+        """The tracing copy: `type(model)` called with the arguments its construction was given (lines
+        77-95). Per rank (the library's ranks are processes), so the flag is the rank thread's."""
+        args, kwargs = DistributedModel._get_init_args(model)
+        state = _state()
+        state["constructing_duplicate"] = True
+        try:
+            return type(model)(*[arg for arg in args if arg is not model], **kwargs)
+        finally:
+            state["constructing_duplicate"] = False
+
+    @staticmethod
+    def _get_init_args(model):
+        """The values of `type(model).__init__`'s parameters, read from the frame three levels out of this
+        function (this one, `_duplicate_model`, `DistributedModel.__init__`, its caller: lines 101-126). Only
+        when that caller is the class's own `__init__` are they the arguments of the construction: a
+        subclass without an `__init__` of its own, or one whose `super().__init__` reaches
+        `DistributedModel.__init__` through another class's `__init__`, has its parameters read from
+        another frame, and a parameter that frame lacks raises KeyError there (line 115)."""
+        spec = inspect.getfullargspec(type(model).__init__)
+        caller = sys._getframe(3)
+        values = caller.f_locals
+        names = list(spec.args) + ([spec.varargs] if spec.varargs else []) + list(spec.kwonlyargs) + (
+            [spec.varkw] if spec.varkw else [])
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise KeyError("%s: %s.__init__'s parameters %s are not variables of %s(), the function that called "
+                           "DistributedModel.__init__, where the library reads them to re-create the model"
+                           % (FAKE, type(model).__name__, missing, caller.f_code.co_name))
+        args = [values[name] for name in spec.args] + (list(values[spec.varargs]) if spec.varargs else [])
+        kwargs = {name: values[name] for name in spec.kwonlyargs}
+        kwargs.update(values[spec.varkw] if spec.varkw else {})
         return args, kwargs
 
     def _refuse_shared_layers(self):
-        shared = [layer.name for layer, copied in zip(_nested_layers(self), _nested_layers(self._fake_copy.value))
-                  if layer is copied and _has_own_build(layer)]
+        shared = [layer.name for layer, copied in zip(get_layers(self), get_layers(self._fake_copy.value))
+                  if layer is copied and _builds_itself(layer)]
         if shared:
             raise ValueError("Layers that have a build() method implemented must be created in the __init__ methods "
                              "of an enclosing Layer or a smp.DistributedModel object. The following layers are found "
                              "to be in violation of this: %s. (%s)" % (shared, FAKE))
+
+    def _trace_copy(self, args, kwargs):
+        """[(input shape, partition) or None] per layer of `get_layers(copy)`: the shape each layer's
+        build() got in the copy's call, and the partition it was built in (the `smp.partition` index
+        around it, or default_partition); None for a layer the call never built."""
+        copy = self._fake_copy.value
+        plan, layers = [], get_layers(copy)
+        state, config = _state(), _config()
+
+        def recording(layer, build):
+            def wrapper(input_shape):
+                partition = state["partition_stack"][-1] if state["partition_stack"] else config["default_partition"]
+                plan[layers.index(layer)] = (tf.TensorShape(input_shape).as_list(), partition)
+                return build(input_shape)
+            return wrapper
+
+        plan.extend([None] * len(layers))
+        for layer in layers:
+            layer.build = recording(layer, layer.build)
+        try:
+            # The copy's initial values from a generator of its own: in the library each rank is a
+            # process with its random state, where the copies of all replicas draw alike; the fake's
+            # rank threads would otherwise race for the process's.
+            with _random_of(_private_generator()):
+                Model.__call__(copy, *args, **kwargs)
+        finally:
+            for layer in layers:
+                del layer.build
+        return plan
+
+    def _build_layers(self, plan):
+        """Every layer of `get_layers(self)` the copy's call built, built as the library's ranks do, by
+        its build() with the traced shape and under its name (each variable on its owner: `_place`)."""
+        state = _state()
+        for layer, entry in zip(get_layers(self), plan):
+            if entry is None or not _builds_itself(layer) or layer.built:
+                continue
+            shape, partition = entry
+            state["partition_stack"].append(partition)
+            try:
+                with tf.variable_creator_scope(_place), tf.name_scope(layer.name):
+                    layer.build(tf.TensorShape(shape))
+            finally:
+                state["partition_stack"].pop()
+
+    def _partition(self, args, kwargs):
+        """The first call: refuse shared layers and trace the copy (mp_rank 0), send the layers' shapes to
+        the mp group (the library broadcasts its serialized graph, line 226), build the layers; then the
+        whole call once more, in which no variable may be created (every rank of the fake computes the
+        whole model, reading its partners' variables)."""
+        plan = None
+        if self._fake_copy.value is not None:
+            self._refuse_shared_layers()
+            plan = self._trace_copy(args, kwargs)
+        if mp_size() > 1:
+            plan = _exchange("allgather", CommGroup.MP_GROUP, plan)[0]
+        self._build_layers(plan)
+        with tf.variable_creator_scope(_created_in_a_call):
+            Model.__call__(self, *args, **kwargs)
+        self._fake_partitioned = True
+        self._forget_other_ranks_weights()
+        record("smp.DistributedModel.partition", model=type(self).__name__, rank=_state()["rank"],
+               layers=[layer.name for layer in get_layers(self)],
+               built=[layer.name for layer, entry in zip(get_layers(self), plan) if entry is not None])
 
     def _forget_other_ranks_weights(self):
         """A rank of the library builds only the layers placed on it (v2/serialization.py, lines
@@ -811,14 +941,8 @@ class DistributedModel(keras.Model):
             raise RuntimeError("%s: a DistributedModel is called outside smp.step" % FAKE)
         state["model_called"] = True
         if not getattr(self, "_fake_partitioned", False):
-            if self._fake_copy.value is not None:
-                self._refuse_shared_layers()
-            # The partition: variables are created (each on its owner) in a first, eager call.
-            with tf.init_scope(), tf.variable_creator_scope(_place):
-                super().__call__(*tf.nest.map_structure(_dummy, args),
-                                                       **tf.nest.map_structure(_dummy, kwargs))
-            self._fake_partitioned = True
-            self._forget_other_ranks_weights()
+            with tf.init_scope():
+                self._partition(tf.nest.map_structure(_dummy, args), tf.nest.map_structure(_dummy, kwargs))
         graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         known = len(graph.get_operations()) if graph is not None else 0
         outputs = super().__call__(*args, **kwargs)
@@ -850,6 +974,14 @@ class DistributedModel(keras.Model):
     def save_model(self, save_path="/opt/ml/model"):
         raise NotImplementedError("%s: save_model (a SavedModel of the unpartitioned model) is not emulated"
                                   % FAKE)
+
+
+def _created_in_a_call(next_creator, **kwargs):
+    raise RuntimeError("%s: variable %r is created in a layer's call: a rank of the library builds only the layers "
+                       "get_layers lists, with their build() and the traced input shape, and never calls them "
+                       "(v2/serialization.py, lines 280-313). On TF >= 2.5 those are the model's own layers only "
+                       "(Keras has no `_layers`, v2/utils.py): a sublayer must be built by its parent's build()"
+                       % (FAKE, kwargs.get("name")))
 
 
 def _refuse_custom_gradients(operations):
@@ -915,7 +1047,6 @@ class CheckpointManager:
 
     def _own_variables(self):
         """(path, variable) of this rank's variables in the checkpoint's object graph, in path order."""
-        view = tf.train.TrackableView(self._checkpoint)
         elsewhere = _placed_on_other_ranks()
         found, queue, seen = [], [("", self._checkpoint)], set()
         while queue:
@@ -927,7 +1058,7 @@ class CheckpointManager:
                 if id(getattr(node, "_variable", node)) not in elsewhere:
                     found.append((path, node))
                 continue
-            for name, child in sorted(view.children(node).items()):
+            for name, child in sorted(_checkpoint_children(node).items()):
                 queue.append(("%s/%s" % (path, name) if path else name, child))
         return found
 
@@ -992,6 +1123,14 @@ class CheckpointManager:
             restored.append(os.path.relpath(path, self._directory))
         record("smp.CheckpointManager.restore", rank=rank(), directory=self._directory, restored=restored,
                assigned=assigned)
+
+
+def _checkpoint_children(node):
+    """{name: object} a trackable saves in a checkpoint: tf.train.TrackableView's children; TF 2.6 has
+    no TrackableView, and lists them as the trackable's `_checkpoint_dependencies`."""
+    if hasattr(tf.train, "TrackableView"):
+        return tf.train.TrackableView(node).children(node)
+    return {reference.name: reference.ref for reference in node._checkpoint_dependencies}
 
 
 def _placed_on_other_ranks():
