@@ -390,6 +390,45 @@ def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
 
 
+def _export_under_the_message_limit():
+    from lm.distributed.smp import weight_paths
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    whole = strategy.whole_model(model)
+    held = {path: weight.numpy() for path, weight in weight_paths(model).items()}
+    return held, None if whole is None else {path: weight.numpy() for path, weight in weight_paths(whole).items()}
+
+
+def test_the_export_gathers_each_partition_in_messages_under_the_librarys_limit(fake_smdist, monkeypatch):
+    # The library's messages carry their size as a C int (backend/collectives.py): at most 2 GiB, and a
+    # partition of gpt-1.3b is about 2.6 GB. Scaled down here: 64 KiB, less than the tiny model's token
+    # table (128 KiB), which must go in pieces, and than a partition of it.
+    from lm.distributed import smp as adapter
+    limit = 64 * 1024
+    monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", str(limit))
+    monkeypatch.setattr(adapter, "MESSAGE_LIMIT", limit)
+    (held0, whole), (held1, nothing) = _job(monkeypatch, 2, _export_under_the_message_limit, partitions=2, **MANUAL)
+    assert nothing is None and sorted(whole) == sorted(list(held0) + list(held1))
+    for path, value in list(held0.items()) + list(held1.items()):
+        np.testing.assert_array_equal(whole[path], value)
+    # Rank 1 sent each of its weights to the chief, block_1's MLP kernels (64 KiB each) in two pieces.
+    sent = [details["bytes"] for name, details in fake_smdist.calls if name == "smp.send"]
+    assert max(sent) <= limit and len(sent) == len(held1) + 2
+
+
+def test_the_fake_refuses_a_message_over_the_librarys_limit(fake_smdist, monkeypatch):
+    import smdistributed.modelparallel.tensorflow as smp
+    monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", "1000")
+
+    def gather(size):
+        smp.init()
+        return smp.allgather(b"x" * size, smp.CommGroup.MP_GROUP)
+
+    assert len(_job(monkeypatch, 2, lambda: gather(900), partitions=2, **MANUAL)[0]) == 2
+    with pytest.raises(OverflowError, match="at most 1000 bytes"):
+        _job(monkeypatch, 2, lambda: gather(1000), partitions=2, **MANUAL)
+
+
 def _norm_of_partitions(squares):
     strategy = get_strategy("smp").setup()
     return float(strategy.model_parallel_norm(squares[strategy.mp_rank]))

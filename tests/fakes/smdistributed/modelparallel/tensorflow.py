@@ -72,6 +72,7 @@ from tensorflow.python.keras.models import Model  # noqa: E402
 
 FAKE = "fake smdistributed.modelparallel"
 TIMEOUT_ENV = "FAKE_SMP_TIMEOUT"
+MESSAGE_LIMIT_ENV = "FAKE_SMP_MESSAGE_BYTES"
 # "Parameters for modelparallel" that apply to TensorFlow, with their documented defaults.
 PARAMETERS = {"partitions": None, "microbatches": 1, "pipeline": "interleaved", "optimize": "memory",
               "placement_strategy": "cluster", "auto_partition": True, "default_partition": 0, "contiguous": True,
@@ -331,9 +332,26 @@ def _world(call):
 
 # ---- communication ("Communication API") ----
 
+def _message(call, obj):
+    """`obj` pickled, as the library sends it: it passes the pickle's size to its backend as a C int
+    (backend/collectives.py: `_serialize_object` and `pickle_obj`, lines 334-348; `ctypes.c_int(count)`
+    in `async_bcast_global`, lines 237-247, which allgather and broadcast use, and `async_send_global`,
+    lines 254-263, which send uses), so a message holds at most 2**31 - 1 bytes (ctypes wraps a larger
+    count silently). Tests scale the limit down with FAKE_SMP_MESSAGE_BYTES."""
+    payload = pickle.dumps(obj)
+    limit = env_int(MESSAGE_LIMIT_ENV, 2 ** 31 - 1)
+    if len(payload) > limit:
+        raise OverflowError("%s: smp.%s of an object that pickles to %d bytes: the library passes a message's size "
+                            "as a C int, so one message holds at most %d bytes" % (FAKE, call, len(payload), limit))
+    return payload
+
+
 def _exchange(call, group, obj):
-    """Every member of `group` contributes `obj`; returns the contributions in member order."""
+    """Every member of `group` contributes `obj`; returns the contributions in member order. Alone in
+    its group, the library returns the object as it is, unsent (collectives.py lines 190-191)."""
     members = _members(group)
+    if len(members) > 1:
+        _message(call, obj)
     if _world(call) is None:
         return [pickle.loads(pickle.dumps(obj))]
     return exchange_among(_state(), members, tuple(members), call, obj, "smp.%s over %s" % (call, group.name))
@@ -387,7 +405,7 @@ def mp_barrier():
 def _post(call, destinations, obj):
     world = _world(call)
     me = _state()["rank"]
-    payload = pickle.dumps(obj)
+    payload = _message(call, obj)
     with world.lock:
         for destination in destinations:
             world.mailboxes.setdefault((me, destination), []).append([payload, False])
@@ -408,6 +426,7 @@ def broadcast(obj, group):
 def send(obj, dest_rank, rank_type):
     _require_init("send")
     destination = _peer(dest_rank, rank_type)
+    record("smp.send", rank=rank(), destination=destination, bytes=len(pickle.dumps(obj)))
     _post("send", [destination], obj)
 
 
