@@ -30,11 +30,14 @@ What the fake emulates, and where it simplifies:
   mp-group barrier, so no rank reads a variable while its owner updates it; inside a
   tf.function the barriers are ops that hold one TensorFlow inter-op thread per rank.
 - From the library's own code (the 1.12.1 wheel's Python source, GitHub
-  tkazusa/smdistributed_modelparallel; the TF 2.6 DLC ships 1.4.0, which was not read): the
-  tracing copy made from the constructor's arguments and its shared-layer check, count_params
-  failing, custom gradients failing on the ranks that import the graph (DistributedModel),
-  StepOutput.accumulate's accumulators in a tf.function, and CheckpointManager.restore reading
-  every partition's directory. Where they are emulated, the code cites file and lines. Not
+  tkazusa/smdistributed_modelparallel; the TF 2.6 DLC ships 1.4.0, which was not read):
+  DistributedModel's base class (TensorFlow's bundled Keras), the tracing copy made from the
+  arguments read in the frame that called DistributedModel.__init__, its shared-layer check and
+  the per-rank build of the layers `get_layers` lists (through `_layers`), count_params failing,
+  custom gradients failing on the ranks that import the graph (DistributedModel), the 2 GiB limit
+  of a message (the collectives), StepOutput.accumulate's accumulators in a tf.function, and
+  CheckpointManager.restore reading every partition's directory. Where they are emulated, the
+  code cites file and lines. Not
   emulated: the graph import itself (a rank's layers list only its own weights, but their
   attributes still reach other ranks' variables here; the library's ranks do not build those).
 - Tensors returned by `DistributedModel.call` are "broadcast across model-parallel devices";
@@ -53,6 +56,7 @@ What the fake emulates, and where it simplifies:
   the rank's dp group (hvd.rank() == dp_rank(), hvd.size() == dp_size()) and its allreduce and
   broadcast_variables exchange real values with the group's other ranks (see that module).
 """
+import contextlib
 import enum
 import functools
 import inspect
@@ -709,7 +713,7 @@ def _place(next_creator, **kwargs):
             world.wait(lambda: (group, index - 1) in world.placed or index == 0,
                        "creating variable %d on rank %d" % (index, rank()))
             if (group, "random") not in world.placed:
-                world.placed[(group, "random")] = _seed_generator()
+                world.placed[(group, "random")] = _seed_generators()
             with _random_of(world.placed[(group, "random")]):
                 variable = next_creator(**kwargs)
             world.placed[(group, index)] = variable
@@ -725,42 +729,62 @@ def _keras_backend():
     return sys.modules[keras.backend.clear_session.__module__]
 
 
-def _seed_generator():
-    """The Python generator Keras draws unseeded initializers' seeds from in this thread. Without one
-    (no keras.utils.set_random_seed) Keras draws from the process's `random`, which the rank threads
-    share: each mp group then draws from its own copy of it as it is now (after the ranks seeded it),
-    as each replica's processes would, instead of the groups taking turns on one sequence."""
-    generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+def _op_seeds():
+    """TensorFlow's eager context, which draws the op seed of every random op without one (Keras' own
+    unseeded initializers on TF 2.6) from a Python generator, `_rng`, once a global seed is set
+    (tensorflow/python/eager/context.py, `_set_global_seed` and `internal_operation_seed`). One
+    context serves every rank thread of the fake; each process of the library has its own."""
+    from tensorflow.python.eager import context
+    return context.context()
+
+
+def _copy_of(generator):
     if generator is None:
-        generator = random.Random()
-        generator.setstate(random.getstate())
-    return generator
+        return None
+    copy = random.Random()
+    copy.setstate(generator.getstate())
+    return copy
 
 
-def _private_generator():
-    """A generator in the state this thread's Keras draws seeds from now (see `_seed_generator`)."""
-    source = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None) or random
-    generator = random.Random()
-    generator.setstate(source.getstate())
-    return generator
+def _seed_generators():
+    """The generators this thread's initial values draw their seeds from: Keras' (Keras >= 2.7 draws
+    an unseeded initializer's seed from its thread's generator, or from the process's `random`
+    without keras.utils.set_random_seed, which the rank threads share) and TensorFlow's op seeds
+    (`_op_seeds`, shared too). Each mp group draws from its own copy of the shared ones as they are
+    now (after the ranks seeded them), as each replica's processes would, instead of the groups
+    taking turns on one sequence."""
+    keras_generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+    return keras_generator or _copy_of(random), _copy_of(getattr(_op_seeds(), "_rng", None))
+
+
+def _private_generators():
+    """Copies of the generators `_seed_generators` would name, so drawing from them moves none."""
+    keras_generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+    return _copy_of(keras_generator or random), _copy_of(getattr(_op_seeds(), "_rng", None))
 
 
 class _random_of:  # noqa: N801
-    """Draw initial values from one generator for the whole mp group (Keras keeps it per thread),
-    so a partitioned model starts from the values one process building it would draw."""
+    """Draw initial values from the given (Keras, TensorFlow op seed) generators, so a partitioned
+    model starts from the values one process building it would draw. The op seeds' generator is the
+    process's: hold the world's lock while inside."""
 
-    def __init__(self, generator):
-        self.generator = generator
+    def __init__(self, generators):
+        self.keras_generator, self.op_seed_generator = generators
         self.holder = getattr(_keras_backend(), "_SEED_GENERATOR", None)
 
     def __enter__(self):
         if self.holder is not None:
             self.saved = getattr(self.holder, "generator", None)
-            self.holder.generator = self.generator
+            self.holder.generator = self.keras_generator
+        if self.op_seed_generator is not None:
+            self.saved_op_seeds = _op_seeds()._rng
+            _op_seeds()._rng = self.op_seed_generator
 
     def __exit__(self, *exc_info):
         if self.holder is not None:
             self.holder.generator = self.saved
+        if self.op_seed_generator is not None:
+            _op_seeds()._rng = self.saved_op_seeds
         return False
 
 
@@ -896,10 +920,11 @@ class DistributedModel(Model):
         for layer in layers:
             layer.build = recording(layer, layer.build)
         try:
-            # The copy's initial values from a generator of its own: in the library each rank is a
+            # The copy's initial values from generators of its own: in the library each rank is a
             # process with its random state, where the copies of all replicas draw alike; the fake's
-            # rank threads would otherwise race for the process's.
-            with _random_of(_private_generator()):
+            # rank threads would otherwise race for the process's (and move the model's draws).
+            world = state["world"]
+            with world.lock if world is not None else contextlib.nullcontext(), _random_of(_private_generators()):
                 Model.__call__(copy, *args, **kwargs)
         finally:
             for layer in layers:
