@@ -183,6 +183,7 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.tf26
 def test_the_model_is_built_the_way_the_library_builds_a_distributed_model(fake_smdist, monkeypatch):
     import smdistributed.modelparallel.tensorflow as smp
 
@@ -234,6 +235,22 @@ def _doubling_model(smp):
     return Doubling()
 
 
+@pytest.mark.tf26
+def test_the_precision_policy_reaches_the_librarys_keras(fake_smdist, monkeypatch):
+    # lm.training.train sets the policy of both Keras: the model is on TensorFlow's bundled one.
+    from lm import compat
+    _mp_parameters(monkeypatch, partitions=1)
+    strategy = get_strategy("smp").setup()
+    compat.set_precision_policy("mixed_bfloat16")
+    try:
+        model = strategy.build_model(build_tiny)
+    finally:
+        compat.set_precision_policy("float32")
+    attention = model.blocks[0].attention
+    assert attention.compute_dtype == "bfloat16" and attention.qkv_kernel.dtype == tf.float32
+
+
+@pytest.mark.tf26
 def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypatch):
     """The FAKE's smp.step itself: what the adapter tests rely on."""
     import smdistributed.modelparallel.tensorflow as smp
@@ -258,6 +275,7 @@ def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypa
         double(tf.zeros([6, 1]), tf.constant(1.0))
 
 
+@pytest.mark.tf26
 def test_fake_refuses_what_the_documentation_does_not_allow(fake_smdist, monkeypatch):
     """Each refusal cites the documented rule; a wrong call must fail, the right one pass."""
     import smdistributed.modelparallel.tensorflow as smp
@@ -348,6 +366,7 @@ def _partitioned_tiny():
         [len(block.weights) for block in model.blocks]
 
 
+@pytest.mark.tf26
 def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, monkeypatch):
     results = _job(monkeypatch, 2, _partitioned_tiny, partitions=2, **MANUAL)
     (rank0, before0, names0, paths0, slots0, held0, blocks0), \
@@ -376,6 +395,7 @@ def _train_and_report(grad_clip=0.05):
     return strategy.mp_rank, losses, None if whole is None else whole.get_weights()
 
 
+@pytest.mark.tf26
 @pytest.mark.slow
 def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
     # grad_clip 0.05 is far below the tiny model's gradient norm (about 1), so every step clips:
@@ -399,6 +419,7 @@ def _export_under_the_message_limit():
     return held, None if whole is None else {path: weight.numpy() for path, weight in weight_paths(whole).items()}
 
 
+@pytest.mark.tf26
 def test_the_export_gathers_each_partition_in_messages_under_the_librarys_limit(fake_smdist, monkeypatch):
     # The library's messages carry their size as a C int (backend/collectives.py): at most 2 GiB, and a
     # partition of gpt-1.3b is about 2.6 GB. Scaled down here: 64 KiB, less than the tiny model's token
@@ -416,6 +437,7 @@ def test_the_export_gathers_each_partition_in_messages_under_the_librarys_limit(
     assert max(sent) <= limit and len(sent) == len(held1) + 2
 
 
+@pytest.mark.tf26
 def test_the_fake_refuses_a_message_over_the_librarys_limit(fake_smdist, monkeypatch):
     import smdistributed.modelparallel.tensorflow as smp
     monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", "1000")
@@ -502,6 +524,7 @@ def _save_twice_then_restore(directory, each_rank_its_own_newest):
     return chosen, int(optimizer.step.numpy()), float(np.asarray(model.weights[0].numpy()).flat[0])
 
 
+@pytest.mark.tf26
 @pytest.mark.parametrize("each_rank_its_own_newest", [False, True], ids=["rank 0 chooses", "old: each its own"])
 def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(fake_smdist, monkeypatch, tmp_path,
                                                                          each_rank_its_own_newest):
@@ -525,6 +548,7 @@ def _save_the_whole_model(directory):
     return saved, len(model.weights)
 
 
+@pytest.mark.tf26
 def test_each_rank_saves_only_the_variables_it_holds(fake_smdist, monkeypatch, tmp_path):
     (saved0, held0), (saved1, held1) = _job(monkeypatch, 2, lambda: _save_the_whole_model(str(tmp_path)),
                                             partitions=2, **MANUAL)
@@ -602,6 +626,7 @@ def _model_around_a_layer_built_outside(smp):
     return Wrapper(gpt_classes(keras_of(smp.DistributedModel)).Embedding(512, 16, 8, name="embedding"))
 
 
+@pytest.mark.tf26
 def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypatch):
     # The library re-creates the model from its constructor's arguments for tracing and refuses
     # layers with their own build() that both copies share (v2/model.py, lines 62-126, 249-257).
@@ -633,6 +658,7 @@ def _librarys_keras(monkeypatch):
     return smp, keras_of(smp.DistributedModel)
 
 
+@pytest.mark.tf26
 def test_the_tracing_copy_takes_the_arguments_of_the_frame_that_called_distributed_models_init(fake_smdist,
                                                                                                monkeypatch):
     # Read three frames out of _get_init_args: the caller of DistributedModel.__init__, whatever class
@@ -662,6 +688,7 @@ def test_the_tracing_copy_takes_the_arguments_of_the_frame_that_called_distribut
         Renamed(3)
 
 
+@pytest.mark.tf26
 @pytest.mark.parametrize("builds_inner", [False, True])
 def test_a_sublayer_that_only_its_parents_call_builds_is_refused(fake_smdist, monkeypatch, builds_inner):
     # The library's ranks build the layers get_layers lists with build() and never call them
