@@ -62,7 +62,7 @@ $(VENV_TF26)/.installed: training_image/requirements/tf2.6.txt
 		"or name one with 'make PYTHON38=/path/to/python3.8 ...'" >&2; exit 1; }
 	test -x $(VENV_TF26)/bin/python || "$(PYTHON38)" -m venv $(VENV_TF26)
 	$(VENV_TF26)/bin/python -m pip install -q tensorflow-cpu==2.6.5 keras==2.6.0 "numpy<1.20" "protobuf<3.21" \
-		-r training_image/requirements/tf2.6.txt pytest==8.3.5
+		-r training_image/requirements/tf2.6.txt pytest==8.3.5 pytest-timeout==2.4.0
 	touch $@
 
 # transformers 4.46.3 (TF GPT-2, tests/hf and bench/hf_compare.py) needs tokenizers 0.20 while the
