@@ -2,8 +2,9 @@
 tensorflow-cpu 2.6.5 and the separate keras 2.6 package, the image's lock of its other packages;
 `make test` builds it). There `tf.keras` is not the Keras that SMP's DistributedModel derives from,
 as on the TF 2.6 DLC: the SMP adapter's tests against the strict fake (construction through the
-library's path, training steps, checkpoints, the export), the model's and the training loop's
-pieces the image runs, and an import of every module it runs.
+library's path, training steps, checkpoints, the export, and a 2-partition run of
+`python -m lm.training.train`), the model's and the training loop's pieces the image runs, and an
+import of every module it runs.
 
 One pytest in a subprocess over the files that hold such tests (FILES); tests/conftest.py, which
 needs moto, stays out (`--confcutdir`)."""
@@ -17,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PYTHON = os.path.join(ROOT, ".venv-tf26", "bin", "python")
 # In the order the main suite loads their conftest files, the last of which sets TensorFlow's threads.
 FILES = ("tests/image/test_image_imports.py", "tests/model/test_model.py", "tests/smdist/test_smp.py",
-         "tests/training/test_checkpoint.py", "tests/training/test_optim.py")
+         "tests/smdist/test_train_loop.py", "tests/training/test_checkpoint.py", "tests/training/test_optim.py")
 
 pytestmark = [
     pytest.mark.slow,
