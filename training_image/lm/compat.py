@@ -33,7 +33,6 @@ else:
     keras = tf.keras
 
 
-
 def _bundled_keras():
     from tensorflow.python import keras as bundled
     return bundled
