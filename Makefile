@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # A second environment on current TensorFlow (Keras 2 via tf_keras), for the compatibility smoke test.
 VENV_TF_CURRENT := .venv-tfcurrent
+# The SMP v1 image's framework (TF 2.6 DLC): Python 3.8, TensorFlow 2.6 and the separate keras 2.6
+# package, for the tests of tests/tf26 (tests/tf26/test_on_tf26.py runs them there).
+VENV_TF26 := .venv-tf26
 VENV_HF := .venv-hf
 VENV_MLFLOW := .venv-mlflow
 MLFLOW_VERSION := 2.22.1
@@ -27,8 +30,8 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 
 .PHONY: setup test demo synth lint bench clean
 
-setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed $(VENV_HF)/.installed $(VENV_MLFLOW)/.installed \
-	node_modules/.installed
+setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed $(VENV_TF26)/.installed $(VENV_HF)/.installed \
+	$(VENV_MLFLOW)/.installed node_modules/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt training_image/requirements.txt training_image/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +49,20 @@ $(VENV_TF_CURRENT)/.installed: training_image/requirements.txt
 	$(VENV_TF_CURRENT)/bin/python -m pip install -q --upgrade pip
 	$(VENV_TF_CURRENT)/bin/python -m pip install -q tensorflow-cpu==2.21.0 tf_keras==2.21.0 \
 		-r training_image/requirements.txt pytest==9.2.0
+	touch $@
+
+# Python 3.8 from pyenv (`pyenv prefix 3.8`, else its newest versions/3.8.*), or PYTHON38=/path/to/python3.8.
+# tensorflow-cpu 2.6.5 is the CPU build of the image's TF 2.6; the image's own packages come from its lock.
+PYTHON38 ?= $(shell p="$$(pyenv prefix 3.8 2>/dev/null | head -1)/bin/python3.8"; [ -x "$$p" ] || \
+	p="$$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.8.*/bin/python3.8 2>/dev/null | sort -V | tail -1)"; \
+	[ -x "$$p" ] || p="$$(command -v python3.8)"; echo "$$p")
+$(VENV_TF26)/.installed: training_image/requirements/tf2.6.txt
+	@[ -n "$(PYTHON38)" ] && "$(PYTHON38)" -c "import sys; assert sys.version_info[:2] == (3, 8)" 2>/dev/null || { \
+		echo "$(VENV_TF26) needs Python 3.8 (the SMP image's): install it with 'pyenv install 3.8' (pyenv finds it)," \
+		"or name one with 'make PYTHON38=/path/to/python3.8 ...'" >&2; exit 1; }
+	test -x $(VENV_TF26)/bin/python || "$(PYTHON38)" -m venv $(VENV_TF26)
+	$(VENV_TF26)/bin/python -m pip install -q tensorflow-cpu==2.6.5 keras==2.6.0 "numpy<1.20" "protobuf<3.21" \
+		-r training_image/requirements/tf2.6.txt pytest==8.3.5 pytest-timeout==2.4.0
 	touch $@
 
 # transformers 4.46.3 (TF GPT-2 and PyTorch Llama on CPU: tests/hf and bench/hf_compare.py) needs

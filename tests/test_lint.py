@@ -102,7 +102,7 @@ def test_dockerfile_contract():
     assert env["PATH"].startswith("/opt/ml/code/bin:")
     copied = [rest.split()[:-1] for keyword, rest in instructions if keyword == "COPY"]
     sources = {source for sources in copied for source in sources}
-    assert {"requirements.txt", "lm", "bin"} | set(job.JOB_KINDS.values()) <= sources
+    assert {"requirements", "lm", "bin"} | set(job.JOB_KINDS.values()) <= sources
 
 
 def test_dockerfile_sources_exist_and_are_not_ignored():

@@ -1,6 +1,7 @@
 import pytest
 
-from lm.compat import keras, tf
+from lm.compat import tf
+from seeding import set_random_seed
 
 # The machine is shared: keep TensorFlow to a couple of threads.
 tf.config.threading.set_intra_op_parallelism_threads(2)
@@ -9,4 +10,4 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 
 @pytest.fixture
 def seeded():
-    keras.utils.set_random_seed(7)
+    set_random_seed(7)

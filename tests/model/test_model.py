@@ -33,6 +33,7 @@ def test_presets_have_the_gpt3_shapes():
     assert GPT_PRESETS["gpt-125m"].padded_vocab_size == 50304
 
 
+@pytest.mark.tf26
 def test_logits_shape_and_dtype(seeded):
     model = lm_model.build_model(TINY)
     logits = model(tokens(TINY, batch=3, length=10))
@@ -41,6 +42,7 @@ def test_logits_shape_and_dtype(seeded):
     assert np.isfinite(logits.numpy()).all()
 
 
+@pytest.mark.tf26
 @pytest.mark.parametrize("changes", [{}, SEED_STYLE], ids=["pre-ln", "post-ln"])
 def test_changing_token_k_never_changes_earlier_logits(seeded, changes):
     config = small(**changes)
@@ -65,6 +67,7 @@ def test_parameter_formula_matches_the_gpt3_table(name):
     assert parameter_count(get_preset(name)) == pytest.approx(GPT3_TABLE[name], rel=0.03)
 
 
+@pytest.mark.tf26
 @pytest.mark.parametrize("changes", [
     {}, {"tie_embeddings": False}, dict(SEED_STYLE, head_dim=64), {"head_dim": 8},
     {"n_layer": 3, "d_model": 48, "n_head": 6, "vocab_size": 300, "pad_vocab_to": 128, "block_size": 40},
@@ -87,6 +90,7 @@ def test_seed_style_heads_use_the_full_width():
     assert standard.shape == (TINY.d_model, 3 * TINY.d_model)
 
 
+@pytest.mark.tf26
 def test_output_projection_is_tied_to_the_token_embedding(seeded):
     x = tokens(TINY)
     tied = lm_model.build_model(TINY)
@@ -150,6 +154,7 @@ def test_xla_compiled_step_matches_the_plain_one(recompute):
                                    rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.tf26
 def test_dropout_is_active_only_in_training(seeded):
     model = lm_model.build_model(small(dropout=0.5))
     x = tokens(TINY)
@@ -157,6 +162,7 @@ def test_dropout_is_active_only_in_training(seeded):
     assert np.abs(model(x, training=True).numpy() - model(x).numpy()).max() > 1e-3
 
 
+@pytest.mark.tf26
 def test_logits_stay_float32_under_mixed_precision():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -168,6 +174,7 @@ def test_logits_stay_float32_under_mixed_precision():
     assert logits.dtype == tf.float32 and np.isfinite(logits.numpy()).all()
 
 
+@pytest.mark.tf26
 def test_config_round_trip():
     model = lm_model.build_model(small(norm="post"), recompute=True)
     clone = lm_model.GPT.from_config(model.get_config())

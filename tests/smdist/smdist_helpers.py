@@ -15,10 +15,10 @@ def token_batch(batch, seq_len=16, seed=0, vocab=512):
 def build_tiny(build=True, **options):
     """The `tiny` GPT with the same initial weights on every call (`build=False`: created by its
     first call, in the same order and so with the same values); `options` go to build_model."""
-    from lm.compat import keras
     from controlplane.presets import get_preset
     from lm.models.gpt import build_model
-    keras.utils.set_random_seed(7)
+    from seeding import set_random_seed
+    set_random_seed(7)
     return build_model(get_preset("tiny"), build=build, **options)
 
 

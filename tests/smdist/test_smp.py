@@ -15,7 +15,6 @@ from lmstack import plan
 from controlplane.presets import GPT_PRESETS
 from lm.spec.families import parameter_count
 from lm.distributed import get_strategy
-from lm.models.gpt import GPT
 from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
 
 
@@ -169,7 +168,11 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     probe = first.build_model(build_tiny)
     from lm.training.optim import AdamW
     probe_step = first.build_train_step(probe, AdamW(probe.trainable_variables, lambda step: 0.0), sequence_loss)
+    # From the probe's initial weights: the library's tracing copy draws its own first, in the same process.
     reference = build_tiny()
+    from lm.distributed.smp import weight_paths
+    for path, weight in weight_paths(reference).items():
+        weight.assign(weight_paths(probe)[path])
     inputs, labels = token_batch(8, seed=0)
     with tf.GradientTape() as tape:
         loss = sequence_loss(labels, reference(inputs, training=True))
@@ -180,12 +183,34 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
     assert losses[-1] < losses[0]
 
 
-def test_model_is_one_distributed_model_called_only_in_steps(fake_smdist, monkeypatch):
+@pytest.mark.tf26
+def test_the_model_is_built_the_way_the_library_builds_a_distributed_model(fake_smdist, monkeypatch):
     import smdistributed.modelparallel.tensorflow as smp
+
+    from lm.compat import keras_of
+    from lm.models.gpt import gpt_classes
     _mp_parameters(monkeypatch, partitions=1)
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)
-    assert isinstance(model, smp.DistributedModel) and isinstance(model, GPT)
+    # One Keras: the GPT of the Keras the library's DistributedModel derives from (TensorFlow's bundled
+    # one, v2/model.py line 14), with DistributedModel before that Keras' Model in the MRO, so its
+    # __init__ and __call__ run; and every layer of that Keras, so the model tracks them.
+    tree = keras_of(smp.DistributedModel)
+    assert tree.__name__ == "tensorflow.python.keras" and isinstance(model, gpt_classes(tree).GPT)
+    order = type(model).__mro__
+    assert order.index(smp.DistributedModel) < order.index(tree.Model)
+    names = ["embedding", "block_0", "block_1", "ln_f"]
+    assert [layer.name for layer in model.layers] == names
+    assert all(isinstance(layer, tree.layers.Layer) for layer in model.layers)
+    # The construction path: a tracing copy made from the constructor's arguments, its layers listed
+    # (get_layers: the model's own layers on this TensorFlow, whose Keras has no `_layers`), each
+    # built with build() in the partition, and the calls through DistributedModel.__call__.
+    calls = fake_smdist.calls
+    assert [details for name, details in calls if name == "smp.DistributedModel.tracing_copy"] == [
+        {"model": "DistributedGPT", "rank": 0, "layers": names}]
+    assert [(details["layers"], details["built"]) for name, details in calls
+            if name == "smp.DistributedModel.partition"] == [(names, names)]
+    assert "smp.DistributedModel.output" in [name for name, _ in calls]
     # One partition holds every weight; Keras' count_params is not available on a rank.
     assert sum(weight.shape.num_elements() for weight in model.weights) == parameter_count(GPT_PRESETS["tiny"])
     with pytest.raises(ValueError, match="count_params"):
@@ -201,12 +226,31 @@ class _Scale:
 
 def _doubling_model(smp):
     class Doubling(smp.DistributedModel):
+        def __init__(self):  # the library reads the arguments of the model's own __init__ (v2/model.py)
+            super().__init__()
+
         def call(self, x, scale):
             return x * scale
 
     return Doubling()
 
 
+@pytest.mark.tf26
+def test_the_precision_policy_reaches_the_librarys_keras(fake_smdist, monkeypatch):
+    # lm.training.train sets the policy of both Keras: the model is on TensorFlow's bundled one.
+    from lm import compat
+    _mp_parameters(monkeypatch, partitions=1)
+    strategy = get_strategy("smp").setup()
+    compat.set_precision_policy("mixed_bfloat16")
+    try:
+        model = strategy.build_model(build_tiny)
+    finally:
+        compat.set_precision_policy("float32")
+    attention = model.blocks[0].attention
+    assert attention.compute_dtype == "bfloat16" and attention.qkv_kernel.dtype == tf.float32
+
+
+@pytest.mark.tf26
 def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypatch):
     """The FAKE's smp.step itself: what the adapter tests rely on."""
     import smdistributed.modelparallel.tensorflow as smp
@@ -231,6 +275,7 @@ def test_fake_step_splits_runs_per_microbatch_and_combines(fake_smdist, monkeypa
         double(tf.zeros([6, 1]), tf.constant(1.0))
 
 
+@pytest.mark.tf26
 def test_fake_refuses_what_the_documentation_does_not_allow(fake_smdist, monkeypatch):
     """Each refusal cites the documented rule; a wrong call must fail, the right one pass."""
     import smdistributed.modelparallel.tensorflow as smp
@@ -321,6 +366,7 @@ def _partitioned_tiny():
         [len(block.weights) for block in model.blocks]
 
 
+@pytest.mark.tf26
 def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, monkeypatch):
     results = _job(monkeypatch, 2, _partitioned_tiny, partitions=2, **MANUAL)
     (rank0, before0, names0, paths0, slots0, held0, blocks0), \
@@ -349,6 +395,7 @@ def _train_and_report(grad_clip=0.05):
     return strategy.mp_rank, losses, None if whole is None else whole.get_weights()
 
 
+@pytest.mark.tf26
 @pytest.mark.slow
 def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
     # grad_clip 0.05 is far below the tiny model's gradient norm (about 1), so every step clips:
@@ -361,6 +408,47 @@ def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
     assert len(first[2]) == len(reference)
     for ours, theirs in zip(first[2], reference):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+def _export_under_the_message_limit():
+    from lm.distributed.smp import weight_paths
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    whole = strategy.whole_model(model)
+    held = {path: weight.numpy() for path, weight in weight_paths(model).items()}
+    return held, None if whole is None else {path: weight.numpy() for path, weight in weight_paths(whole).items()}
+
+
+@pytest.mark.tf26
+def test_the_export_gathers_each_partition_in_messages_under_the_librarys_limit(fake_smdist, monkeypatch):
+    # The library's messages carry their size as a C int (backend/collectives.py): at most 2 GiB, and a
+    # partition of gpt-1.3b is about 2.6 GB. Scaled down here: 64 KiB, less than the tiny model's token
+    # table (128 KiB), which must go in pieces, and than a partition of it.
+    from lm.distributed import smp as adapter
+    limit = 64 * 1024
+    monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", str(limit))
+    monkeypatch.setattr(adapter, "MESSAGE_LIMIT", limit)
+    (held0, whole), (held1, nothing) = _job(monkeypatch, 2, _export_under_the_message_limit, partitions=2, **MANUAL)
+    assert nothing is None and sorted(whole) == sorted(list(held0) + list(held1))
+    for path, value in list(held0.items()) + list(held1.items()):
+        np.testing.assert_array_equal(whole[path], value)
+    # Rank 1 sent each of its weights to the chief, block_1's MLP kernels (64 KiB each) in two pieces.
+    sent = [details["bytes"] for name, details in fake_smdist.calls if name == "smp.send"]
+    assert max(sent) <= limit and len(sent) == len(held1) + 2
+
+
+@pytest.mark.tf26
+def test_the_fake_refuses_a_message_over_the_librarys_limit(fake_smdist, monkeypatch):
+    import smdistributed.modelparallel.tensorflow as smp
+    monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", "1000")
+
+    def gather(size):
+        smp.init()
+        return smp.allgather(b"x" * size, smp.CommGroup.MP_GROUP)
+
+    assert len(_job(monkeypatch, 2, lambda: gather(900), partitions=2, **MANUAL)[0]) == 2
+    with pytest.raises(OverflowError, match="at most 1000 bytes"):
+        _job(monkeypatch, 2, lambda: gather(1000), partitions=2, **MANUAL)
 
 
 def _norm_of_partitions(squares):
@@ -436,6 +524,7 @@ def _save_twice_then_restore(directory, each_rank_its_own_newest):
     return chosen, int(optimizer.step.numpy()), float(np.asarray(model.weights[0].numpy()).flat[0])
 
 
+@pytest.mark.tf26
 @pytest.mark.parametrize("each_rank_its_own_newest", [False, True], ids=["rank 0 chooses", "old: each its own"])
 def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(fake_smdist, monkeypatch, tmp_path,
                                                                          each_rank_its_own_newest):
@@ -459,6 +548,7 @@ def _save_the_whole_model(directory):
     return saved, len(model.weights)
 
 
+@pytest.mark.tf26
 def test_each_rank_saves_only_the_variables_it_holds(fake_smdist, monkeypatch, tmp_path):
     (saved0, held0), (saved1, held1) = _job(monkeypatch, 2, lambda: _save_the_whole_model(str(tmp_path)),
                                             partitions=2, **MANUAL)
@@ -520,26 +610,30 @@ def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
 
 # ---- what the library's own code does (GitHub tkazusa/smdistributed_modelparallel, 1.12.1) ----
 
-def _wrapped_gpt_model(smp):
-    """A DistributedModel around a GPT built outside it: what lm.distributed.smp did before."""
+def _model_around_a_layer_built_outside(smp):
+    """A DistributedModel around a layer built outside it (as lm.distributed.smp once wrapped a GPT)."""
+    from lm.compat import keras_of
+    from lm.models.gpt import gpt_classes
+
     class Wrapper(smp.DistributedModel):
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
 
         def call(self, inputs, labels, training=None):
-            return sequence_loss(labels, self.inner(inputs, training=training))
+            return sequence_loss(labels, self.inner.project(self.inner(inputs)))
 
-    return Wrapper(build_tiny(build=False))
+    return Wrapper(gpt_classes(keras_of(smp.DistributedModel)).Embedding(512, 16, 8, name="embedding"))
 
 
+@pytest.mark.tf26
 def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypatch):
     # The library re-creates the model from its constructor's arguments for tracing and refuses
     # layers with their own build() that both copies share (v2/model.py, lines 62-126, 249-257).
     import smdistributed.modelparallel.tensorflow as smp
     _mp_parameters(monkeypatch, partitions=1, microbatches=2)
     strategy = get_strategy("smp").setup()
-    wrapped = _wrapped_gpt_model(smp)
+    wrapped = _model_around_a_layer_built_outside(smp)
 
     @smp.step
     def loss_of(inputs, labels):
@@ -553,6 +647,87 @@ def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypa
     copy = built._fake_copy.value
     assert type(copy) is type(built) and copy.model_config == built.model_config
     assert not {id(layer) for layer in copy.layers} & {id(layer) for layer in built.layers}
+
+
+def _librarys_keras(monkeypatch):
+    import smdistributed.modelparallel.tensorflow as smp
+
+    from lm.compat import keras_of
+    _mp_parameters(monkeypatch, partitions=1)
+    smp.init()
+    return smp, keras_of(smp.DistributedModel)
+
+
+@pytest.mark.tf26
+def test_the_tracing_copy_takes_the_arguments_of_the_frame_that_called_distributed_models_init(fake_smdist,
+                                                                                               monkeypatch):
+    # Read three frames out of _get_init_args: the caller of DistributedModel.__init__, whatever class
+    # that __init__ belongs to (v2/model.py, lines 97-126).
+    smp, keras = _librarys_keras(monkeypatch)
+
+    class Dense(smp.DistributedModel):
+        def __init__(self, width, **kwargs):
+            super().__init__(**kwargs)
+            self.width = width
+            self.dense = keras.layers.Dense(width)
+
+        def call(self, x):
+            return self.dense(x)
+
+    class Inherited(Dense):
+        pass
+
+    class Renamed(Dense):
+        def __init__(self, size, **kwargs):
+            super().__init__(size, **kwargs)
+
+    copy = Inherited(3, name="inherited")._fake_copy.value
+    assert type(copy) is Inherited and copy.width == 3 and copy.name == "inherited"
+    # Renamed.__init__ reaches DistributedModel.__init__ through Dense.__init__, whose frame has no `size`.
+    with pytest.raises(KeyError, match=r"Renamed.__init__'s parameters \['size'\] are not variables of __init__"):
+        Renamed(3)
+
+
+@pytest.mark.tf26
+@pytest.mark.parametrize("builds_inner", [False, True])
+def test_a_sublayer_that_only_its_parents_call_builds_is_refused(fake_smdist, monkeypatch, builds_inner):
+    # The library's ranks build the layers get_layers lists with build() and never call them
+    # (v2/serialization.py, lines 280-313); on this TensorFlow those are the model's own layers.
+    smp, keras = _librarys_keras(monkeypatch)
+
+    class Outer(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(2, name="inner")
+
+        def build(self, input_shape):
+            if builds_inner:
+                with tf.name_scope(self.inner.name):
+                    self.inner.build(input_shape)
+            super().build(input_shape)
+
+        def call(self, x):
+            return self.inner(x)
+
+    class Model(smp.DistributedModel):
+        def __init__(self):
+            super().__init__()
+            self.outer = Outer(name="outer")
+
+        def call(self, x):
+            return self.outer(x)
+
+    model = Model()
+
+    @smp.step
+    def forward(x):
+        return model(x)
+
+    if builds_inner:
+        assert forward(tf.ones([2, 3])).outputs[0].shape == [2, 2]
+    else:
+        with pytest.raises(RuntimeError, match="'kernel' is created in a layer's call"):
+            forward(tf.ones([2, 3]))
 
 
 def _accumulations():

@@ -34,7 +34,8 @@ def replica_runs(tmp_path_factory):
     environ = {name: value for name, value in os.environ.items() if not name.startswith(("SM_", "FAKE_"))}
     environ.update(PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(HERE), "fakes"),
                                                os.path.join(os.path.dirname(os.path.dirname(HERE)), "training_image"),
-                                               HERE, os.path.dirname(os.path.dirname(HERE))]),  # root: controlplane
+                                               HERE, os.path.dirname(HERE),  # tests: seeding
+                                               os.path.dirname(os.path.dirname(HERE))]),  # root: controlplane
                    TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="2",
                    # The fake's allreduce in a tf.function holds an inter-op thread per rank.
                    TF_NUM_INTEROP_THREADS="4")

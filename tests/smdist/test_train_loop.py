@@ -58,6 +58,7 @@ def two_partition_run(dataset, tmp_path_factory):
     return out, output, calls
 
 
+@pytest.mark.tf26
 def test_smp_trains_in_microbatches_checkpoints_per_partition_and_exports(two_partition_run):
     out, output, calls = two_partition_run
     assert _trained(output, 4)

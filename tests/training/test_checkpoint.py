@@ -13,6 +13,9 @@ from controlplane import planner
 from lm.training import checkpoint
 from lm.compat import tf
 
+# The SMP image's runtime uses these too: tests/tf26 runs them on its framework.
+pytestmark = pytest.mark.tf26
+
 
 def variables():
     return [tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3)), tf.Variable(np.int64(3))]
@@ -87,6 +90,7 @@ import os, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[2])
 from lm.training import checkpoint
+
 
 checkpoint.CHUNK_BYTES = 4096
 saver = checkpoint.Checkpointer(sys.argv[1])

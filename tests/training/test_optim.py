@@ -7,6 +7,9 @@ from controlplane.presets import get_preset
 from lm.spec.families import peak_learning_rate
 from lm.training.optim import AdamW, DynamicLossScale, learning_rate_at
 
+# The SMP image's runtime uses these too: tests/tf26 runs them on its framework.
+pytestmark = pytest.mark.tf26
+
 
 def test_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():
     rate = lambda step: float(learning_rate_at(step, 1.0, 10, 110, 0.1))  # noqa: E731

@@ -51,9 +51,10 @@ ships 1.4.0) does beyond it, and where it happens here:
   manager on it and calls `restore()` after the partition step. Each rank's state is saved under
   a key naming its partition (`tf.train.Checkpoint(partition_<k>=[variables])`), so a restore
   that also reads other partitions' files cannot assign them to this partition's variables.
-- the export gathers every partition's weights on the chief by layer path (`weight_paths`,
-  `smp.allgather` over the model-parallel group) into one plain model, which `lm.serving.export` writes
-  as for any strategy.
+- the export gathers every partition's weights on the chief by layer path (`weight_paths`) into one
+  plain model, which `lm.serving.export` writes as for any strategy: a weight per message
+  (`smp.send` to the chief), cut in pieces where it exceeds what one message of the library holds
+  (its size travels as a C int: 2 GiB).
 - data is sharded and seeded by `smp.dp_rank()` (`data_parallel_rank`), batches divide into
   microbatches (`drop_remainder=True`; checked before each step).
 - XLA through `tf.config.optimizer.set_jit`: `jit_compile` on `smp.step` interferes with the
@@ -63,6 +64,8 @@ import json
 import os
 import re
 import shutil
+
+import numpy as np
 
 from lm.compat import tf
 from lm.spec import shards
@@ -149,10 +152,18 @@ def distributed_gpt_class(smp):
     outside would share every layer with its copy. The library partitions the graph it traces
     from that copy (lines 259-277), so what `call` uses must be the class's: the loss function is
     set on the class, not on the instance.
-    """
-    from lm.models.gpt import GPT
 
-    class DistributedGPT(GPT, smp.DistributedModel):
+    The library's `DistributedModel` derives from TensorFlow's bundled Keras
+    (`tensorflow.python.keras.models.Model`, v2/model.py line 14), which on TF 2.6 is not `tf.keras`
+    (the keras 2.6 package): the GPT and every layer come from the Keras `keras_of` finds it derives
+    from. Its MRO is then DistributedGPT, GPT, DistributedModel, Model: GPT.__init__ calls
+    DistributedModel.__init__ directly, whose caller frame the library reads the arguments from, and
+    calls go through DistributedModel.__call__, where the library partitions.
+    """
+    from lm.compat import keras_of
+    from lm.models.gpt import gpt_classes
+
+    class DistributedGPT(gpt_classes(keras_of(smp.DistributedModel)).GPT, smp.DistributedModel):
         """The GPT whose call takes (tokens, labels) and returns the mean token loss: "tensors
         returned from the call method will be broadcast across model-parallel devices"."""
 
@@ -168,6 +179,28 @@ def distributed_gpt_class(smp):
                 return tf.cast(self.loss_fn(labels, logits), tf.float32)
 
     return DistributedGPT
+
+
+# smp.allgather, smp.send and smp.recv_from pickle the object and pass its size to the library's
+# backend as a C int (smdistributed/modelparallel/backend/collectives.py, lines 237-247, 254-263,
+# 334-348): one message is at most 2**31 - 1 bytes. A piece leaves room for pickle's framing.
+MESSAGE_LIMIT = 2 ** 31 - 1
+PICKLE_FRAMING = 1024
+
+
+def piece_bytes():
+    return MESSAGE_LIMIT - PICKLE_FRAMING
+
+
+def count_pieces(nbytes):
+    """How many messages `message_pieces` cuts `nbytes` bytes into (one for none)."""
+    return max(1, -(-nbytes // piece_bytes()))
+
+
+def message_pieces(data):
+    """`data` (bytes) in consecutive pieces that each fit one message of the library's collectives."""
+    size = piece_bytes()
+    return [data[start:start + size] for start in range(0, max(len(data), 1), size)]
 
 
 def weight_paths(model):
@@ -353,20 +386,35 @@ class SMPStrategy(Strategy):
         """Every partition's weights in one plain GPT on the chief's CPU; None on other ranks.
 
         Each rank holds only its partition's layers, so the weights travel by layer path
-        (`weight_paths`) through the documented `smp.allgather` over the model-parallel group."""
-        import numpy as np
-
+        (`weight_paths`): the partitions of the first replica tell each other what they hold (one small
+        `smp.allgather` over the model-parallel group), then each weight goes to the chief by itself
+        (`smp.send` / `smp.recv_from`, in the order of the paths), cut into pieces where one message
+        could not hold it (`message_pieces`): a partition of gpt-1.3b is about 2.6 GB of fp32."""
         from lm import models
         smp = self._smp
         if self._dp_rank != 0:
             return None  # the first replica's partitions hold the same weights
-        local = {path: np.asarray(weight.numpy()) for path, weight in weight_paths(model).items()}
-        parts = smp.allgather(local, smp.CommGroup.MP_GROUP)
+        held = weight_paths(model)
+        inventory = {path: (tuple(weight.shape), weight.dtype.name) for path, weight in held.items()}
+        owners = {path: (mp_rank, shape, dtype)
+                  for mp_rank, part in enumerate(smp.allgather(inventory, smp.CommGroup.MP_GROUP))
+                  for path, (shape, dtype) in part.items()}
         if not self.is_chief:
+            for path in sorted(owners):
+                if owners[path][0] == self.mp_rank:
+                    for piece in message_pieces(held[path].numpy().tobytes()):
+                        smp.send(piece, 0, smp.RankType.MP_RANK)
             return None
-        gathered = {}
-        for part in parts:
-            gathered.update(part)
+        gathered = {}  # every message is received before anything is checked: a sender waits for it
+        for path in sorted(owners):
+            owner, shape, dtype = owners[path]
+            if owner == self.mp_rank:
+                gathered[path] = held[path].numpy()
+                continue
+            dtype = tf.as_dtype(dtype)
+            pieces = [smp.recv_from(owner, smp.RankType.MP_RANK)
+                      for _ in range(count_pieces(int(np.prod(shape, dtype=np.int64)) * dtype.size))]
+            gathered[path] = np.frombuffer(b"".join(pieces), dtype.as_numpy_dtype).reshape(shape)
         with tf.device("/CPU:0"):
             whole = models.build(model.model_config)
         wanted = weight_paths(whole)

@@ -6,21 +6,26 @@ activation="relu", head_dim=d_model` is the seed's block, kept for the benchmark
 
 `GPT.decode` is the generation path: the same blocks, with left padding masked out and an
 optional per-layer key/value cache (see `lm.serving.generate`).
+
+The classes are written once, without a Keras base, and made per Keras by `gpt_classes`: SMP v1's
+model is built on TensorFlow's bundled Keras, the others on `lm.compat.keras`.
 """
 import contextlib
+import functools
 import math
+import types
 
 from lm.compat import keras, tf
 from lm.models.layers import (INIT_STDDEV, causal_bias, decode_bias_and_positions, dense, dropout, dropout_seeds,
                               empty_caches, matmul_last, normal, sub_seed, update_cache)
 from lm.spec.families import GPTConfig
 
-__all__ = ["GPT", "build_model"]
+__all__ = ["GPT", "build_model", "gpt_classes"]
 
 LAYER_NORM_EPSILON = 1e-5
 
 
-class Embedding(keras.layers.Layer):
+class _Embedding:
     """Token and learned position embeddings, summed; `project` reuses the token table as the
     output layer (tied weights)."""
 
@@ -49,7 +54,35 @@ class Embedding(keras.layers.Layer):
         return config
 
 
-class CausalSelfAttention(keras.layers.Layer):
+class _LayerNorm:
+    """Layer normalization over the last axis, computed as Keras' LayerNormalization computes it at
+    this epsilon (below what its fused kernel allows): moments and the affine map in float32, float32
+    gamma and beta. Ours because TensorFlow's bundled Keras, which SMP v1's model is built on, has
+    none in TF 2.15 (the main test environment; TF 2.6's has)."""
+
+    def __init__(self, epsilon=LAYER_NORM_EPSILON, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        width = [tf.TensorShape(input_shape)[-1]]
+        self.gamma = self.add_weight("gamma", shape=width, initializer="ones", experimental_autocast=False)
+        self.beta = self.add_weight("beta", shape=width, initializer="zeros", experimental_autocast=False)
+        super().build(input_shape)
+
+    def call(self, x):
+        dtype, x = x.dtype, tf.cast(x, tf.float32)
+        mean, variance = tf.nn.moments(x, [x.shape.rank - 1], keepdims=True)
+        return tf.cast(tf.nn.batch_normalization(x, mean, variance, offset=self.beta, scale=self.gamma,
+                                                 variance_epsilon=self.epsilon), dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(epsilon=self.epsilon)
+        return config
+
+
+class _CausalSelfAttention:
     """Multi-head self-attention with one fused QKV projection; the caller passes the additive
     attention bias (causal, plus padding in generation)."""
 
@@ -93,7 +126,7 @@ class CausalSelfAttention(keras.layers.Layer):
         return config
 
 
-class MLP(keras.layers.Layer):
+class _MLP:
     """d_model -> 4 * d_model -> d_model."""
 
     def __init__(self, d_model, activation="gelu", output_stddev=INIT_STDDEV, **kwargs):
@@ -120,7 +153,7 @@ class MLP(keras.layers.Layer):
         return config
 
 
-class Block(keras.layers.Layer):
+class _Block:
     """One transformer block: attention and MLP sublayers with residuals and LayerNorm,
     before each sublayer ("pre") or after each residual ("post", the seed)."""
 
@@ -129,14 +162,21 @@ class Block(keras.layers.Layer):
         super().__init__(**kwargs)
         self.d_model, self.n_head, self.head_dim = d_model, n_head, head_dim
         self.norm, self.activation, self.dropout_rate, self.output_stddev = norm, activation, dropout_rate, output_stddev
-        self.ln_1 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_1")
-        self.attention = CausalSelfAttention(d_model, n_head, head_dim, dropout_rate, output_stddev, name="attention")
-        self.ln_2 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_2")
-        self.mlp = MLP(d_model, activation, output_stddev, name="mlp")
+        classes = self.classes
+        self.ln_1 = classes.LayerNorm(name="ln_1")
+        self.attention = classes.CausalSelfAttention(d_model, n_head, head_dim, dropout_rate, output_stddev,
+                                                     name="attention")
+        self.ln_2 = classes.LayerNorm(name="ln_2")
+        self.mlp = classes.MLP(d_model, activation, output_stddev, name="mlp")
 
     def build(self, input_shape):
-        with tf.name_scope(self.attention.name):  # used through its methods, so never built by a call
-            self.attention.build(input_shape)
+        # Every sublayer here, each under its name as its own call would: the attention is used
+        # through its methods, so never built by a call; and SMP v1's ranks build only the layers
+        # the library lists, with build(), never calling them. On TF >= 2.5 those are the model's
+        # own layers (the blocks), not theirs (lm.distributed.smp).
+        for layer in (self.attention, self.ln_1, self.ln_2, self.mlp):
+            with tf.name_scope(layer.name):
+                layer.build(input_shape)
         super().build(input_shape)
 
     def call(self, x, bias, seed=None):
@@ -167,7 +207,7 @@ class Block(keras.layers.Layer):
         return config
 
 
-class GPT(keras.Model):
+class _GPT:
     """The decoder. `recompute=True` recomputes each block's activations in the backward pass
     (tf.recompute_grad) to trade compute for memory."""
 
@@ -177,11 +217,12 @@ class GPT(keras.Model):
         self.recompute = recompute
         c = self.model_config
         residual_stddev = INIT_STDDEV / math.sqrt(2 * c.n_layer)
-        self.embedding = Embedding(c.padded_vocab_size, c.block_size, c.d_model, name="embedding")
-        self.blocks = [Block(c.d_model, c.n_head, c.attention_head_dim, c.norm, c.activation, c.dropout,
-                             residual_stddev, name="block_%d" % i) for i in range(c.n_layer)]
-        self.ln_f = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln_f")
-        self.head = None if c.tie_embeddings else keras.layers.Dense(
+        classes = self.classes
+        self.embedding = classes.Embedding(c.padded_vocab_size, c.block_size, c.d_model, name="embedding")
+        self.blocks = [classes.Block(c.d_model, c.n_head, c.attention_head_dim, c.norm, c.activation, c.dropout,
+                                     residual_stddev, name="block_%d" % i) for i in range(c.n_layer)]
+        self.ln_f = classes.LayerNorm(name="ln_f")
+        self.head = None if c.tie_embeddings else classes.keras.layers.Dense(
             c.padded_vocab_size, use_bias=False, kernel_initializer=normal(INIT_STDDEV), name="head")
 
     # A callable giving the [2] int64 seed of this step's dropout masks (lm.training.checkpoint.DropoutKey,
@@ -245,6 +286,30 @@ class GPT(keras.Model):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return cls(**config)
+
+
+@functools.lru_cache(maxsize=None)
+def gpt_classes(keras):
+    """The GPT's layer and model classes on `keras`: one class tree (see `lm.compat.keras_of`).
+
+    The classes above hold the code; each Keras gets classes of its own that put it under them, and
+    each reaches the others of its Keras as `self.classes`. This module's `GPT`, `Block`, ... are
+    those of `lm.compat.keras`; SMP v1's DistributedGPT is the GPT of the Keras its `DistributedModel`
+    derives from (`lm.distributed.smp`). Initial values come from `lm.models.layers.normal` whichever
+    Keras holds the layers, so both draw the same ones."""
+    classes = types.SimpleNamespace(keras=keras)
+    for name, code, base in (("Embedding", _Embedding, keras.layers.Layer), ("LayerNorm", _LayerNorm, keras.layers.Layer),
+                             ("CausalSelfAttention", _CausalSelfAttention, keras.layers.Layer),
+                             ("MLP", _MLP, keras.layers.Layer), ("Block", _Block, keras.layers.Layer),
+                             ("GPT", _GPT, keras.Model)):
+        setattr(classes, name, type(name, (code, base), {"__module__": __name__, "__doc__": code.__doc__,
+                                                          "classes": classes}))
+    return classes
+
+
+_ours = gpt_classes(keras)
+Embedding, LayerNorm, CausalSelfAttention, MLP, Block, GPT = (
+    _ours.Embedding, _ours.LayerNorm, _ours.CausalSelfAttention, _ours.MLP, _ours.Block, _ours.GPT)
 
 
 def build_model(config, recompute=False, build=True, model_class=GPT):

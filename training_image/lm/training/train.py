@@ -303,6 +303,7 @@ class Training:
     """
 
     def __init__(self, hp, paths):
+        from lm import compat
         from lm.compat import keras, tf
         from lm.training import optim
         from lm import distributed, models
@@ -333,7 +334,7 @@ class Training:
         self.gpu, capability = detect_gpu(tf)
         precision = self.precision = resolve_precision(hp.precision, self.gpu, capability)
         policy = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
-        keras.mixed_precision.set_global_policy(policy)
+        compat.set_precision_policy(policy)  # of either Keras: SMP's model is on TensorFlow's bundled one
         seed_everything(tf, hp.seed)
 
         dropout_key = checkpoint.DropoutKey(hp.seed, strategy.data_parallel_rank)

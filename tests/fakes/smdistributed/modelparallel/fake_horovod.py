@@ -148,7 +148,7 @@ def allreduce(tensor, op=None, name=None, **others):
     graph = tf.compat.v1.get_default_graph()
     previous = getattr(graph, "_fake_horovod_last", None)
     with tf.control_dependencies([previous] if previous is not None else []):
-        reduced = tf.numpy_function(reduce, [tensor], dtype, stateful=True, name="FakeHorovodAllreduce")
+        reduced = smp.stateful_numpy_function(reduce, [tensor], dtype, name="FakeHorovodAllreduce")
     reduced.set_shape(shape)
     graph._fake_horovod_last = reduced.op
     return reduced

@@ -30,11 +30,14 @@ What the fake emulates, and where it simplifies:
   mp-group barrier, so no rank reads a variable while its owner updates it; inside a
   tf.function the barriers are ops that hold one TensorFlow inter-op thread per rank.
 - From the library's own code (the 1.12.1 wheel's Python source, GitHub
-  tkazusa/smdistributed_modelparallel; the TF 2.6 DLC ships 1.4.0, which was not read): the
-  tracing copy made from the constructor's arguments and its shared-layer check, count_params
-  failing, custom gradients failing on the ranks that import the graph (DistributedModel),
-  StepOutput.accumulate's accumulators in a tf.function, and CheckpointManager.restore reading
-  every partition's directory. Where they are emulated, the code cites file and lines. Not
+  tkazusa/smdistributed_modelparallel; the TF 2.6 DLC ships 1.4.0, which was not read):
+  DistributedModel's base class (TensorFlow's bundled Keras), the tracing copy made from the
+  arguments read in the frame that called DistributedModel.__init__, its shared-layer check and
+  the per-rank build of the layers `get_layers` lists (through `_layers`), count_params failing,
+  custom gradients failing on the ranks that import the graph (DistributedModel), the 2 GiB limit
+  of a message (the collectives), StepOutput.accumulate's accumulators in a tf.function, and
+  CheckpointManager.restore reading every partition's directory. Where they are emulated, the
+  code cites file and lines. Not
   emulated: the graph import itself (a rank's layers list only its own weights, but their
   attributes still reach other ranks' variables here; the library's ranks do not build those).
 - Tensors returned by `DistributedModel.call` are "broadcast across model-parallel devices";
@@ -53,6 +56,7 @@ What the fake emulates, and where it simplifies:
   the rank's dp group (hvd.rank() == dp_rank(), hvd.size() == dp_size()) and its allreduce and
   broadcast_variables exchange real values with the group's other ranks (see that module).
 """
+import contextlib
 import enum
 import functools
 import inspect
@@ -67,9 +71,12 @@ import numpy as np
 
 from lm.compat import keras, tf
 from smdistributed import env_int, record
+# The library's base class (v2/model.py line 14): TensorFlow's bundled Keras, not `tf.keras`.
+from tensorflow.python.keras.models import Model  # noqa: E402
 
 FAKE = "fake smdistributed.modelparallel"
 TIMEOUT_ENV = "FAKE_SMP_TIMEOUT"
+MESSAGE_LIMIT_ENV = "FAKE_SMP_MESSAGE_BYTES"
 # "Parameters for modelparallel" that apply to TensorFlow, with their documented defaults.
 PARAMETERS = {"partitions": None, "microbatches": 1, "pipeline": "interleaved", "optimize": "memory",
               "placement_strategy": "cluster", "auto_partition": True, "default_partition": 0, "contiguous": True,
@@ -329,9 +336,26 @@ def _world(call):
 
 # ---- communication ("Communication API") ----
 
+def _message(call, obj):
+    """`obj` pickled, as the library sends it: it passes the pickle's size to its backend as a C int
+    (backend/collectives.py: `_serialize_object` and `pickle_obj`, lines 334-348; `ctypes.c_int(count)`
+    in `async_bcast_global`, lines 237-247, which allgather and broadcast use, and `async_send_global`,
+    lines 254-263, which send uses), so a message holds at most 2**31 - 1 bytes (ctypes wraps a larger
+    count silently). Tests scale the limit down with FAKE_SMP_MESSAGE_BYTES."""
+    payload = pickle.dumps(obj)
+    limit = env_int(MESSAGE_LIMIT_ENV, 2 ** 31 - 1)
+    if len(payload) > limit:
+        raise OverflowError("%s: smp.%s of an object that pickles to %d bytes: the library passes a message's size "
+                            "as a C int, so one message holds at most %d bytes" % (FAKE, call, len(payload), limit))
+    return payload
+
+
 def _exchange(call, group, obj):
-    """Every member of `group` contributes `obj`; returns the contributions in member order."""
+    """Every member of `group` contributes `obj`; returns the contributions in member order. Alone in
+    its group, the library returns the object as it is, unsent (collectives.py lines 190-191)."""
     members = _members(group)
+    if len(members) > 1:
+        _message(call, obj)
     if _world(call) is None:
         return [pickle.loads(pickle.dumps(obj))]
     return exchange_among(_state(), members, tuple(members), call, obj, "smp.%s over %s" % (call, group.name))
@@ -385,7 +409,7 @@ def mp_barrier():
 def _post(call, destinations, obj):
     world = _world(call)
     me = _state()["rank"]
-    payload = pickle.dumps(obj)
+    payload = _message(call, obj)
     with world.lock:
         for destination in destinations:
             world.mailboxes.setdefault((me, destination), []).append([payload, False])
@@ -406,6 +430,7 @@ def broadcast(obj, group):
 def send(obj, dest_rank, rank_type):
     _require_init("send")
     destination = _peer(dest_rank, rank_type)
+    record("smp.send", rank=rank(), destination=destination, bytes=len(pickle.dumps(obj)))
     _post("send", [destination], obj)
 
 
@@ -612,7 +637,14 @@ def _step_barrier(state, eager, after=()):
         return np.int32(0)
 
     with tf.control_dependencies(list(after)):
-        return tf.numpy_function(wait, [], tf.int32, stateful=True, name="FakeSMPStepBarrier")
+        return stateful_numpy_function(wait, [], tf.int32, name="FakeSMPStepBarrier")
+
+
+def stateful_numpy_function(function, inputs, dtypes, name):
+    """tf.numpy_function as an op TensorFlow keeps in program order (not part of the library: the fake
+    Horovod uses it too). TF 2.6's numpy_function is always stateful and has no `stateful` argument."""
+    stateful = {"stateful": True} if "stateful" in inspect.signature(tf.numpy_function).parameters else {}
+    return tf.numpy_function(function, inputs, dtypes, name=name, **stateful)
 
 
 def register_post_partition_hook(hook):
@@ -681,7 +713,7 @@ def _place(next_creator, **kwargs):
             world.wait(lambda: (group, index - 1) in world.placed or index == 0,
                        "creating variable %d on rank %d" % (index, rank()))
             if (group, "random") not in world.placed:
-                world.placed[(group, "random")] = _seed_generator()
+                world.placed[(group, "random")] = _seed_generators()
             with _random_of(world.placed[(group, "random")]):
                 variable = next_creator(**kwargs)
             world.placed[(group, index)] = variable
@@ -697,34 +729,62 @@ def _keras_backend():
     return sys.modules[keras.backend.clear_session.__module__]
 
 
-def _seed_generator():
-    """The Python generator Keras draws unseeded initializers' seeds from in this thread. Without one
-    (no keras.utils.set_random_seed) Keras draws from the process's `random`, which the rank threads
-    share: each mp group then draws from its own copy of it as it is now (after the ranks seeded it),
-    as each replica's processes would, instead of the groups taking turns on one sequence."""
-    generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+def _op_seeds():
+    """TensorFlow's eager context, which draws the op seed of every random op without one (Keras' own
+    unseeded initializers on TF 2.6) from a Python generator, `_rng`, once a global seed is set
+    (tensorflow/python/eager/context.py, `_set_global_seed` and `internal_operation_seed`). One
+    context serves every rank thread of the fake; each process of the library has its own."""
+    from tensorflow.python.eager import context
+    return context.context()
+
+
+def _copy_of(generator):
     if generator is None:
-        generator = random.Random()
-        generator.setstate(random.getstate())
-    return generator
+        return None
+    copy = random.Random()
+    copy.setstate(generator.getstate())
+    return copy
+
+
+def _seed_generators():
+    """The generators this thread's initial values draw their seeds from: Keras' (Keras >= 2.7 draws
+    an unseeded initializer's seed from its thread's generator, or from the process's `random`
+    without keras.utils.set_random_seed, which the rank threads share) and TensorFlow's op seeds
+    (`_op_seeds`, shared too). Each mp group draws from its own copy of the shared ones as they are
+    now (after the ranks seeded them), as each replica's processes would, instead of the groups
+    taking turns on one sequence."""
+    keras_generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+    return keras_generator or _copy_of(random), _copy_of(getattr(_op_seeds(), "_rng", None))
+
+
+def _private_generators():
+    """Copies of the generators `_seed_generators` would name, so drawing from them moves none."""
+    keras_generator = getattr(getattr(_keras_backend(), "_SEED_GENERATOR", None), "generator", None)
+    return _copy_of(keras_generator or random), _copy_of(getattr(_op_seeds(), "_rng", None))
 
 
 class _random_of:  # noqa: N801
-    """Draw initial values from one generator for the whole mp group (Keras keeps it per thread),
-    so a partitioned model starts from the values one process building it would draw."""
+    """Draw initial values from the given (Keras, TensorFlow op seed) generators, so a partitioned
+    model starts from the values one process building it would draw. The op seeds' generator is the
+    process's: hold the world's lock while inside."""
 
-    def __init__(self, generator):
-        self.generator = generator
+    def __init__(self, generators):
+        self.keras_generator, self.op_seed_generator = generators
         self.holder = getattr(_keras_backend(), "_SEED_GENERATOR", None)
 
     def __enter__(self):
         if self.holder is not None:
             self.saved = getattr(self.holder, "generator", None)
-            self.holder.generator = self.generator
+            self.holder.generator = self.keras_generator
+        if self.op_seed_generator is not None:
+            self.saved_op_seeds = _op_seeds()._rng
+            _op_seeds()._rng = self.op_seed_generator
 
     def __exit__(self, *exc_info):
         if self.holder is not None:
             self.holder.generator = self.saved
+        if self.op_seed_generator is not None:
+            _op_seeds()._rng = self.saved_op_seeds
         return False
 
 
@@ -737,60 +797,174 @@ class _Holder:
         self.value = value
 
 
-def _has_own_build(layer):
-    return not getattr(type(layer).build, "_is_default", False)
-
-
 def _nested_layers(model):
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
-class DistributedModel(keras.Model):
+def get_layers(model):
+    """The layers the library walks (v2/utils.py, `get_layers` and `_flatten_layers`, lines 14-52):
+    each of `model.layers`, and below each the layers found in its `_layers` attribute, recursively
+    (those that are `tf.keras.layers.Layer`s). Keras named that attribute `_self_tracked_trackables`
+    from TF 2.5 on; neither Keras of TF 2.6 (nor of later TFs) has `_layers`, so the walk finds no
+    sublayer: the model's own layers are all it lists. The 1.4.0 wheel of the TF 2.6 DLC was not
+    read; 1.7.0 and 1.12.1, released after TF 2.5, still read `_layers`."""
+    found = []
+    for layer in model.layers:
+        found.extend(_walk_layers(layer))
+    return found
+
+
+def _walk_layers(layer, seen=None):
+    seen = set() if seen is None else seen
+    yield layer
+    for inner in tf.nest.flatten(getattr(layer, "_layers", None)):
+        if id(inner) not in seen and isinstance(inner, tf.keras.layers.Layer):
+            seen.add(id(inner))
+            yield from _walk_layers(inner, seen)
+
+
+def _builds_itself(layer):
+    """The library's test for a layer with a build() of its own (v2/model.py line 252, serialization.py
+    line 292): Keras marks its default build with `_is_default`."""
+    return not hasattr(layer.build, "_is_default")
+
+
+class DistributedModel(Model):
     """Subclass and implement `call`; calling the model is allowed only inside smp.step.
 
-    As the library's (smdistributed/modelparallel/tensorflow/v2/model.py in the 1.12.1 source,
-    GitHub tkazusa/smdistributed_modelparallel): on mp_rank 0, `__init__` makes the tracing copy
-    by calling the subclass again with the values its `__init__` was called with (lines 62-64,
-    77-126: the arguments of the subclass's `__init__` signature, read from the frame that called
-    `DistributedModel.__init__`), and the first call refuses layers with their own `build()` that
-    the model and its copy share (lines 217-218, 249-257). A rank's model is never called through
-    Keras there (it imports the partitioned graph, line 160), so `count_params()` raises.
+    As the library's (smdistributed/modelparallel/tensorflow/v2/model.py in the 1.12.1 source, GitHub
+    tkazusa/smdistributed_modelparallel), from its base on: TensorFlow's bundled Keras Model (line 14,
+    `from tensorflow.python.keras.models import Model`), not `tf.keras.Model`, which on TF 2.6 is the
+    separate keras package's. On mp_rank 0, `__init__` makes the tracing copy (lines 62-64) by calling
+    the model's class again with the values of its `__init__`'s parameters read from the frame three
+    levels out of `_get_init_args` (lines 77-126): the frame that called `DistributedModel.__init__`.
+    The first call refuses layers with their own `build()` that the model and its copy share (lines
+    217-218, 249-257) and partitions: the copy's call is traced, recording the input shape each layer
+    `get_layers` lists is built with (serialization.py `track_graph`, lines 132-213), and every rank
+    builds those layers, with `build(shape)` and never a call (serialization.py `import_graph`, lines
+    280-313): a weight that only a layer's call creates does not exist on the library's ranks, and
+    the fake refuses it. A rank's model is never called through Keras there (it imports the
+    partitioned graph, line 160), so `count_params()` raises. Not emulated: the SMPDummy layers the
+    library adds to every model (lines 58, 556-570) and the layer names of the copy (lines 128-148).
     """
-
-    _constructing_copy = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # In a holder Keras does not track: the copy's layers are not this model's.
         self._fake_copy = _Holder(None)
-        if mp_rank() == 0 and not DistributedModel._constructing_copy:
-            if type(self).__init__ is DistributedModel.__init__:
-                args_again, kwargs_again = args, kwargs
-            else:
-                args_again, kwargs_again = self._constructor_arguments(sys._getframe(1))
-            DistributedModel._constructing_copy = True
-            try:
-                self._fake_copy = _Holder(type(self)(*args_again, **kwargs_again))
-            finally:
-                DistributedModel._constructing_copy = False
+        state = _state()
+        if mp_rank() == 0 and not state.get("constructing_duplicate"):
+            self._fake_copy = _Holder(DistributedModel._duplicate_model(self))
+            record("smp.DistributedModel.tracing_copy", model=type(self).__name__, rank=state["rank"],
+                   layers=[layer.name for layer in get_layers(self._fake_copy.value)])
 
-    def _constructor_arguments(self, caller):
-        """The values of the subclass __init__'s parameters in the frame that called this __init__."""
-        spec = inspect.getfullargspec(type(self).__init__)
-        given = caller.f_locals
-        args = [given[name] for name in spec.args[1:]] + (list(given[spec.varargs]) if spec.varargs else [])
-        kwargs = {name: given[name] for name in spec.kwonlyargs}
-        if spec.varkw:
-            kwargs.update(given[spec.varkw])
+    @staticmethod
+    def _duplicate_model(model):
+        """The tracing copy: `type(model)` called with the arguments its construction was given (lines
+        77-95). Per rank (the library's ranks are processes), so the flag is the rank thread's."""
+        args, kwargs = DistributedModel._get_init_args(model)
+        state = _state()
+        state["constructing_duplicate"] = True
+        try:
+            return type(model)(*[arg for arg in args if arg is not model], **kwargs)
+        finally:
+            state["constructing_duplicate"] = False
+
+    @staticmethod
+    def _get_init_args(model):
+        """The values of `type(model).__init__`'s parameters, read from the frame three levels out of this
+        function (this one, `_duplicate_model`, `DistributedModel.__init__`, its caller: lines 101-126). Only
+        when that caller is the class's own `__init__` are they the arguments of the construction: a
+        subclass without an `__init__` of its own, or one whose `super().__init__` reaches
+        `DistributedModel.__init__` through another class's `__init__`, has its parameters read from
+        another frame, and a parameter that frame lacks raises KeyError there (line 115)."""
+        spec = inspect.getfullargspec(type(model).__init__)
+        caller = sys._getframe(3)
+        values = caller.f_locals
+        names = list(spec.args) + ([spec.varargs] if spec.varargs else []) + list(spec.kwonlyargs) + (
+            [spec.varkw] if spec.varkw else [])
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise KeyError("%s: %s.__init__'s parameters %s are not variables of %s(), the function that called "
+                           "DistributedModel.__init__, where the library reads them to re-create the model"
+                           % (FAKE, type(model).__name__, missing, caller.f_code.co_name))
+        args = [values[name] for name in spec.args] + (list(values[spec.varargs]) if spec.varargs else [])
+        kwargs = {name: values[name] for name in spec.kwonlyargs}
+        kwargs.update(values[spec.varkw] if spec.varkw else {})
         return args, kwargs
 
     def _refuse_shared_layers(self):
-        shared = [layer.name for layer, copied in zip(_nested_layers(self), _nested_layers(self._fake_copy.value))
-                  if layer is copied and _has_own_build(layer)]
+        shared = [layer.name for layer, copied in zip(get_layers(self), get_layers(self._fake_copy.value))
+                  if layer is copied and _builds_itself(layer)]
         if shared:
             raise ValueError("Layers that have a build() method implemented must be created in the __init__ methods "
                              "of an enclosing Layer or a smp.DistributedModel object. The following layers are found "
                              "to be in violation of this: %s. (%s)" % (shared, FAKE))
+
+    def _trace_copy(self, args, kwargs):
+        """[(input shape, partition) or None] per layer of `get_layers(copy)`: the shape each layer's
+        build() got in the copy's call, and the partition it was built in (the `smp.partition` index
+        around it, or default_partition); None for a layer the call never built."""
+        copy = self._fake_copy.value
+        plan, layers = [], get_layers(copy)
+        state, config = _state(), _config()
+
+        def recording(layer, build):
+            def wrapper(input_shape):
+                partition = state["partition_stack"][-1] if state["partition_stack"] else config["default_partition"]
+                plan[layers.index(layer)] = (tf.TensorShape(input_shape).as_list(), partition)
+                return build(input_shape)
+            return wrapper
+
+        plan.extend([None] * len(layers))
+        for layer in layers:
+            layer.build = recording(layer, layer.build)
+        try:
+            # The copy's initial values from generators of its own: in the library each rank is a
+            # process with its random state, where the copies of all replicas draw alike; the fake's
+            # rank threads would otherwise race for the process's (and move the model's draws).
+            world = state["world"]
+            with world.lock if world is not None else contextlib.nullcontext(), _random_of(_private_generators()):
+                Model.__call__(copy, *args, **kwargs)
+        finally:
+            for layer in layers:
+                del layer.build
+        return plan
+
+    def _build_layers(self, plan):
+        """Every layer of `get_layers(self)` the copy's call built, built as the library's ranks do, by
+        its build() with the traced shape and under its name (each variable on its owner: `_place`)."""
+        state = _state()
+        for layer, entry in zip(get_layers(self), plan):
+            if entry is None or not _builds_itself(layer) or layer.built:
+                continue
+            shape, partition = entry
+            state["partition_stack"].append(partition)
+            try:
+                with tf.variable_creator_scope(_place), tf.name_scope(layer.name):
+                    layer.build(tf.TensorShape(shape))
+            finally:
+                state["partition_stack"].pop()
+
+    def _partition(self, args, kwargs):
+        """The first call: refuse shared layers and trace the copy (mp_rank 0), send the layers' shapes to
+        the mp group (the library broadcasts its serialized graph, line 226), build the layers; then the
+        whole call once more, in which no variable may be created (every rank of the fake computes the
+        whole model, reading its partners' variables)."""
+        plan = None
+        if self._fake_copy.value is not None:
+            self._refuse_shared_layers()
+            plan = self._trace_copy(args, kwargs)
+        if mp_size() > 1:
+            plan = _exchange("allgather", CommGroup.MP_GROUP, plan)[0]
+        self._build_layers(plan)
+        with tf.variable_creator_scope(_created_in_a_call):
+            Model.__call__(self, *args, **kwargs)
+        self._fake_partitioned = True
+        self._forget_other_ranks_weights()
+        record("smp.DistributedModel.partition", model=type(self).__name__, rank=_state()["rank"],
+               layers=[layer.name for layer in get_layers(self)],
+               built=[layer.name for layer, entry in zip(get_layers(self), plan) if entry is not None])
 
     def _forget_other_ranks_weights(self):
         """A rank of the library builds only the layers placed on it (v2/serialization.py, lines
@@ -811,14 +985,8 @@ class DistributedModel(keras.Model):
             raise RuntimeError("%s: a DistributedModel is called outside smp.step" % FAKE)
         state["model_called"] = True
         if not getattr(self, "_fake_partitioned", False):
-            if self._fake_copy.value is not None:
-                self._refuse_shared_layers()
-            # The partition: variables are created (each on its owner) in a first, eager call.
-            with tf.init_scope(), tf.variable_creator_scope(_place):
-                super().__call__(*tf.nest.map_structure(_dummy, args),
-                                                       **tf.nest.map_structure(_dummy, kwargs))
-            self._fake_partitioned = True
-            self._forget_other_ranks_weights()
+            with tf.init_scope():
+                self._partition(tf.nest.map_structure(_dummy, args), tf.nest.map_structure(_dummy, kwargs))
         graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         known = len(graph.get_operations()) if graph is not None else 0
         outputs = super().__call__(*args, **kwargs)
@@ -850,6 +1018,14 @@ class DistributedModel(keras.Model):
     def save_model(self, save_path="/opt/ml/model"):
         raise NotImplementedError("%s: save_model (a SavedModel of the unpartitioned model) is not emulated"
                                   % FAKE)
+
+
+def _created_in_a_call(next_creator, **kwargs):
+    raise RuntimeError("%s: variable %r is created in a layer's call: a rank of the library builds only the layers "
+                       "get_layers lists, with their build() and the traced input shape, and never calls them "
+                       "(v2/serialization.py, lines 280-313). On TF >= 2.5 those are the model's own layers only "
+                       "(Keras has no `_layers`, v2/utils.py): a sublayer must be built by its parent's build()"
+                       % (FAKE, kwargs.get("name")))
 
 
 def _refuse_custom_gradients(operations):
@@ -915,7 +1091,6 @@ class CheckpointManager:
 
     def _own_variables(self):
         """(path, variable) of this rank's variables in the checkpoint's object graph, in path order."""
-        view = tf.train.TrackableView(self._checkpoint)
         elsewhere = _placed_on_other_ranks()
         found, queue, seen = [], [("", self._checkpoint)], set()
         while queue:
@@ -927,7 +1102,7 @@ class CheckpointManager:
                 if id(getattr(node, "_variable", node)) not in elsewhere:
                     found.append((path, node))
                 continue
-            for name, child in sorted(view.children(node).items()):
+            for name, child in sorted(_checkpoint_children(node).items()):
                 queue.append(("%s/%s" % (path, name) if path else name, child))
         return found
 
@@ -992,6 +1167,14 @@ class CheckpointManager:
             restored.append(os.path.relpath(path, self._directory))
         record("smp.CheckpointManager.restore", rank=rank(), directory=self._directory, restored=restored,
                assigned=assigned)
+
+
+def _checkpoint_children(node):
+    """{name: object} a trackable saves in a checkpoint: tf.train.TrackableView's children; TF 2.6 has
+    no TrackableView, and lists them as the trackable's `_checkpoint_dependencies`."""
+    if hasattr(tf.train, "TrackableView"):
+        return tf.train.TrackableView(node).children(node)
+    return {reference.name: reference.ref for reference in node._checkpoint_dependencies}
 
 
 def _placed_on_other_ranks():
