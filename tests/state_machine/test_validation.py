@@ -107,8 +107,8 @@ def test_plan_gate_rejects_what_cannot_fit_or_run(deployment):
     assert "hyperparameters.recompute must be false with strategy smp" in recomputed.description["cause"]
     fits = deployment.run(smp, name="plan-4")
     assert fits.status == "SUCCEEDED", fits.description.get("cause")
-    # gpt-760m with Horovod on a 32 GB V100 fits only with recomputation (the checkpoint snapshot counted)
-    data_parallel = {"preset": "gpt-760m", "strategy": "horovod", "instance_type": "ml.p3dn.24xlarge",
+    # gpt-1.3b with Horovod on a 32 GB V100 fits only with recomputation
+    data_parallel = {"preset": "gpt-1.3b", "strategy": "horovod", "instance_type": "ml.p3dn.24xlarge",
                      "instance_count": 1}
     without_recompute = deployment.run(data_parallel, name="plan-5")
     assert without_recompute.description["error"] == "PlanRejected"
