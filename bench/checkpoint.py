@@ -31,6 +31,9 @@ write, cache misses), measured with thread CPU clocks, which the machine's other
 less than wall times. The spread of the steps without a write (10th to 90th percentile) and the
 standard error of the per-step figure say whether 2 % is within this machine's noise.
 
+The call's CPU time on the training thread (`save_call_cpu_s`: for the host snapshot, its copy) is
+the figure the machine's other load disturbs least.
+
 Memory, per save: `device_extra_bytes`, how far TensorFlow's allocator peak of the steps beside the
 write rises above the median peak of the round's steps without a write (the device's own statistics:
 the GPU's, or the CPU's BFC allocator, which this script selects with TF_CPU_ALLOCATOR_USE_BFC before
@@ -133,7 +136,7 @@ def episode(mode, saver, step, state, inputs, labels, alone_steps, noise_steps, 
         beside.append(timed_step(step, inputs, labels, saver))
     write_wall = time.perf_counter() - started
     saver.files.wait()
-    return {"alone": alone, "call": call, "beside": beside, "write_wall": write_wall,
+    return {"alone": alone, "call": call, "call_cpu": call_cpu, "beside": beside, "write_wall": write_wall,
             "writer_cpu": saver.writer_cpu() - writer_before + (call_cpu if mode == "sync" else 0.0),
             "snapshot_host_bytes": saver.snapshot_host_bytes}
 
@@ -151,6 +154,7 @@ def summarize(mode, episodes, baselines):
         device_extra.append(max([peak for _, _, _, peak in row["beside"]] or [peak_base]) - peak_base)
     result = {"stall_per_save_s": statistics.median(stalls), "stall_per_save_all_s": stalls,
               "save_call_s": statistics.median(row["call"] for row in episodes),
+              "save_call_cpu_s": statistics.median(row.get("call_cpu", 0.0) for row in episodes),
               "steps_beside_a_write": statistics.median(beside_count),
               "training_extra_cpu_per_save_s": statistics.median(training_cpu),
               "device_extra_bytes": statistics.median(device_extra), "device_extra_bytes_all": device_extra}
@@ -245,17 +249,17 @@ def main(argv=None):
     print("state %.1f MB; step without a write %.3f s (p10-p90 %.3f-%.3f, %d steps); load average %.1f -> %.1f "
           "on %d CPUs" % (state_bytes / 1e6, step_seconds, spread[0], spread[1], len(alone_walls), load_before,
                           os.getloadavg()[0], os.cpu_count()))
-    print("%-8s %10s %9s %16s %8s %10s %9s %11s %9s %12s %14s %14s" % (
-        "write", "stall/save", "of a step", "per step writing", "steps", "write wall", "call", "device MB+",
-        "host MB", "writer CPU", "training CPU+", "per %g min" % args.interval_minutes))
+    print("%-8s %10s %9s %16s %8s %10s %9s %9s %11s %9s %12s %14s %14s" % (
+        "write", "stall/save", "of a step", "per step writing", "steps", "write wall", "call", "call CPU",
+        "device MB+", "host MB", "writer CPU", "training CPU+", "per %g min" % args.interval_minutes))
     for mode in MODES:
         row = results[mode]
         per_step = row.get("stall_fraction_per_step_while_writing")
         error = row.get("per_step_standard_error")
-        print("%-8s %9.3fs %8.1f%% %16s %8g %9.2fs %8.3fs %11.1f %9.1f %11.3fs %13.3fs %13.4f%%" % (
+        print("%-8s %9.3fs %8.1f%% %16s %8g %9.2fs %8.3fs %8.3fs %11.1f %9.1f %11.3fs %13.3fs %13.4f%%" % (
             mode, row["stall_per_save_s"], 100 * row["stall_fraction_of_step"],
             "-" if per_step is None else "%.1f%% +- %.1f%%" % (100 * per_step, 100 * (error or 0.0)),
-            row["steps_beside_a_write"], row.get("write_wall_s", 0.0), row["save_call_s"],
+            row["steps_beside_a_write"], row.get("write_wall_s", 0.0), row["save_call_s"], row["save_call_cpu_s"],
             row["device_extra_bytes"] / 1e6, row.get("snapshot_host_bytes", 0) / 1e6,
             row.get("writer_cpu_per_save_s", 0.0), row["training_extra_cpu_per_save_s"],
             100 * row["stall_fraction_per_interval"]))
