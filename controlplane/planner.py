@@ -19,31 +19,35 @@ Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activatio
   family plans. Recomputation (`tf.recompute_grad` per block) keeps each block's input (u c) and rebuilds
   one block at a time in the backward pass.
 - the loss: float32 logits and the cross-entropy gradient (8z), alive together at the end
-  of the forward pass, plus the final LayerNorm (2 u c). Under recomputation the float32
-  logits gradient (4z) is still alive while the blocks are rebuilt (TF's executor follows
-  the input-gradient chain before it runs the tied embedding's weight-gradient matmul).
+  of the forward pass, plus the final LayerNorm (2 u c). The output layer's gradients are
+  made before the blocks are rebuilt, so the logits gradient is gone by then.
 - SMP with several microbatches: the step sums the microbatches' gradients into one
   accumulator (4P, alive from the first microbatch to the update), and each microbatch's own
   gradients (4P) are made while the other microbatches in flight keep their activations.
-- a background checkpoint save (every strategy but SMP, whose saves are synchronous): 13P, the
-  snapshot of weights, m and v (12P) that the device holds twice until the writer has copied it
-  to the host, as measured (CHECKPOINT_SNAPSHOT_BYTES; tests/plan). Counted at every step: a save
-  is due every checkpoint_minutes, so a run that does not fit with it fails within minutes.
+- a checkpoint save takes nothing on the GPU: lm.training.checkpoint copies the weights, m and v
+  into host memory between two steps (see "Host memory" below).
 - the update: the gradients and their clipped copies (8P; tf.clip_by_global_norm makes every
   clipped gradient before the first is applied); under accumulation the clipped copies next to
   the accumulator (4P).
-- peak = weights + optimizer (+ accumulator + snapshot) + the transient peak, the larger of the
-  update and:
+- peak = weights + optimizer (+ accumulator) + the transient peak, the larger of the update and:
   * without recomputation: float16 copies + kept activations + loss; the backward pass frees
     activations as it creates gradients, so the two never add up;
-  * with recomputation: float16 copies + kept inputs + the larger of the loss and the
-    rebuild of a block (one block + 4z + gradients): the weight gradients of the blocks
-    already done accumulate while the earlier blocks are rebuilt, so by the first block
-    nearly all of them (charged in full: 4P) are alive next to a rebuilt block.
+  * with recomputation: float16 copies + the larger of the loss (with every block's input
+    kept) and the rebuild of a block: the rebuilt block's activations, the gradients its
+    backward pass makes from them (REBUILD_BACKWARD_SHARE of the block's activations more,
+    measured), the gradient arriving from the block above (u c), and what the blocks around
+    it leave: rebuilding the last block, every block's input and the gradients of the
+    embeddings and that block; rebuilding the first, its own input and every weight
+    gradient (4P), whichever is more.
 - headroom: RESERVED_GIB per GPU for the CUDA context and cuBLAS/cuDNN workspaces, and a
   FRAGMENTATION share of the rest for the allocator.
 Checked against TensorFlow's allocator peak on the CPU in tests/plan/test_measured.py
 (float32; the mixed-precision terms cannot be measured without a GPU).
+
+Host memory (the chief's host): the checkpoint snapshot, CHECKPOINT_SNAPSHOT_BYTES (12) a parameter,
+for the strategies whose saves take one (SNAPSHOT_STRATEGIES; SMP saves through its own library,
+synchronously), against the host's memory less FRAGMENTATION and HOST_RESERVED_GIB for each
+training process. On an instance without GPUs the snapshot shares the one memory with training.
 
 Time: tokens/s = GPUs x peak FLOP/s x MFU / flops_per_token (`lm.spec.families`: 6 x (the
 blocks' matmul weights + the output projection) + 12 x layers x seq_len x attention width, the
@@ -88,18 +92,25 @@ TABLE_SEQ_LEN = 2048
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
-# A background checkpoint save (lm.training.checkpoint.Checkpointer) holds reads of the weights and AdamW's
-# m and v (float32: 4 + 4 + 4 bytes a parameter) until its writer thread has copied them to host
-# memory, and every update meanwhile copies the buffers it writes (copy on write under a held
-# read): the device holds the state twice. Measured on the CPU allocator: 11.3 to 13.9 bytes a
-# parameter more at the peak of a step taken while a snapshot is held, about 13 on average, the
-# 12 bytes of state and the allocator's rounding (tests/plan/test_measured.py).
-CHECKPOINT_SNAPSHOT_BYTES = 13
-# The strategies whose checkpoints are those background snapshots (lm.distributed.base.Checkpoints,
-# written by the chief, whose GPU is the busiest); SMP saves through smp.CheckpointManager between
-# steps, synchronously (lm.distributed.smp.SMPCheckpoints). tests/training/test_plan_runtime.py
-# checks this list against each strategy's checkpoints.
+# A checkpoint save (lm.training.checkpoint.Checkpointer) copies the weights and AdamW's m and v
+# (float32: 4 + 4 + 4 bytes a parameter) into NumPy arrays in the chief's host memory and keeps them
+# until its writer thread has written the file; the GPU holds no copy (tests/plan/test_measured.py
+# measures both). It used to hold the reads on the device instead: 11.3 to 13.9 bytes a parameter
+# more on the GPU, which refused data parallelism for gpt-760m and gpt-1.3b on a 40 GB A100.
+CHECKPOINT_SNAPSHOT_BYTES = 12
+# The strategies whose checkpoints take that snapshot (lm.distributed.base.Checkpoints, written by
+# the chief); SMP saves through smp.CheckpointManager between steps, synchronously
+# (lm.distributed.smp.SMPCheckpoints). tests/training/test_plan_runtime.py checks this list
+# against each strategy's checkpoints.
 SNAPSHOT_STRATEGIES = ("single", "mwms", "horovod", "smddp")
+# Host memory each training process takes for itself (Python, TensorFlow, the CUDA context's host
+# side, the input pipeline): an assumption, not measured on a GPU host; the snapshot must fit beside.
+HOST_RESERVED_GIB = 4.0
+# While a rebuilt block's backward pass runs, the gradients it makes from the block's activations
+# add this share of the block's activations (`block_activation_bytes`) before they are freed:
+# measured on the CPU allocator, 0.27 to 0.46 for GPT's block and 0.55 to 0.8 for Llama's
+# (tests/plan/test_measured.py).
+REBUILD_BACKWARD_SHARE = 0.5
 SHORTEST_SEQ_LEN = 128  # the shortest sequence length a rejection suggests
 DEFAULT_GLOBAL_BATCH = job.HYPERPARAMETERS["global_batch_size"].default
 XLA_DEFAULT = job.HYPERPARAMETERS["xla"].default
@@ -183,7 +194,7 @@ def layer_activation_bytes(config, micro_batch, seq_len, compute_bytes, xla=Fals
 
 
 def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=False, partitions=1, in_flight=1,
-           accumulate=False, snapshot=False):
+           accumulate=False):
     """Peak bytes on one GPU (the busiest pipeline stage under SMP), by component.
 
     Under SMP v1 a GPU holds only its partition: "any operation that is part of
@@ -203,8 +214,7 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
     `accumulate` (SMP with several microbatches): the step sums the microbatches' gradients
     into one accumulator (4P, alive from the first microbatch to the update); a microbatch's
     own gradients (4P) are made while the other microbatches in flight keep their
-    activations. `snapshot`: a background checkpoint save's copy of the state
-    (CHECKPOINT_SNAPSHOT_BYTES a parameter)."""
+    activations. A checkpoint's snapshot is in host memory, not here (`host_memory`)."""
     c = COMPUTE_BYTES[precision]
     layers = -(-config.n_layer // partitions)
     block = config.block_parameter_count()
@@ -215,6 +225,8 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
     per_layer = layer_activation_bytes(config, micro_batch, seq_len, c, xla)
     full = in_flight * layers * per_layer
     kept_inputs = in_flight * layers * u * c
+    # A rebuilt block's activations and the gradients its backward pass makes from them.
+    rebuilt = int(per_layer * (1 + REBUILD_BACKWARD_SHARE))
     loss = 8 * z + 2 * u * c
     parts = collections.OrderedDict([
         ("params", params),
@@ -223,26 +235,38 @@ def memory(config, micro_batch, seq_len, precision, *, recompute=False, xla=Fals
         ("clipped_gradients", 4 * params),
         ("gradient_accumulator", 4 * params if accumulate else 0),
         ("optimizer", 8 * params),
-        ("checkpoint_snapshot", CHECKPOINT_SNAPSHOT_BYTES * params if snapshot else 0),
         ("compute_copies", 2 * params if c != 4 else 0),
         ("activations", full),
-        ("activations_recompute", kept_inputs + per_layer),
+        ("activations_recompute", kept_inputs + rebuilt),
         ("loss", loss),
     ])
     # The update: the gradients to apply (the accumulator's under `accumulate`, counted above) and
     # their clipped copies, which tf.clip_by_global_norm makes for every gradient before AdamW applies one.
     update = parts["clipped_gradients"] + (0 if accumulate else parts["gradients"])
     if recompute:
-        transient = max(parts["compute_copies"] + kept_inputs + max(loss, per_layer + 4 * z + parts["gradients"]),
-                        update)
+        # Rebuilding the last block: every block's input is kept, the embeddings' and that block's
+        # gradients are made; rebuilding the first: its input is kept, every gradient is made.
+        around_last = kept_inputs + 4 * (embedding + block)
+        around_first = in_flight * u * c + parts["gradients"]
+        rebuild = rebuilt + u * c + max(around_last, around_first)
+        transient = max(parts["compute_copies"] + max(kept_inputs + loss, rebuild), update)
     elif accumulate:
         others_in_flight = full * (in_flight - 1) // in_flight
         transient = max(parts["compute_copies"] + max(full + loss, others_in_flight + parts["gradients"]), update)
     else:
         transient = max(parts["compute_copies"] + full + loss, update)
-    parts["peak"] = (parts["weights"] + parts["optimizer"] + parts["gradient_accumulator"]
-                     + parts["checkpoint_snapshot"] + transient)
+    parts["peak"] = parts["weights"] + parts["optimizer"] + parts["gradient_accumulator"] + transient
     return parts
+
+
+def host_memory(config, instance, strategy, device_peak):
+    """The chief's host memory beyond what its training processes take for themselves: the checkpoint
+    snapshot (CHECKPOINT_SNAPSHOT_BYTES a parameter, for SNAPSHOT_STRATEGIES) and what the host has
+    for it (`usable_host_bytes`; without GPUs, less the training's own peak `device_peak`, which is in
+    the same memory)."""
+    snapshot = CHECKPOINT_SNAPSHOT_BYTES * parameter_count(config) if strategy in SNAPSHOT_STRATEGIES else 0
+    usable = usable_host_bytes(instance) - (0 if instance.gpus else device_peak)
+    return collections.OrderedDict([("checkpoint_snapshot", snapshot), ("usable", usable)])
 
 
 def step_flops(config, batch, seq_len, recompute=False):
@@ -257,6 +281,12 @@ def usable_bytes(instance):
     if not instance.gpus:
         return instance.memory_gib * GIB * (1 - FRAGMENTATION)
     return (instance.gpu_memory_gib - RESERVED_GIB) * GIB * (1 - FRAGMENTATION)
+
+
+def usable_host_bytes(instance):
+    """Host memory a checkpoint snapshot may take: the host's, less FRAGMENTATION and HOST_RESERVED_GIB for
+    each training process (one per GPU; without GPUs the process's memory is the training peak)."""
+    return instance.memory_gib * GIB * (1 - FRAGMENTATION) - HOST_RESERVED_GIB * GIB * instance.gpus
 
 
 # ---- one strategy on one instance type ----
@@ -287,11 +317,13 @@ def _evaluate(config, instance, instance_count, strategy, global_batch, seq_len,
     if strategy == "smp":
         in_flight = min(microbatches, partitions) if pipeline == "interleaved" else microbatches
     mem = memory(config, micro_batch, seq_len, precision, recompute=recompute, partitions=partitions,
-                 in_flight=in_flight, accumulate=strategy == "smp" and microbatches > 1,
-                 snapshot=strategy in SNAPSHOT_STRATEGIES)
+                 in_flight=in_flight, accumulate=strategy == "smp" and microbatches > 1)
+    host = host_memory(config, instance, strategy, mem["peak"])
     return {"gpus_used": gpus_used, "data_parallel": dp, "per_replica_batch": per_replica,
             "micro_batch": micro_batch, "partitions": partitions, "microbatches": microbatches,
-            "pipeline": pipeline, "memory": mem, "fits": mem["peak"] <= usable_bytes(instance)}
+            "pipeline": pipeline, "memory": mem, "host_memory": host,
+            "fits_gpu": mem["peak"] <= usable_bytes(instance),
+            "fits": mem["peak"] <= usable_bytes(instance) and host["checkpoint_snapshot"] <= host["usable"]}
 
 
 def _smp_search(config, instance, instance_count, global_batch, seq_len, precision, recompute,
@@ -320,8 +352,17 @@ def _smp_search(config, instance, instance_count, global_batch, seq_len, precisi
 
 def _too_big(config, instance, instance_count, strategy, layout, batch, seq_len, precision, recompute, given_smp):
     """The reason a layout that does not fit is refused, with what fits instead where something does."""
-    reason = "needs %.1f GiB per GPU, %s has %.1f GiB usable (%d GiB %s)" % (
-        layout["memory"]["peak"] / GIB, instance.name, usable_bytes(instance) / GIB,
+    host = layout["host_memory"]
+    if instance.gpus and layout["fits_gpu"]:
+        return "its checkpoint snapshot needs %.1f GiB of the chief's host memory, %s has %.1f GiB for it " \
+               "(%d GiB, less %g GiB for each of its %d training processes)" % (
+                   host["checkpoint_snapshot"] / GIB, instance.name, host["usable"] / GIB, instance.memory_gib,
+                   HOST_RESERVED_GIB, instance.gpus)
+    snapshot = "" if instance.gpus or not host["checkpoint_snapshot"] else \
+        " with its checkpoint snapshot (%.1f GiB)" % (host["checkpoint_snapshot"] / GIB)
+    reason = "needs %.1f GiB per %s%s, %s has %.1f GiB usable (%d GiB %s)" % (
+        (layout["memory"]["peak"] + (0 if instance.gpus else host["checkpoint_snapshot"])) / GIB,
+        "GPU" if instance.gpus else "host", snapshot, instance.name, usable_bytes(instance) / GIB,
         instance.gpu_memory_gib or instance.memory_gib, instance.gpu or "host memory")
     nearest = _nearest_fit(config, instance, instance_count, strategy, batch, seq_len, precision, recompute, given_smp)
     return "%s; %s" % (reason, nearest) if nearest else reason
@@ -556,6 +597,8 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             (key, value / GIB) for key, value in layout["memory"].items() if key != "params")
         result["params_per_gpu"] = layout["memory"]["params"]
         result["usable_gib"] = usable_bytes(instance) / GIB
+        result["host_memory_gib"] = collections.OrderedDict(
+            (key, value / GIB) for key, value in layout["host_memory"].items())
         result["time"] = timing
         result["warnings"] = warnings
         return result
@@ -564,7 +607,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
     # What the other recompute setting would make possible (recomputation saves memory; smp refuses
     # it), so a suggestion can include it.
     alternatives = [one(name, not recompute) for name in job.STRATEGIES]
-    suggestion = _cheapest(candidates) or _cheapest(alternatives)
+    suggestion = _preferred(candidates, alternatives)
     if strategy == "auto":
         # Nothing fits: show the runnable strategy closest to fitting, and why it does not fit.
         runnable = [c for c in candidates if c["runnable"]]
@@ -608,6 +651,18 @@ def learning_rate_plan(config, global_batch, learning_rate, scale_lr):
         ("peak", peak_learning_rate(config, global_batch, learning_rate, scale_lr)),
         ("given", learning_rate or None), ("gpt3_rate", gpt3_rate), ("gpt3_batch", gpt3_batch),
         ("scale_lr", scale_lr), ("global_batch", global_batch)])
+
+
+def _preferred(candidates, alternatives):
+    """The run to suggest: the cheapest that fits without SMP, with the recompute setting asked for,
+    else with the other one; SMP only where no other strategy fits, that is where the state (16
+    bytes a parameter and more) does not fit one GPU. SMP v1 runs only on the oldest image, cannot
+    recompute, and its pipeline's cost is the part of this model that no run here has measured."""
+    def without_smp(pool):
+        return [c for c in pool if c["strategy"] != "smp"]
+
+    return (_cheapest(without_smp(candidates)) or _cheapest(without_smp(alternatives)) or _cheapest(candidates)
+            or _cheapest(alternatives))
 
 
 def _cheapest(candidates):

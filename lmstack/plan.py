@@ -74,25 +74,28 @@ def format_table(result):
         rate["gpt3_batch"], ", scaled by the square root of %d / %d, at most 1x" % (
             rate["global_batch"], rate["gpt3_batch"]) if rate["scale_lr"] else ", kept at any batch"))
     lines.append("")
-    header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
-        "strategy", "ok", "weights", "grads", "optim", "ckpt", "acts", "acts_rc", "peak", "usable", "hours",
+    header = "%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %9s %11s %11s" % (
+        "strategy", "ok", "weights", "grads", "optim", "acts", "acts_rc", "peak", "usable", "host ckpt", "hours",
         "on-demand$", "spot$ est.")
     lines.append(header)
     lines.append("-" * len(header))
     for c in result["candidates"]:
         m, t = c["memory_gib"], c["time"] or {}
-        lines.append("%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %8s %9s %11s %11s" % (
+        lines.append("%-8s %-3s %8s %8s %8s %8s %8s %8s %8s %9s %9s %11s %11s" % (
             c["strategy"], "yes" if c["ok"] else "no", _gib(m["weights"]),
-            _gib(m["gradients"] + m["gradient_accumulator"]), _gib(m["optimizer"]), _gib(m["checkpoint_snapshot"]),
+            _gib(m["gradients"] + m["gradient_accumulator"]), _gib(m["optimizer"]),
             _gib(m["activations"]), _gib(m["activations_recompute"]), _gib(m["peak"]),
-            _gib(c["usable_gib"]), "%.1f" % t["hours"] if t else "-",
+            _gib(c["usable_gib"]), _gib(c["host_memory_gib"]["checkpoint_snapshot"]), "%.1f" % t["hours"] if t else "-",
             _usd(t.get("cost_on_demand_usd")), _usd(t.get("cost_spot_usd"))))
-    lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; ckpt: a background checkpoint "
-                 "save's copy of the state; acts_rc: activations with recomputation; spot$ est.: %s)"
-                 % prices.SPOT_BASIS)
+    lines.append("(GiB per GPU; grads: with SMP's accumulator over the microbatches; acts_rc: activations with "
+                 "recomputation; host ckpt: a checkpoint save's copy of the state, in the chief's host memory; "
+                 "spot$ est.: %s)" % prices.SPOT_BASIS)
     lines.extend(smp_placement_lines(result))
     lines.append("")
     lines.append("chosen: %s%s" % (chosen["strategy"], "" if chosen["ok"] else " - CANNOT: %s" % chosen["reason"]))
+    if chosen["recompute"] != s["recompute"]:
+        lines.append("  with recompute=%s: %s GiB per GPU of %s usable" % (
+            str(chosen["recompute"]).lower(), _gib(chosen["memory_gib"]["peak"]), _gib(chosen["usable_gib"])))
     if chosen.get("mp_parameters"):
         lines.append("  mp_parameters: %s" % json.dumps(chosen["mp_parameters"]))
     t = chosen["time"]

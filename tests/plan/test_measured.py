@@ -2,7 +2,7 @@
 `lm.models.llama` on the CPU.
 
 Each case runs tests/plan/measure.py in a fresh process (see its docstring for the method:
-TensorFlow's BFC allocator peak over one step, and the matmul FLOPs counted from the traced
+TensorFlow's BFC allocator peak of a step (the median of a few), and the matmul FLOPs counted from the traced
 forward+backward graph) and compares with what the planner predicts for the same config.
 """
 import json
@@ -31,6 +31,7 @@ CASES = {
     "small": dict(config=SMALL, batch=8, seq_len=256, recompute=False),
     "small-recompute": dict(config=SMALL, batch=8, seq_len=256, recompute=True),
     "llama-small": dict(config=LLAMA_SMALL, batch=8, seq_len=256, recompute=False),
+    "llama-small-recompute": dict(config=LLAMA_SMALL, batch=8, seq_len=256, recompute=True),
     "update-bound": dict(config=UPDATE_BOUND, batch=2, seq_len=64, recompute=False),
 }
 
@@ -75,12 +76,6 @@ def test_predicted_peak_memory_within_15_percent_of_the_allocator_peak(measured)
     case, result = measured
     predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32", recompute=case["recompute"])
     error = predicted["peak"] / float(result["peak_bytes"]) - 1.0
-    if case["recompute"] and abs(error) > TOLERANCE:
-        # A known gap, reported rather than hidden: under recompute the allocator peak varies
-        # from process to process (184-220 MiB measured for this case, with one or two threads
-        # and any hash seed); the planner predicts 181 MiB, so the case falls outside 15 % in some runs.
-        pytest.xfail("recompute: predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
-            predicted["peak"] / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error))
     assert abs(error) <= TOLERANCE, "predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
         predicted["peak"] / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error)
 
@@ -112,16 +107,20 @@ def test_parameter_count_agrees_with_lmstack_plan_describe(preset):
 
 
 @pytest.mark.slow
-def test_a_held_checkpoint_snapshot_costs_the_bytes_per_parameter_the_plan_counts():
+def test_a_held_checkpoint_snapshot_is_in_host_memory_where_the_plan_counts_it():
     """A step taken while lm.training.checkpoint's snapshot of the state is held (a background save whose
-    writer has not yet copied it to host memory): its updates copy the weights and AdamW's m and v
-    (copy on write), so the allocator peak rises by about CHECKPOINT_SNAPSHOT_BYTES a parameter
-    (12.5 to 13.3 measured here), and the planner's peak with the snapshot stays within the
-    tolerance. Both peaks come from one process (measure.py) at the update-bound shape, whose state
-    is large next to the activations' step-to-step spread."""
+    writer has not yet written the file): the snapshot is NumPy arrays of the weights and AdamW's m
+    and v, CHECKPOINT_SNAPSHOT_BYTES a parameter of host memory, and TensorFlow's allocator peak does
+    not rise (it rose by 11.3 to 13.9 bytes a parameter while the snapshot held the reads on the
+    device). Both peaks come from one process (measure.py) at the update-bound shape, whose state is
+    large next to the activations' step-to-step spread."""
     case = CASES["update-bound"]
     held = measure(dict(case, snapshot=True))
-    per_parameter = (held["peak_bytes"] - held["plain_peak_bytes"]) / float(held["params"])
-    assert abs(per_parameter / planner.CHECKPOINT_SNAPSHOT_BYTES - 1.0) <= TOLERANCE, per_parameter
-    predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32", snapshot=True)["peak"]
+    state = planner.CHECKPOINT_SNAPSHOT_BYTES * held["params"]
+    # the state and AdamW's step counter (8 bytes)
+    assert state <= held["snapshot_host_bytes"] <= state + 64, (held["snapshot_host_bytes"], state)
+    # within the steps' spread (about 10 MiB here, under a byte a parameter), far from a device copy's 12
+    device_per_parameter = (held["peak_bytes"] - held["plain_peak_bytes"]) / float(held["params"])
+    assert abs(device_per_parameter) < 3.0, device_per_parameter
+    predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32")["peak"]
     assert abs(predicted / float(held["peak_bytes"]) - 1.0) <= TOLERANCE, (predicted, held["peak_bytes"])

@@ -200,10 +200,45 @@ def test_the_plan_picks_the_nearest_multiple_of_the_data_parallel_size(requested
 
 
 def test_auto_picks_the_cheapest_strategy_that_fits():
-    result = planner.plan("gpt-125m", "ml.p4d.24xlarge", 1, "auto", global_batch=64)
+    result = planner.plan("gpt-125m", "ml.p4d.24xlarge", 1, "auto", global_batch=16)
     fitting = [c for c in result["candidates"] if c["ok"]]
-    assert result["chosen"]["ok"]
+    assert result["chosen"]["ok"] and len(fitting) > 1
     assert result["chosen"]["time"]["cost_on_demand_usd"] == min(c["time"]["cost_on_demand_usd"] for c in fitting)
+
+
+def test_auto_leaves_smp_to_states_no_gpu_holds_even_where_its_model_costs_less():
+    """At 8 sequences a GPU, data parallelism fits only with recomputation, whose extra forward pass
+    makes it cost more in the model than SMP's pipeline; the plan chooses it all the same."""
+    result = planner.plan("gpt-125m", "ml.p4d.24xlarge", 1, "auto", global_batch=64)
+    chosen = result["chosen"]
+    smp = next(c for c in result["candidates"] if c["strategy"] == "smp")
+    assert chosen["ok"] and chosen["strategy"] in planner.DATA_PARALLEL and chosen["recompute"]
+    assert smp["ok"] and smp["time"]["cost_on_demand_usd"] < chosen["time"]["cost_on_demand_usd"]
+
+
+@pytest.mark.parametrize("preset", ["gpt-760m", "gpt-1.3b"])
+def test_data_parallel_with_recomputation_is_chosen_over_smp_where_it_fits_one_a100(preset):
+    """Issue 33, item 5: with the checkpoint snapshot in host memory, the data-parallel state and a
+    recomputed block fit a 40 GB A100; the plan chooses it (recompute=true) although the request
+    left recomputation off, and SMP, which fits without it, is not chosen."""
+    result = planner.plan(preset, "ml.p4d.24xlarge")
+    chosen = result["chosen"]
+    assert result["ok"] and chosen["strategy"] in planner.DATA_PARALLEL and chosen["recompute"]
+    assert chosen["memory_gib"]["peak"] < chosen["usable_gib"]
+    assert result["suggested_strategy"] == chosen["strategy"] and result["suggested_recompute"] is True
+    assert next(c for c in result["candidates"] if c["strategy"] == "smp")["ok"]
+    snapshot = chosen["host_memory_gib"]["checkpoint_snapshot"]
+    assert snapshot == pytest.approx(planner.CHECKPOINT_SNAPSHOT_BYTES * result["model"]["params"] / 2 ** 30)
+    assert snapshot < chosen["host_memory_gib"]["usable"]
+
+
+def test_smp_is_chosen_where_the_data_parallel_state_does_not_fit_one_gpu():
+    """gpt-1.3b's weights, gradients and AdamW state (16 bytes a parameter, 19.6 GiB) exceed a 16 GB V100
+    with or without recomputation: SMP, which splits them, is the plan."""
+    result = planner.plan("gpt-1.3b", "ml.p3.16xlarge", 1, "auto", global_batch=8, seq_len=1024)
+    assert result["chosen"]["strategy"] == "smp" and result["ok"]
+    state = 16 * result["model"]["params"] / 2 ** 30
+    assert state > next(c for c in result["candidates"] if c["strategy"] == "horovod")["usable_gib"]
 
 
 # ---- memory ----
@@ -231,7 +266,8 @@ def test_recomputation_keeps_one_block_plus_block_inputs():
     recomputed = planner.memory(config, 2, 2048, "bf16", recompute=True)
     assert recomputed["peak"] < full["peak"]
     u = 2 * 2048 * config.d_model
-    assert recomputed["activations_recompute"] == config.n_layer * u * 2 + planner.layer_activation_bytes(config, 2, 2048, 2)
+    block = planner.layer_activation_bytes(config, 2, 2048, 2)
+    assert recomputed["activations_recompute"] == config.n_layer * u * 2 + int(block * (1 + planner.REBUILD_BACKWARD_SHARE))
 
 
 def test_smp_partitions_split_parameters_and_microbatches_split_activations():
@@ -511,7 +547,7 @@ def test_smp_counts_the_accumulator_and_one_microbatchs_gradients_beside_the_oth
     partition = chosen["params_per_gpu"] / 2 ** 30
     assert memory["gradient_accumulator"] == pytest.approx(4 * partition)
     assert memory["gradients"] == pytest.approx(4 * partition)
-    assert memory["checkpoint_snapshot"] == 0  # SMP saves synchronously
+    assert chosen["host_memory_gib"]["checkpoint_snapshot"] == 0  # SMP saves through its library, synchronously
     one_microbatch = memory["activations"] / 2
     fixed = memory["weights"] + memory["optimizer"] + memory["gradient_accumulator"] + memory["compute_copies"]
     assert memory["peak"] == pytest.approx(fixed + max(memory["activations"] + memory["loss"],
@@ -559,22 +595,44 @@ def test_the_seeds_run_gets_an_honest_rejection_naming_what_fits():
 # ---- the checkpoint snapshot (item 8) ----
 
 @pytest.mark.parametrize("strategy", ["single", "mwms", "horovod", "smddp"])
-def test_a_background_checkpoints_copy_of_the_state_is_counted(strategy):
+def test_a_checkpoints_copy_of_the_state_is_counted_in_the_chiefs_host_memory(strategy):
     config = get_preset("gpt-1.3b")
     batch = 1 if strategy == "single" else 8
     chosen = planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, strategy, global_batch=batch, recompute=True)["chosen"]
-    assert chosen["memory_gib"]["checkpoint_snapshot"] == pytest.approx(
+    assert chosen["host_memory_gib"]["checkpoint_snapshot"] == pytest.approx(
         planner.CHECKPOINT_SNAPSHOT_BYTES * parameter_count(config) / 2 ** 30)
-    assert not chosen["ok"]  # 16 + 13 bytes a parameter leave no room on a 40 GB A100 (approved before)
-    assert not planner.check("gpt-760m", "ml.p3dn.24xlarge", 1, strategy, global_batch=batch).ok
+    assert "checkpoint_snapshot" not in chosen["memory_gib"]
+    assert chosen["ok"]  # 16 bytes a parameter and a rebuilt block fit a 40 GB A100; 13 more on the GPU did not
 
 
-def test_the_snapshot_adds_to_the_peak():
+def test_a_snapshot_the_chiefs_host_cannot_hold_is_refused_naming_host_memory(monkeypatch):
+    """The same run on a p4d with 40 GiB of host memory: 40 x 0.9 - 8 x 4 GiB leaves 4 GiB for gpt-1.3b's
+    14.7 GiB snapshot. The GPUs would hold the run, so the reason is the host's."""
+    monkeypatch.setitem(hardware.INSTANCES, "ml.p4d.24xlarge",
+                        hardware.INSTANCES["ml.p4d.24xlarge"]._replace(memory_gib=40))
+    verdict = planner.check("gpt-1.3b", "ml.p4d.24xlarge", 1, "horovod", global_batch=8, recompute=True)
+    assert not verdict.ok
+    assert "checkpoint snapshot needs 14.7 GiB of the chief's host memory, ml.p4d.24xlarge has 4.0 GiB for it" \
+        in verdict.reason
+    smp = planner.check("gpt-1.3b", "ml.p4d.24xlarge", 1, "smp", global_batch=8)
+    assert smp.ok and smp.plan["chosen"]["host_memory_gib"]["checkpoint_snapshot"] == 0
+
+
+def test_without_gpus_the_snapshot_shares_the_host_memory_with_training():
+    config = get_preset("gpt-125m")
+    layout = planner.plan(config, "ml.m5.xlarge", 1, "single", global_batch=1, seq_len=128, precision="fp32")["chosen"]
+    host = layout["host_memory_gib"]
+    assert host["usable"] == pytest.approx(layout["usable_gib"] - layout["memory_gib"]["peak"])
+    assert host["checkpoint_snapshot"] == pytest.approx(12 * parameter_count(config) / 2 ** 30)
+
+
+def test_the_gpu_holds_no_snapshot_and_smp_none_anywhere():
     config = get_preset("gpt-350m")
-    without = planner.memory(config, 1, 2048, "bf16")
-    held = planner.memory(config, 1, 2048, "bf16", snapshot=True)
-    snapshot = planner.CHECKPOINT_SNAPSHOT_BYTES * parameter_count(config)
-    assert held["peak"] - without["peak"] == snapshot == held["checkpoint_snapshot"]
+    assert "checkpoint_snapshot" not in planner.memory(config, 1, 2048, "bf16")
+    instance = hardware.get_instance("ml.p4d.24xlarge")
+    for strategy in job.STRATEGIES:
+        snapshot = planner.host_memory(config, instance, strategy, 0)["checkpoint_snapshot"]
+        assert snapshot == (12 * parameter_count(config) if strategy in planner.SNAPSHOT_STRATEGIES else 0)
 
 
 # ---- the clock (item 9) ----

@@ -220,16 +220,11 @@ def test_background_save_snapshots_the_values_at_the_call(tmp_path):
     assert sorted(os.listdir(str(tmp_path))) == ["ckpt-00000004.npz"]
 
 
-@pytest.mark.parametrize("earlier_saves", [0, 1])  # 0: the first save's eager reads; 1: the traced reader
-def test_a_pending_write_keeps_the_saved_values_through_updates_in_place(tmp_path, monkeypatch, earlier_saves):
-    # The snapshot holds the tensors a read returned, not copies: updates in place in a
-    # tf.function (like the train step's assign_sub and a sparse scatter) while the write waits
-    # must copy on write and leave the file with the values of the save.
+def test_a_pending_write_keeps_the_saved_values_through_updates_in_place(tmp_path, monkeypatch):
+    # Updates in place in a tf.function (like the train step's assign_sub and a sparse scatter) while
+    # the write waits leave the file with the values of the save: the snapshot is a copy.
     saver = checkpoint.Checkpointer(str(tmp_path))
     state = variables()
-    for step in range(earlier_saves):
-        saver.save(step, state, {})
-        saver.wait()
     gate = threading.Event()
     write = checkpoint.Checkpointer._write
     monkeypatch.setattr(checkpoint.Checkpointer, "_write", lambda *args: (gate.wait(60), write(*args))[1])
@@ -250,6 +245,35 @@ def test_a_pending_write_keeps_the_saved_values_through_updates_in_place(tmp_pat
     np.testing.assert_array_equal(fresh[0].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
     assert int(fresh[1].numpy()) == 3
     assert int(state[1].numpy()) == 8
+
+
+def test_the_snapshot_is_host_memory_of_its_own():
+    """host_snapshot holds NumPy arrays that own their buffers (no view of a variable's, which an update
+    would change or TensorFlow's allocator would have to copy), with the variables' values and dtypes."""
+    state = variables()
+    arrays = checkpoint.host_snapshot(state)
+    assert all(type(array) is np.ndarray and array.base is None for array in arrays)
+    assert [array.dtype for array in arrays] == [np.float32, np.int64]
+    np.testing.assert_array_equal(arrays[0], state[0].numpy())
+    state[0].assign_add(tf.ones_like(state[0]))
+    np.testing.assert_array_equal(arrays[0], np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_a_save_that_cannot_take_its_snapshot_writes_nothing_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    """Host memory running out while the snapshot is taken (on the training thread) raises there, before
+    any file is opened; the checkpoint of the last save stays the newest."""
+    saver = checkpoint.Checkpointer(str(tmp_path))
+    state = variables()
+    saver.save(1, state, {})
+    saver.wait()
+
+    def out_of_memory(values):
+        raise MemoryError("host memory")
+
+    monkeypatch.setattr(checkpoint, "host_snapshot", out_of_memory)
+    with pytest.raises(MemoryError):
+        saver.save(2, state, {})
+    assert sorted(os.listdir(str(tmp_path))) == ["ckpt-00000001.npz"] and saver.steps() == [1]
 
 
 def test_the_file_is_the_npz_numpy_writes(tmp_path):

@@ -8,17 +8,19 @@ safe to resume from. The variables are saved in a fixed order (model weights, op
 state, loss scale) with their shapes, and checked on load. NumPy files read the same on every
 TF version we run, unlike Keras' checkpoint layouts.
 
-A save copies nothing on the training thread: its snapshot is the tensors one tf.function
-reads from the variables between two steps (eager reads at a process's first save, while the
-writer thread traces that function). TensorFlow gives a read tensor value semantics:
-an update of a variable whose buffer a read still holds copies the buffer first (copy on
-write: the fused AdamW update writes the weights and both moments in place, so each of the
-three buffers is copied once, on the device: 12 bytes a parameter in fp32 (13 at the allocator's peak),
-which controlplane.planner counts as `checkpoint_snapshot`; tests/plan/test_measured.py measures it). A background thread then moves the tensors to host memory (on a
-GPU, device-to-host copies off the training thread; on a CPU, views) and lets the tensors go,
-then writes the .npz without another copy, syncs, renames and prunes while the next steps run.
-The price: until the copies to host are done the device holds the snapshot's buffers besides
-the live ones (at most one more copy of the state).
+A save takes its snapshot in host memory, on the training thread, between two steps
+(`host_snapshot`): every state variable is read and copied into a NumPy array that shares no
+buffer with it (on a GPU, one device-to-host copy per variable; on a CPU, a copy in memory), so
+the arrays hold the weights and optimizer state of one step whatever the next steps do. The
+device holds nothing more than training needs: controlplane.planner counts the snapshot (12 bytes
+a parameter in fp32: the weights, AdamW's m and v) in the chief's host memory, not on its GPU.
+The price is the copy itself, a stall of the training thread for the state's size over the
+device-to-host bandwidth once per save (`bench/checkpoint.py` measures it beside the snapshot this
+replaced, which held the reads on the device until the writer had copied them: the next update
+then copied every buffer it wrote, 12 to 13 bytes a parameter more on the device until the
+copies were done). A background thread then writes the .npz from the arrays without another
+copy, syncs, renames and prunes while the next steps run; the arrays are freed when the file is
+written, and a save waits for the previous write first, so the host holds one snapshot at most.
 
 What the write costs training is its CPU time (the zip's CRC-32, the copy into the page cache,
 the sync: about 0.15 s per 200 MB) wherever no core is idle for it, as on a CPU host whose
@@ -76,9 +78,9 @@ def checkpoint_name(step, tag=""):
 class Checkpointer:
     """Saves and finds checkpoints in `directory`; `tag` separates ranks that hold different variables.
 
-    With `background` (the default) `save` returns once it holds a snapshot of the values and
-    one thread writes the file, paced to `writer_share` of one core while no core is idle
-    (1: not paced); `wait()` ends the pacing and returns when the file is on disk (and raises
+    With `background` (the default) `save` returns once it holds a snapshot of the values in host
+    memory and one thread writes the file, paced to `writer_share` of one core while no core is
+    idle (1: not paced); `wait()` ends the pacing and returns when the file is on disk (and raises
     what the write raised). A save while the previous write still runs waits for it first.
     """
 
@@ -89,7 +91,6 @@ class Checkpointer:
         self._writer = concurrent.futures.ThreadPoolExecutor(1, initializer=_yield_to_training) if background else None
         self._pending = None
         self._hurry = threading.Event()
-        self._reader = (None, None)
         self._idle_cores = IdleCores() if background and writer_share < 1 else None
 
     def steps(self):
@@ -115,32 +116,24 @@ class Checkpointer:
         return self.path(steps[-1]) if steps else None
 
     def save(self, step, variables, meta):
-        """Save the values of `variables` at `step`; keep the newest `keep`. Returns the final path."""
+        """Save the values of `variables` at `step`; keep the newest `keep`. Returns the final path.
+
+        Returns once the values are copied into host memory (`host_snapshot`): later updates of
+        the variables do not change what is written."""
         self.wait()
-        values = self._snapshot(variables)
-        meta = dict(meta, step=step, shapes=[list(variable.shape) for variable in variables])
+        arrays = self.take_snapshot(variables)
+        meta = dict(meta, step=step, shapes=[list(array.shape) for array in arrays])
         if self._writer is None:
-            return self._write(step, values, meta, lambda: None)
+            return self._write(step, arrays, meta, lambda: None)
         self._hurry = threading.Event()
         pacer = Pacer(self.writer_share, self._hurry, self._idle_cores) if self._idle_cores else None
-        self._pending = self._writer.submit(self._write, step, values, meta, pacer.chunk_done if pacer else lambda: None)
+        self._pending = self._writer.submit(self._write, step, arrays, meta, pacer.chunk_done if pacer else lambda: None)
         return self.path(step)
 
-    def _snapshot(self, variables):
-        """The variables' values now, as tensors that later updates do not change (see the module doc)."""
-        key = tuple(id(variable) for variable in variables)
-        if self._reader[0] == key:
-            return self._reader[1]()
-        from lm.compat import tf
-
-        variables = list(variables)
-        # One call instead of one eager op per variable; tracing it takes seconds for a large
-        # model, so the first save reads eagerly and the writer thread traces it beside training.
-        reader = tf.function(lambda: [variable.read_value() for variable in variables], autograph=False)
-        self._reader = (key, reader)
-        if self._writer is not None:
-            self._writer.submit(reader.get_concrete_function)
-        return [variable.read_value() for variable in variables]
+    def take_snapshot(self, variables):
+        """What `save` writes: `host_snapshot(variables)` (bench/checkpoint.py's reference replaces it with
+        the device snapshot it measures against)."""
+        return host_snapshot(variables)
 
     def writing(self):
         """True while a background write is in flight."""
@@ -153,14 +146,10 @@ class Checkpointer:
             self._hurry.set()
             pending.result()
 
-    def _write(self, step, values, meta, chunk_done):
+    def _write(self, step, arrays, meta, chunk_done):
         os.makedirs(self.directory, exist_ok=True)
         path = self.path(step)
         tmp = "%s.tmp-%d" % (path, os.getpid())
-        # All to host memory first (on a GPU, device-to-host copies), so the snapshot's device
-        # buffers are released before the slower write to disk.
-        arrays = [np.asarray(value) for value in values]
-        del values[:]
         with open(tmp, "wb") as handle:
             write_npz(handle, arrays, json.dumps(meta, sort_keys=True).encode("utf-8"), chunk_done)
             handle.flush()
@@ -169,6 +158,23 @@ class Checkpointer:
         for old in self._steps_on_disk()[:-self.keep] if self.keep else []:
             os.remove(self.path(old))
         return path
+
+
+def host_snapshot(variables):
+    """The values of `variables` now, as NumPy arrays in host memory that share no buffer with them.
+
+    A read of a variable on a GPU converts to NumPy by a copy into host memory, which the array
+    keeps; on a CPU the conversion is a view of the variable's own buffer, which the next update
+    would change (or copy on write), so it is copied."""
+    from lm.compat import tf
+
+    arrays = []
+    for variable in variables:
+        value = variable.read_value()
+        array = np.asarray(value)
+        on_host = tf.DeviceSpec.from_string(value.device).device_type in (None, "CPU")
+        arrays.append(array.copy() if on_host else array)
+    return arrays
 
 
 def write_npz(handle, arrays, meta_json, chunk_done=lambda: None):
