@@ -30,12 +30,13 @@ import json
 import os
 from typing import Any, Callable, Optional
 
-from controlplane import containers, history, inputs, planner, presets, rules
+from controlplane import containers, history, inputs, planner, presets, quotas, rules
 from lm.spec import conditions, hardware, job
 from lm.spec.fields import check, check_object, with_defaults
 
 INVALID = conditions.INVALID
 PLAN_REJECTED = conditions.PLAN_REJECTED
+QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what the run needs (check_quotas)
 ENVIRONMENT_KEY = "LMSTACK_DEPLOYMENT"  # the Lambda function's environment: the Deployment as JSON
 # What a fallback changes of the plan, in the order the notification names them.
 PLAN_CHANGES = ("instance_type", "strategy", "per_device_batch", "micro_batch", "mp_parameters", "recompute",
@@ -88,11 +89,22 @@ def aws_client(service):
     return boto3.client(service)
 
 
+def from_aws_sdk(error):
+    """Whether `error` is the AWS SDK's (botocore's ClientError or BotoCoreError: refused, throttled, no
+    endpoint, no credentials) or a runtime without the SDK: AWS did not answer, as opposed to a bug."""
+    if isinstance(error, ImportError):
+        return (error.name or "").split(".")[0] in ("boto3", "botocore")
+    return any(cls.__module__.split(".")[0] == "botocore" for cls in type(error).__mro__)
+
+
 @dataclasses.dataclass
 class Context:
+    """`clients`: a factory of AWS clients by service name (`aws_client` in the Lambda function, the session's in
+    `lmstack.start`), or None, the default, where the caller does not ask AWS (`lmstack.start --dry-run`, tests):
+    checks that would ask AWS then note that they did not."""
     deployment: Deployment
     execution_name: Optional[str] = None
-    clients: Callable[[str], Any] = aws_client
+    clients: Optional[Callable[[str], Any]] = None
 
     def client(self, service):
         return self.clients(service)
@@ -106,6 +118,8 @@ class Decision:
     plan: Optional[dict] = None
     launches: int = 1
     notes: list = dataclasses.field(default_factory=list)
+    # (config, plan) of every launch check_plan planned: all of the input's types at launch 0, else up to `launch`
+    planned: list = dataclasses.field(default_factory=list)
 
     def answer(self):
         return collections.OrderedDict([("ok", True), ("config", self.config), ("plan", self.plan),
@@ -189,6 +203,7 @@ def check_plan(decision, context):
     for index, instance_type in enumerate(fallbacks[:decision.launch or len(fallbacks)]):
         launches.append(fallback_launch(config, instance_type, "%s[%d]" % (inputs.FALLBACK_FIELD, index),
                                         context.deployment))
+    decision.planned = launches
     decision.config, decision.plan = launches[decision.launch]
     decision.notes.extend("lmstack.plan: %s" % warning for warning in decision.plan["warnings"])
     if decision.launch:
@@ -225,8 +240,54 @@ def check_history(decision, context):
                                                      ("phase_resets", history.PHASE_RESETS)])
 
 
+def quota_needs(decision):
+    """The SageMaker quotas the run needs (`controlplane.quotas`): at launch 0 every instance type it may train
+    on, its prepare job and its endpoint; at a fallback launch that type and the endpoint."""
+    config = decision.config
+    labels = ["instance_type"] + ["%s[%d]" % (inputs.FALLBACK_FIELD, index)
+                                  for index in range(len(config[inputs.FALLBACK_FIELD]))]
+    needs = []
+    if config["training_plan_arn"] is None:  # a training plan's reserved capacity is not the on-demand quota's
+        launches = decision.planned if decision.launch == 0 else [decision.planned[decision.launch]]
+        offset = 0 if decision.launch == 0 else decision.launch
+        for index, (launch, _) in enumerate(launches):
+            needs.extend(quotas.training_needs(launch, labels[offset + index]))
+    if decision.launch == 0 and config["prepare"]["enabled"]:
+        needs.extend(quotas.prepare_needs(config["prepare"]))
+    if config["deploy"]["enabled"]:
+        needs.extend(quotas.endpoint_needs(config["deploy"]))
+    return needs
+
+
+def check_quotas(decision, context):
+    """The account's SageMaker quotas (Service Quotas, `controlplane.quotas`) against the instances the run needs:
+    refused before any job, naming each quota, its value and the request. When Service Quotas cannot answer
+    (refused, throttled, unreachable), the notes say so and the run goes on: SageMaker still refuses a job or
+    endpoint over a quota when it is created."""
+    needs = quota_needs(decision)
+    if not needs:
+        return
+    if context.clients is None:
+        decision.notes.append("quotas not checked: this caller does not ask AWS")
+        return
+    try:
+        found = quotas.look_up(context.client("service-quotas"), [need.quota for need in needs])
+    except Exception as error:
+        if not from_aws_sdk(error):
+            raise
+        decision.notes.append("Service Quotas could not answer (%s): the SageMaker quotas this run needs were not "
+                              "checked" % quotas.describe_error(error))
+        return
+    shortfalls, notes = quotas.compare(needs, found)
+    decision.notes.extend(notes)
+    if shortfalls:
+        raise Refusal("Service Quotas: %s. Request an increase of each (Service Quotas console, Amazon SageMaker) "
+                      "or ask for fewer instances or another type; no job was started" % "; ".join(shortfalls),
+                      QUOTA_TOO_LOW)
+
+
 CHECKS = (check_fields, check_fallback_instance_types, check_rules, check_names, check_plan, check_serving,
-          check_history)
+          check_history, check_quotas)
 
 
 # ---- the plan ----
@@ -384,7 +445,9 @@ def answer(event, context):
     return decision.answer()
 
 
-def handler(event, lambda_context=None, environ=os.environ):
-    """The Lambda function's handler; its environment holds the Deployment (stacks.gate)."""
-    context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"))
+def handler(event, lambda_context=None, environ=os.environ, clients=aws_client):
+    """The Lambda function's handler; its environment holds the Deployment (stacks.gate). Lambda passes the
+    first two arguments; `environ` and `clients` are the process's environment and boto3's clients."""
+    context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"),
+                      clients=clients)
     return answer(event, context)

@@ -169,11 +169,12 @@ def upload_corpus(s3, bucket, path, name, out):
     return corpus_uri(bucket, name)
 
 
-def validate_input(execution_input, settings):
+def validate_input(execution_input, settings, clients=None):
     """The gate's decision about the input (`controlplane.gate.decide`: the same checks and plan as the state
-    machine's Validate state), or StartError with the gate's words; nothing starts on a refused input."""
+    machine's Validate state), or StartError with the gate's words; nothing starts on a refused input.
+    `clients`: the AWS clients of the session (the quota check asks Service Quotas), None to ask no AWS."""
     try:
-        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings)))
+        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients))
     except gate.Refusal as refusal:
         raise StartError(str(refusal))
 
@@ -339,7 +340,7 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
     try:
         settings = load_settings(args.cdk_json)
         execution_input = build_input(args)
-        decision = validate_input(execution_input, settings)
+        validate_input(execution_input, settings)  # a bad input stops here, before anything asks AWS
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
         if args.show_request:
             out.write(json.dumps(training_request(execution_input, settings, name), indent=2) + "\n")
@@ -350,6 +351,9 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
+        decision = validate_input(execution_input, settings, clients=session.client)  # the account's quotas too
+        for note in decision.notes:
+            out.write("note: %s\n" % note)
         cloudformation = session.client("cloudformation")
         stack_name = args.stack_name or settings.name_prefix
         arn = state_machine_arn(cloudformation, stack_name)

@@ -5,7 +5,7 @@ import pytest
 from controlplane import planner, prices
 from lmstack import plan
 from stacks.settings import Settings
-from stacks.state_machine import inputs
+from controlplane import inputs
 
 
 def accepted_training_types():

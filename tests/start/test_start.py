@@ -1,11 +1,12 @@
 """`python -m lmstack.start` against moto: a CloudFormation stack whose outputs name a Step
-Functions state machine, both created in moto, the machine executed by moto's engine."""
+Functions state machine, both created in moto, the machine executed by moto's engine. Service Quotas, which
+moto does not answer for SageMaker, is `lmstack.local_service_quotas` with a made-up account's table."""
 import io
 import json
 import time
 
-import boto3
 import pytest
+import quota_tables
 from moto import mock_aws
 
 from lmstack import start
@@ -35,10 +36,15 @@ FAILS = {"Name": "TrainingFailed", "State": {"Type": "Fail", "Error": "TrainingJ
                                              "Cause": "CUDA out of memory"}}
 
 
+def session(region=REGION, quotas=None):
+    """A boto3 session under moto whose Service Quotas requests `quotas` answers (default: ample quotas)."""
+    return quota_tables.Session(quotas or quota_tables.account(), region)
+
+
 @pytest.fixture
 def aws():
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        yield boto3.Session(region_name=REGION)
+        yield session()
 
 
 def deploy_stack(session, last_state=SUCCEEDS, stack_name="lmstack", outputs=True, wait_seconds=1):
@@ -225,7 +231,7 @@ def test_stack_without_the_output_lists_what_it_has(aws, capsys):
 
 def test_stack_name_and_region_come_from_cdk_json(aws, cdk_json):
     cdk_json.write_text(json.dumps({"context": {"lmstack": {"name_prefix": "team-a", "region": "us-west-2"}}}))
-    west = boto3.Session(region_name="us-west-2")
+    west = session("us-west-2")
     arn = deploy_stack(west, stack_name="team-a")
     assert run(west, ["--preset", "tiny"])[0] == 0
     assert len(executions(west, arn)) == 1
@@ -415,3 +421,17 @@ def test_the_plan_counts_the_deployment_s_traffic_encryption():
     plain = start.validate_input(run, Settings(inter_container_traffic_encryption=False)).plan
     assert Settings().inter_container_traffic_encryption is True
     assert encrypted["cost_on_demand_usd"] > plain["cost_on_demand_usd"]
+
+
+def test_a_quota_below_the_run_stops_start_before_anything_starts(capsys):
+    """lmstack.start asks Service Quotas with the caller's credentials, as the gate's function does."""
+    short = "ml.p3.16xlarge for spot training job usage"
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        refused = session(quotas=quota_tables.account({short: 1}))
+        arn = deploy_stack(refused)
+        code, out = run(refused, FULL_FLAGS)
+        assert code == 2 and executions(refused, arn) == [] and "started" not in out
+        assert 'the quota "%s" (%s, applied value) is 1' % (short, quota_tables.code(short)) in capsys.readouterr().err
+        silent = session(quotas=quota_tables.account(errors={"ListServiceQuotas": ("AccessDeniedException", "no")}))
+        code, out = run(silent, FULL_FLAGS)
+        assert code == 0 and "note: Service Quotas could not answer (AccessDeniedException: no)" in out

@@ -1,9 +1,10 @@
 """The gate (`controlplane.gate`): a list of checks over a small context, one handler for the Lambda
-function, one `decide` for lmstack.start. Issue 36's checks (quotas, a budget) plug in as one check each:
-shown here with a check that asks an injected client."""
+function, one `decide` for lmstack.start. A check that asks AWS gets its client from the context (the quota
+check: tests/state_machine/test_quotas.py)."""
 import json
 
 import pytest
+import quota_tables
 from state_machine.harness import StandInSettings
 
 from controlplane import gate, history, inputs, planner
@@ -15,12 +16,14 @@ SMDDP = {"preset": "gpt-125m", "strategy": "smddp", "instance_type": "ml.p4d.24x
 
 def test_the_handler_reads_the_deployment_from_its_environment_and_answers_json():
     environment = CONTEXT.deployment.environment()
+    clients = quota_tables.clients(quota_tables.account())
     answer = gate.handler({"input": {"hyperparameters": {"max_steps": 3}}, "execution_name": "run-1"},
-                          environ=environment)
+                          environ=environment, clients=clients)
     assert json.loads(json.dumps(answer)) == answer  # a Lambda payload
     assert answer["ok"] and answer["config"]["preset"] == "tiny" and answer["plan"]["steps"] == 3
-    assert answer == gate.decide({"hyperparameters": {"max_steps": 3}}, CONTEXT).answer()
-    refused = gate.handler({"input": {}, "execution_name": "run.1"}, environ=environment)
+    assert answer == gate.decide({"hyperparameters": {"max_steps": 3}},
+                                 gate.Context(CONTEXT.deployment, clients=clients)).answer()
+    refused = gate.handler({"input": {}, "execution_name": "run.1"}, environ=environment, clients=clients)
     assert refused == {"ok": False, "error": "InvalidInput", "cause": refused["cause"]}
     assert refused["cause"].startswith("the execution name must be letters, digits, - and _")
     with pytest.raises(KeyError, match=gate.ENVIRONMENT_KEY):
@@ -33,26 +36,17 @@ def test_an_input_that_is_no_object_is_refused(given):
         gate.decide(given, CONTEXT)
 
 
-def test_a_check_is_one_function_and_may_ask_aws_through_the_context():
-    """What issue 36's quota check looks like: it reads a client from the context (here a scripted one,
-    in a Lambda a boto3 client) and refuses or notes."""
-    asked = []
+def test_a_check_is_one_function_of_the_decision_and_the_context():
+    """What a fork adds: one function in CHECKS that reads the decision, refuses or notes."""
+    def check_even_steps(decision, context):
+        if decision.config["hyperparameters"]["max_steps"] % 2:
+            raise gate.Refusal("hyperparameters.max_steps must be even here")
+        decision.notes.append("steps checked for %s" % context.deployment.name_prefix)
 
-    class Quotas:
-        def get_service_quota(self, **request):
-            asked.append(request)
-            return {"Quota": {"Value": 0.0}}
-
-    def check_quota(decision, context):
-        value = context.client("service-quotas").get_service_quota(ServiceCode="sagemaker", QuotaCode="L-1")
-        if value["Quota"]["Value"] < decision.plan["instance_count"]:
-            raise gate.Refusal("quota %s is %g" % ("L-1", value["Quota"]["Value"]))
-
-    context = gate.Context(CONTEXT.deployment, clients={"service-quotas": Quotas()}.__getitem__)
-    with pytest.raises(gate.Refusal, match="quota L-1 is 0"):
-        gate.decide({}, context, checks=gate.CHECKS + (check_quota,))
-    assert asked == [{"ServiceCode": "sagemaker", "QuotaCode": "L-1"}]
-    assert gate.decide({}, context).plan  # the default checks ask no AWS
+    checks = gate.CHECKS + (check_even_steps,)
+    with pytest.raises(gate.Refusal, match="max_steps must be even"):
+        gate.decide({"hyperparameters": {"max_steps": 3}}, CONTEXT, checks=checks)
+    assert "steps checked for lmstack" in gate.decide({"hyperparameters": {"max_steps": 4}}, CONTEXT, checks=checks).notes
 
 
 def test_fallback_types_are_planned_before_any_job_and_each_launch_says_what_changed():
