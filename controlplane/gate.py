@@ -62,6 +62,7 @@ class Deployment:
     default_instance_type: str
     default_instance_count: int
     default_max_runtime_seconds: int
+    default_hyperparameters: tuple  # (name, value) pairs
     spot: bool
     dataset_directory: str
     inter_container_traffic_encryption: bool
@@ -69,7 +70,13 @@ class Deployment:
     @classmethod
     def of(cls, settings):
         values = {field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)}
-        return cls(**dict(values, runtimes=tuple(values["runtimes"])))
+        return cls._typed(values)
+
+    @classmethod
+    def _typed(cls, values):
+        """Lists (as JSON gives them back) as the tuples the fields hold."""
+        return cls(**dict(values, runtimes=tuple(values["runtimes"]),
+                          default_hyperparameters=tuple(tuple(pair) for pair in values["default_hyperparameters"])))
 
     def environment(self):
         """The Lambda function's environment variables that carry it."""
@@ -79,8 +86,7 @@ class Deployment:
     def from_environment(cls, environ):
         if ENVIRONMENT_KEY not in environ:
             raise KeyError("the gate's environment has no %s (stacks.gate sets it)" % ENVIRONMENT_KEY)
-        values = json.loads(environ[ENVIRONMENT_KEY])
-        return cls(**dict(values, runtimes=tuple(values["runtimes"])))
+        return cls._typed(json.loads(environ[ENVIRONMENT_KEY]))
 
 
 def aws_client(service):
@@ -429,11 +435,51 @@ def plan_changes(before, after):
 # ---- whoever asks ----
 
 def decide(execution_input, context, launch=0, checks=CHECKS):
-    """The Decision about `execution_input` for launch `launch`; Refusal when it cannot run."""
+    """The Decision about `execution_input` for launch `launch`; Refusal when it cannot run.
+
+    The deployment's default hyperparameters (`default_hyperparameters`) are the defaults of the run `{}` means
+    (16 sequences with recomputation, for one A10G). An input whose run they do not let through (more
+    data-parallel ranks than sequences, recomputation with smp or a family without it) is judged with
+    lm.training.train's own defaults for the hyperparameters it does not give: accepted so, with a note that
+    says so, or refused with those defaults' reason."""
+    try:
+        return _decided(execution_input, context, launch, checks)
+    except Refusal as refusal:
+        runtime_defaults = _with_runtime_defaults(execution_input, context.deployment)
+        if refusal.error not in (INVALID, PLAN_REJECTED) or runtime_defaults is None:
+            raise
+        reason = str(refusal)
+    decision = _decided(runtime_defaults, context, launch, checks)
+    decision.given = execution_input
+    decision.notes.insert(0, "the deployment's default hyperparameters (%s) do not fit this run (%s): lm.training."
+                             "train's own defaults are used (%s)" % (
+                                 _pairs(context.deployment.default_hyperparameters), reason,
+                                 _pairs((name, runtime_defaults["hyperparameters"][name])
+                                        for name, _ in context.deployment.default_hyperparameters
+                                        if name in runtime_defaults["hyperparameters"])))
+    return decision
+
+
+def _decided(execution_input, context, launch, checks):
     decision = Decision(given=execution_input, launch=launch)
     for found in checks:
         found(decision, context)
     return decision
+
+
+def _with_runtime_defaults(execution_input, deployment):
+    """The input with lm.training.train's defaults for the deployment's default hyperparameters it does not
+    give, or None when that changes nothing."""
+    if not isinstance(execution_input, dict) or not isinstance(execution_input.get("hyperparameters", {}), dict):
+        return None
+    given = execution_input.get("hyperparameters", {})
+    added = {name: job.HYPERPARAMETERS[name].default for name, value in deployment.default_hyperparameters
+             if name not in given and value != job.HYPERPARAMETERS[name].default}
+    return dict(execution_input, hyperparameters=dict(given, **added)) if added else None
+
+
+def _pairs(pairs):
+    return ", ".join("%s %s" % (name, json.dumps(value)) for name, value in pairs)
 
 
 def answer(event, context):

@@ -7,6 +7,8 @@ Validate state and `lmstack.start`. A new input field is one `Field` here (docs/
 
 Pure Python, no TensorFlow: shipped in the gate's Lambda function.
 """
+import dataclasses
+
 from controlplane import containers, presets, request
 from lm.spec import contract, job
 from lm.spec.fields import Field
@@ -41,6 +43,14 @@ RESOLVED_HYPERPARAMETERS = ("model_config",)
 DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
 
 
+def input_hyperparameters(defaults=()):
+    """The hyperparameters an execution input may give (`lm.spec.job.HYPERPARAMETERS` less the top-level and the
+    resolved ones), with `defaults` ((name, value) pairs: the deployment's default_hyperparameters) as defaults."""
+    overrides = dict(defaults)
+    return tuple(dataclasses.replace(spec, default=overrides[spec.name]) if spec.name in overrides else spec
+                 for spec in _from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS + RESOLVED_HYPERPARAMETERS))
+
+
 def schema(settings):
     """The execution input's fields, with this deployment's defaults."""
     instance_types = tuple(INSTANCES)
@@ -66,8 +76,9 @@ def schema(settings):
               help="run on the reserved capacity of this SageMaker training plan (its ARN)"),
         Field("data_directory", str, settings.dataset_directory, prefix="/",
               help="dataset directory on the EFS file system (manifest.json and shards)"),
-        Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS + RESOLVED_HYPERPARAMETERS),
-              help="overrides of lm.training.train's hyperparameters"),
+        Field("hyperparameters", dict, fields=input_hyperparameters(settings.default_hyperparameters),
+              help="overrides of lm.training.train's hyperparameters (the deployment's default_hyperparameters "
+                   "setting first)"),
         Field("mp_parameters", dict, fields=_mp_fields(), help="SMP v1 parameters (strategy smp)"),
         Field("prepare", dict, fields=(
             Field("enabled", bool, False, help="run lm.data.prepare into data_directory before training"),

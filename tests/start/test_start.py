@@ -202,8 +202,8 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     (["--input", "[1]"], "--input must be a JSON object"),
     (["--input", "{bad"], "--input is not valid JSON"),
     (["--preset", "tiny", "--name", "has spaces"], "--name"),
-    # the deployment's defaults: 64 sequences of gpt-125m on one A10G, which the planner says do not fit
-    ([], "lmstack.plan: single on 1 x ml.g5.2xlarge: needs"),
+    # 64 sequences of gpt-125m without recomputation on one A10G, which the planner says do not fit
+    (["--hp", "global_batch_size=64", "--hp", "recompute=false"], "lmstack.plan: single on 1 x ml.g5.2xlarge: needs"),
 ])
 def test_invalid_input_names_the_field_and_starts_nothing(aws, capsys, flags, named):
     arn = deploy_stack(aws)

@@ -109,6 +109,7 @@ class StandInSettings:
     default_instance_type: str = "ml.g5.2xlarge"
     default_instance_count: int = 1
     default_max_runtime_seconds: int = 3600
+    default_hyperparameters: Tuple = ()
     spot: bool = False
     inter_container_traffic_encryption: bool = True
     dataset_directory: str = "/datasets/sample"

@@ -130,3 +130,26 @@ def test_an_unknown_function_or_one_without_the_handler_fails_the_execution(depl
     cause = json.loads(run.description["cause"])
     assert cause["errorType"] == "Runtime.ImportModuleError" and "controlplane.gate" in cause["errorMessage"]
     assert deployment.jobs.created == []
+
+
+def test_the_deployment_s_default_hyperparameters_give_way_where_they_do_not_fit_the_run():
+    """The shipped defaults (16 sequences with recomputation: the run `{}` means, on one A10G) are not forced on
+    a run they do not fit: lm.training.train's own defaults are used for what the input does not give, noted."""
+    from stacks.settings import Settings
+
+    shipped = gate.Context(gate.Deployment.of(Settings()))
+    assert gate.decide({}, shipped).plan["global_batch"] == 16
+    wide = {"strategy": "smddp", "instance_type": "ml.p4d.24xlarge", "instance_count": 4}  # 32 data-parallel ranks
+    decision = gate.decide(wide, shipped)
+    assert (decision.plan["global_batch"], decision.config["hyperparameters"]["recompute"]) == (64, False)
+    assert decision.notes[0].startswith("the deployment's default hyperparameters (global_batch_size 16, recompute "
+                                        "true) do not fit this run (controlplane.planner: global_batch 16 is not a "
+                                        "multiple of 32")
+    assert decision.notes[0].endswith("lm.training.train's own defaults are used (global_batch_size 64, recompute false)")
+    assert decision.given == wide
+    smp = gate.decide({"strategy": "smp", "instance_type": "ml.p3.16xlarge", "preset": "tiny",
+                       "mp_parameters": {"partitions": 2, "microbatches": 2}}, shipped)
+    assert smp.config["hyperparameters"]["recompute"] is False  # SMP cannot recompute
+    # what the input gives is never replaced
+    with pytest.raises(gate.Refusal, match="global_batch 16 is not a multiple of 32"):
+        gate.decide(dict(wide, hyperparameters={"global_batch_size": 16}), shipped)
