@@ -30,13 +30,16 @@ import json
 import os
 from typing import Any, Callable, Optional
 
-from controlplane import containers, history, inputs, planner, presets, quotas, rules
+from controlplane import budget, containers, history, inputs, planner, presets, prices, quotas, rules
 from lm.spec import conditions, hardware, job
 from lm.spec.fields import check, check_object, with_defaults
 
 INVALID = conditions.INVALID
 PLAN_REJECTED = conditions.PLAN_REJECTED
 QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what the run needs (check_quotas)
+OVER_BUDGET = "OverBudget"  # the run's estimate exceeds budget_usd, or it cannot be held to it (check_budget)
+# How many other instance types a refusal over budget names that would fit.
+BUDGET_ALTERNATIVES = 2
 ENVIRONMENT_KEY = "LMSTACK_DEPLOYMENT"  # the Lambda function's environment: the Deployment as JSON
 # What a fallback changes of the plan, in the order the notification names them.
 PLAN_CHANGES = ("instance_type", "strategy", "per_device_batch", "micro_batch", "mp_parameters", "recompute",
@@ -217,6 +220,80 @@ def check_plan(decision, context):
         decision.plan["changes"] = plan_changes(before, decision.plan)
 
 
+def _launch_labels(config):
+    return ["instance_type"] + ["%s[%d]" % (inputs.FALLBACK_FIELD, index)
+                                for index in range(len(config[inputs.FALLBACK_FIELD]))]
+
+
+def check_budget(decision, context):
+    """budget_usd (`controlplane.budget`): each launch planned (at launch 0 every type of the input) is refused
+    when its estimate exceeds the budget, with what would fit; the launch's MaxRuntimeInSeconds is capped to it.
+    Then, budget or not, the job's deadline (hyperparameter stop_after_seconds): MaxRuntime less its start-up."""
+    config = decision.config
+    if config["budget_usd"] is not None:
+        labels = _launch_labels(config)
+        for index, (launch, plan) in enumerate(decision.planned):
+            if decision.launch and index != decision.launch:
+                continue  # launch 0 held the types before this one to the budget
+            label = labels[index]
+            try:
+                capped, costs, note = budget.check(launch, plan, label, alternatives=lambda: budget_alternatives(
+                    launch, label, context.deployment))
+            except budget.BudgetError as error:
+                raise Refusal(str(error), OVER_BUDGET)
+            if index == decision.launch:
+                decision.config = config = capped
+                decision.plan["budget"] = collections.OrderedDict([
+                    ("budget_usd", config["budget_usd"]), ("estimate_usd", round(costs.total, 2)),
+                    ("training_usd", round(costs.training, 2)), ("prepare_usd", round(costs.prepare, 2)),
+                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("usd_per_hour", round(costs.usd_per_hour, 4)),
+                    ("max_runtime_seconds", config["max_runtime_seconds"])])
+                decision.notes.append(note)
+        if config["deploy"]["enabled"]:
+            decision.notes.append("budget_usd counts the jobs, not the endpoint: %s bills every hour it runs, until "
+                                  "deleted (its hosting price is not in controlplane.prices)" % config["deploy"][
+                                      "instance_type"])
+    else:
+        decision.plan["budget"] = None
+    stop_after = job.stop_after_seconds(config["max_runtime_seconds"])
+    decision.plan["stop_after_seconds"] = stop_after
+    decision.plan["save_seconds"] = budget.save_seconds(config["preset"])
+    if stop_after == 0:
+        decision.notes.append("max_runtime_seconds %d leaves the job no time after its start-up (%d s): it cannot stop "
+                              "itself with a checkpoint before SageMaker stops it" % (
+                                  config["max_runtime_seconds"], job.JOB_STARTUP_SECONDS))
+
+
+def budget_alternatives(config, label, deployment):
+    """Phrases of runs like `config` that fit its budget: with spot, or on another type with a price (the
+    cheapest BUDGET_ALTERNATIVES, each planned as a fallback type would be)."""
+    found = []
+    if not config["spot"]:
+        spot = dict(config, spot=True)
+        try:
+            plan = exact_plan(spot, deployment)
+            costs = budget.costs(spot, plan)
+            if costs.total <= config["budget_usd"]:
+                found.append("spot: true (estimated $%.2f, %s)" % (costs.total, prices.SPOT_BASIS))
+        except (Refusal, budget.BudgetError):
+            pass
+    others = []
+    for instance_type in prices.ON_DEMAND_USD_PER_HOUR:
+        if instance_type == config["instance_type"] or not hardware.INSTANCES[instance_type].gpus:
+            continue
+        try:
+            other, plan = fallback_launch(config, instance_type, "instance_type", deployment)
+            costs = budget.costs(other, plan)
+        except (Refusal, budget.BudgetError):
+            continue
+        if costs.total <= config["budget_usd"]:
+            others.append((costs.total, "%s %s (%s, estimated $%.2f)" % (
+                label.split("[")[0] if label == "instance_type" else label, instance_type, other["strategy"],
+                costs.total)))
+    found.extend(phrase for _, phrase in sorted(others)[:BUDGET_ALTERNATIVES])
+    return found
+
+
 def check_serving(decision, context):
     """The Environment of the serving container for the preset and deploy.instance_type (tgi, lmi:
     `controlplane.containers.environment`; None for lmstack's own server or without deploy): the deploy
@@ -250,8 +327,7 @@ def quota_needs(decision):
     """The SageMaker quotas the run needs (`controlplane.quotas`): at launch 0 every instance type it may train
     on, its prepare job and its endpoint; at a fallback launch that type and the endpoint."""
     config = decision.config
-    labels = ["instance_type"] + ["%s[%d]" % (inputs.FALLBACK_FIELD, index)
-                                  for index in range(len(config[inputs.FALLBACK_FIELD]))]
+    labels = _launch_labels(config)
     needs = []
     if config["training_plan_arn"] is None:  # a training plan's reserved capacity is not the on-demand quota's
         launches = decision.planned if decision.launch == 0 else [decision.planned[decision.launch]]
@@ -292,8 +368,8 @@ def check_quotas(decision, context):
                       QUOTA_TOO_LOW)
 
 
-CHECKS = (check_fields, check_fallback_instance_types, check_rules, check_names, check_plan, check_serving,
-          check_history, check_quotas)
+CHECKS = (check_fields, check_fallback_instance_types, check_rules, check_names, check_plan, check_budget,
+          check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----

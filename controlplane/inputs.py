@@ -15,8 +15,7 @@ from lm.spec.fields import Field
 from lm.spec.hardware import HOSTING_INSTANCE_TYPES, INSTANCES
 
 MAX_INSTANCE_COUNT = 64
-# SageMaker's own cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
-MAX_RUNTIME_SECONDS = 28 * 24 * 3600
+MAX_RUNTIME_SECONDS = job.MAX_RUNTIME_SECONDS
 FALLBACK_FIELD = "fallback_instance_types"
 # Each instance type gets MAX_ATTEMPTS attempts (stacks.state_machine.jobs); a job's name holds the attempt.
 MAX_FALLBACK_INSTANCE_TYPES = 3
@@ -37,9 +36,9 @@ def _mp_fields():
 
 # Top-level fields that are hyperparameters too: given once, at the top.
 TOP_LEVEL_HYPERPARAMETERS = ("preset", "strategy")
-# Hyperparameters the machine fills itself: model_config is the preset's configuration
-# (`controlplane.presets`; the gate's plan carries it, `controlplane.gate`).
-RESOLVED_HYPERPARAMETERS = ("model_config",)
+# Hyperparameters the machine fills itself, from the gate's plan (`controlplane.gate`): model_config is the
+# preset's configuration (`controlplane.presets`), stop_after_seconds the job's deadline (`controlplane.budget`).
+RESOLVED_HYPERPARAMETERS = ("model_config", "stop_after_seconds")
 DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
 
 
@@ -111,6 +110,9 @@ def schema(settings):
               help="MLflow experiment of the run, with the mlflow_resource_arn setting (letters, digits, - _ . /)"),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
+        Field("budget_usd", float, None, 0.01, None, nullable=True,
+              help="the most the run's jobs may cost, in USD: refused when its estimate is more, else the training "
+                   "job's MaxRuntimeInSeconds is capped to it (controlplane.budget); the endpoint is not counted"),
         # Checked by `controlplane.gate.check_fallback_instance_types` (a Field has no list type).
         Field(FALLBACK_FIELD, object, (),
               help="instance types to train on, in this order, when instance_type has no capacity after its "
