@@ -28,10 +28,11 @@ import collections
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Callable, Optional
 
 from controlplane import budget, containers, history, inputs, planner, presets, prices, quotas, rules
-from lm.spec import conditions, hardware, job
+from lm.spec import conditions, contract, hardware, job
 from lm.spec.fields import check, check_object, with_defaults
 
 INVALID = conditions.INVALID
@@ -40,6 +41,11 @@ QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what 
 OVER_BUDGET = "OverBudget"  # the run's estimate exceeds budget_usd, or it cannot be held to it (check_budget)
 # How many other instance types a refusal over budget names that would fit.
 BUDGET_ALTERNATIVES = 2
+# deploy.model_artifact: a training job's model.tar.gz, or a Hugging Face directory (the state machine checks
+# that the bucket is the stack's artifact bucket; S3 bucket names: 3-63 lower-case letters, digits, . and -).
+_BUCKET = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/"
+MODEL_ARCHIVE = re.compile(r"^%s%s[^/*?]+/output/model\.tar\.gz$" % (_BUCKET, re.escape(contract.OUTPUT_PREFIX)))
+MODEL_DIRECTORY = re.compile(r"^%s%s[^*?]+/$" % (_BUCKET, re.escape(contract.INIT_PREFIX)))
 ENVIRONMENT_KEY = "LMSTACK_DEPLOYMENT"  # the Lambda function's environment: the Deployment as JSON
 # What a fallback changes of the plan, in the order the notification names them.
 PLAN_CHANGES = ("instance_type", "strategy", "per_device_batch", "micro_batch", "mp_parameters", "recompute",
@@ -163,6 +169,43 @@ def check_fields(decision, context):
     decision.config = config
 
 
+def deploy_only(config):
+    """Whether the run serves an existing model (deploy.model_artifact) and trains nothing."""
+    return config["deploy"][inputs.MODEL_ARTIFACT] is not None
+
+
+def check_deploy_only(decision, context):
+    """deploy.model_artifact: an input that only deploys gives the preset (the model the artifact holds), deploy
+    and hyperparameters.model, nothing for training; the artifact is a training job's model.tar.gz, or for tgi
+    and lmi a Hugging Face directory."""
+    config = decision.config
+    if not deploy_only(config):
+        return
+    given = decision.given
+    extra = [name for name in given if name not in ("preset", "deploy", "hyperparameters")]
+    extra += ["hyperparameters.%s" % name for name in given.get("hyperparameters", {}) if name != "model"]
+    if extra:
+        raise Refusal("deploy.model_artifact serves an existing model and starts no prepare or training job: %s "
+                      "%s for those; a deploy-only input gives only %s" % (
+                          ", ".join(extra), "is" if len(extra) == 1 else "are", ", ".join(inputs.DEPLOY_ONLY_FIELDS)))
+    deploy, artifact = config["deploy"], config["deploy"][inputs.MODEL_ARTIFACT]
+    if not deploy["enabled"]:
+        raise Refusal("deploy.model_artifact needs deploy.enabled true: serving it is all the run does")
+    if MODEL_DIRECTORY.match(artifact):
+        if deploy["container"] not in containers.HF_CONTAINERS:
+            raise Refusal("deploy.model_artifact %s is a Hugging Face directory, which deploy.container %s or %s "
+                          "serves; deploy.container %s serves a training job's model.tar.gz" % (
+                              artifact, containers.HF_CONTAINERS[0], containers.HF_CONTAINERS[1], deploy["container"]))
+    elif not MODEL_ARCHIVE.match(artifact):
+        raise Refusal("deploy.model_artifact must be a training job's model.tar.gz (s3://<artifact bucket>/%s<job>/output/"
+                      "model.tar.gz) or, for deploy.container tgi or lmi, a Hugging Face directory (s3://<artifact "
+                      "bucket>/%s<name>/), got %s" % (contract.OUTPUT_PREFIX, contract.INIT_PREFIX, json.dumps(artifact)))
+    elif deploy["container"] in containers.HF_CONTAINERS:
+        decision.notes.append("deploy.container %s serves the Hugging Face files in %s: the training job that wrote "
+                              "it must have had hyperparameters.export_hf true, or the endpoint fails to start" % (
+                                  deploy["container"], artifact))
+
+
 def check_fallback_instance_types(decision, context):
     """fallback_instance_types: distinct instance types, at most MAX_FALLBACK_INSTANCE_TYPES, not instance_type."""
     config = decision.config
@@ -206,6 +249,11 @@ def check_plan(decision, context):
     fits. The decision's config and plan are those of the launch it asks for; a fallback's plan says what
     changed from the launch before it."""
     config = decision.config
+    if deploy_only(config):
+        decision.plan = collections.OrderedDict([
+            ("deploy_only", True), ("model_artifact", config["deploy"][inputs.MODEL_ARTIFACT]),
+            ("preset", config["preset"]), ("model_config", presets.model_config(config["preset"])), ("warnings", [])])
+        return
     launches = [(config, exact_plan(config, context.deployment))]
     fallbacks = config[inputs.FALLBACK_FIELD]
     # The first launch checks every fallback now, before any job; a fallback needs the launches up to it.
@@ -230,6 +278,8 @@ def check_budget(decision, context):
     when its estimate exceeds the budget, with what would fit; the launch's MaxRuntimeInSeconds is capped to it.
     Then, budget or not, the job's deadline (hyperparameter stop_after_seconds): MaxRuntime less its start-up."""
     config = decision.config
+    if deploy_only(config):
+        return  # no job; budget_usd was refused with the other training fields
     if config["budget_usd"] is not None:
         labels = _launch_labels(config)
         for index, (launch, plan) in enumerate(decision.planned):
@@ -314,7 +364,7 @@ def check_history(decision, context):
     """How long the job monitor may wait between polls (`controlplane.history.poll_cap`) so the longest run
     this input allows fits the execution's history."""
     config = decision.config
-    walls = [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
+    walls = [] if deploy_only(config) else [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
     if config["prepare"]["enabled"]:
         walls.append(config["prepare"]["max_runtime_seconds"])
     cap = history.poll_cap(walls)
@@ -368,8 +418,8 @@ def check_quotas(decision, context):
                       QUOTA_TOO_LOW)
 
 
-CHECKS = (check_fields, check_fallback_instance_types, check_rules, check_names, check_plan, check_budget,
-          check_serving, check_history, check_quotas)
+CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
+          check_budget, check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----
@@ -548,6 +598,8 @@ def _with_runtime_defaults(execution_input, deployment):
     give, or None when that changes nothing."""
     if not isinstance(execution_input, dict) or not isinstance(execution_input.get("hyperparameters", {}), dict):
         return None
+    if isinstance(execution_input.get("deploy"), dict) and execution_input["deploy"].get(inputs.MODEL_ARTIFACT):
+        return None  # a deploy-only run trains nothing
     given = execution_input.get("hyperparameters", {})
     added = {name: job.HYPERPARAMETERS[name].default for name, value in deployment.default_hyperparameters
              if name not in given and value != job.HYPERPARAMETERS[name].default}

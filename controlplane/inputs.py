@@ -40,6 +40,9 @@ TOP_LEVEL_HYPERPARAMETERS = ("preset", "strategy")
 # preset's configuration (`controlplane.presets`), stop_after_seconds the job's deadline (`controlplane.budget`).
 RESOLVED_HYPERPARAMETERS = ("model_config", "stop_after_seconds")
 DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
+MODEL_ARTIFACT = "model_artifact"  # deploy.model_artifact: serve an existing model, train nothing
+# What a deploy-only input may give besides deploy: the preset (the model the artifact holds) and its family.
+DEPLOY_ONLY_FIELDS = ("preset", "deploy", "hyperparameters.model")
 
 
 def input_hyperparameters(defaults=()):
@@ -99,6 +102,11 @@ def schema(settings):
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
                   help="lmstack (lm.serving.server), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
+            Field(MODEL_ARTIFACT, str, None, prefix="s3://", nullable=True,
+                  help="serve this model without training: a training job's model.tar.gz in the artifact bucket "
+                       "(s3://<bucket>/%s<job>/output/model.tar.gz), or for tgi and lmi a Hugging Face directory "
+                       "under s3://<bucket>/%s; no prepare or training job runs" % (contract.OUTPUT_PREFIX,
+                                                                                   contract.INIT_PREFIX)),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"

@@ -181,6 +181,8 @@ def validate_input(execution_input, settings, clients=None):
 
 def plan_line(plan):
     """One line of the gate's plan: what the run will use and cost."""
+    if plan.get("deploy_only"):
+        return "plan: serve %s (preset %s), no prepare or training job" % (plan["model_artifact"], plan["preset"])
     cost = "-" if plan["cost_usd"] is None else "$%.0f" % plan["cost_usd"]
     hours = "-" if plan["hours"] is None else "%.1f hours" % plan["hours"]
     return "plan: %s on %d x %s, %d sequences per device, %.1f of %.1f GiB per GPU, %s, %s" % (
@@ -194,6 +196,8 @@ def training_request(execution_input, settings, name):
     the gate leaves them. `${Name}` stands for a resource of the deployed stack; the job name's middle
     part is the MD5 of the execution ARN, which only Step Functions knows."""
     config = validate_input(execution_input, settings).config
+    if config["deploy"]["model_artifact"] is not None:
+        raise StartError("--show-request: this run only deploys deploy.model_artifact; it sends no CreateTrainingJob")
     values = jobs.concrete_values(jobs.TRAIN, settings, config, execution_name=name,
                                   job_name="%s-train-<md5 of the execution ARN>-1" % settings.name_prefix)
     return request.create_training_job_request(values)

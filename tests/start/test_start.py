@@ -435,3 +435,15 @@ def test_a_quota_below_the_run_stops_start_before_anything_starts(capsys):
         silent = session(quotas=quota_tables.account(errors={"ListServiceQuotas": ("AccessDeniedException", "no")}))
         code, out = run(silent, FULL_FLAGS)
         assert code == 0 and "note: Service Quotas could not answer (AccessDeniedException: no)" in out
+
+
+def test_a_deploy_only_run_starts_with_its_own_plan_line(aws, capsys):
+    arn = deploy_stack(aws)
+    served = {"preset": "tiny", "deploy": {"enabled": True, "model_artifact":
+                                           "s3://lmstack-artifacts/output/job-1/output/model.tar.gz"}}
+    code, out = run(aws, ["--input", json.dumps(served)])
+    assert code == 0 and len(executions(aws, arn)) == 1
+    assert "plan: serve s3://lmstack-artifacts/output/job-1/output/model.tar.gz (preset tiny), no prepare or " \
+           "training job" in out
+    assert run(aws, ["--input", json.dumps(served), "--show-request"])[0] == 2
+    assert "sends no CreateTrainingJob" in capsys.readouterr().err
