@@ -7,14 +7,17 @@ way the input is checked against the schema (`controlplane.inputs`), the rules b
 `controlplane.planner.plan`, the function `python -m lmstack.plan` prints: the global batch, sequence
 length, precision, strategy and instance count of the input. The answer is the input with its
 defaults and the plan (`plan_summary`), or a refusal naming the field and what it allows, which the
-state machine's Fail state shows as the execution's cause.
+state machine's Fail state shows as the execution's cause. Before any job it also holds the run to the
+account's SageMaker quotas (`controlplane.quotas`, asked of Service Quotas) and to `budget_usd`
+(`controlplane.budget`: MaxRuntime capped, the job's deadline), and plans a deploy-only run
+(`deploy.model_artifact`) as serving only.
 
 A decision is a list of checks (CHECKS), each `check(decision, context)`: it reads `decision.given` and
 `decision.config`, refuses with `Refusal(message, error)`, or sets `decision.config`, `decision.plan`
 and `decision.notes` (lines for the run's notification). `context` holds what a check may need from
 outside the input: the deployment's settings (`Deployment`), the execution's name and a factory of
-AWS clients (`context.client("service-quotas")`; tests pass their own). A new check is one function
-in CHECKS.
+AWS clients (`context.client("service-quotas")`: boto3's in the Lambda function, the session's in
+`lmstack.start`, None where nothing may ask AWS). A new check is one function in CHECKS.
 
 The event of the Lambda function: {"input": <execution input>, "execution_name": <name>, "launch": k},
 k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the
