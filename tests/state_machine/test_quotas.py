@@ -112,8 +112,10 @@ def test_a_run_with_enough_quota_trains(deployment):
 
 
 def test_without_an_answer_from_service_quotas_the_run_trains_and_the_topic_hears_why(deployment):
-    deployment.quotas(None)  # no network: botocore cannot reach the endpoint
+    refused = ("AccessDeniedException", "User: arn:aws:sts::123456789012:assumed-role/lmstack-gate is not authorized "
+                                        "to perform: servicequotas:ListServiceQuotas")
+    deployment.quotas(quota_tables.account(errors={"ListServiceQuotas": refused}))
     run = deployment.run({"hyperparameters": {"max_steps": 3}})
     assert run.status == "SUCCEEDED", run.description.get("cause")
-    assert any("Service Quotas could not answer (EndpointConnectionError" in message
-               for message in deployment.notifications())
+    assert len(deployment.jobs.created) == 1
+    assert any("Service Quotas could not answer (%s: %s)" % refused in message for message in deployment.notifications())
