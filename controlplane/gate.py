@@ -7,14 +7,17 @@ way the input is checked against the schema (`controlplane.inputs`), the rules b
 `controlplane.planner.plan`, the function `python -m lmstack.plan` prints: the global batch, sequence
 length, precision, strategy and instance count of the input. The answer is the input with its
 defaults and the plan (`plan_summary`), or a refusal naming the field and what it allows, which the
-state machine's Fail state shows as the execution's cause.
+state machine's Fail state shows as the execution's cause. Before any job it also holds the run to the
+account's SageMaker quotas (`controlplane.quotas`, asked of Service Quotas) and to `budget_usd`
+(`controlplane.budget`: MaxRuntime capped, the job's deadline), and plans a deploy-only run
+(`deploy.model_artifact`) as serving only.
 
 A decision is a list of checks (CHECKS), each `check(decision, context)`: it reads `decision.given` and
 `decision.config`, refuses with `Refusal(message, error)`, or sets `decision.config`, `decision.plan`
 and `decision.notes` (lines for the run's notification). `context` holds what a check may need from
 outside the input: the deployment's settings (`Deployment`), the execution's name and a factory of
-AWS clients (`context.client("service-quotas")`; tests pass their own). A new check is one function
-in CHECKS.
+AWS clients (`context.client("service-quotas")`: boto3's in the Lambda function, the session's in
+`lmstack.start`, None where nothing may ask AWS). A new check is one function in CHECKS.
 
 The event of the Lambda function: {"input": <execution input>, "execution_name": <name>, "launch": k},
 k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the
@@ -28,14 +31,24 @@ import collections
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Callable, Optional
 
-from controlplane import containers, history, inputs, planner, presets, rules
-from lm.spec import conditions, hardware, job
+from controlplane import budget, containers, history, inputs, planner, presets, prices, quotas, rules
+from lm.spec import conditions, contract, hardware, job
 from lm.spec.fields import check, check_object, with_defaults
 
 INVALID = conditions.INVALID
 PLAN_REJECTED = conditions.PLAN_REJECTED
+QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what the run needs (check_quotas)
+OVER_BUDGET = "OverBudget"  # the run's estimate exceeds budget_usd, or it cannot be held to it (check_budget)
+# How many other instance types a refusal over budget names that would fit.
+BUDGET_ALTERNATIVES = 2
+# deploy.model_artifact: a training job's model.tar.gz, or a Hugging Face directory (the state machine checks
+# that the bucket is the stack's artifact bucket; S3 bucket names: 3-63 lower-case letters, digits, . and -).
+_BUCKET = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/"
+MODEL_ARCHIVE = re.compile(r"^%s%s[^/*?]+/output/model\.tar\.gz$" % (_BUCKET, re.escape(contract.OUTPUT_PREFIX)))
+MODEL_DIRECTORY = re.compile(r"^%s%s[^*?]+/$" % (_BUCKET, re.escape(contract.INIT_PREFIX)))
 ENVIRONMENT_KEY = "LMSTACK_DEPLOYMENT"  # the Lambda function's environment: the Deployment as JSON
 # What a fallback changes of the plan, in the order the notification names them.
 PLAN_CHANGES = ("instance_type", "strategy", "per_device_batch", "micro_batch", "mp_parameters", "recompute",
@@ -61,6 +74,7 @@ class Deployment:
     default_instance_type: str
     default_instance_count: int
     default_max_runtime_seconds: int
+    default_hyperparameters: tuple  # (name, value) pairs
     spot: bool
     dataset_directory: str
     inter_container_traffic_encryption: bool
@@ -68,7 +82,13 @@ class Deployment:
     @classmethod
     def of(cls, settings):
         values = {field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)}
-        return cls(**dict(values, runtimes=tuple(values["runtimes"])))
+        return cls._typed(values)
+
+    @classmethod
+    def _typed(cls, values):
+        """Lists (as JSON gives them back) as the tuples the fields hold."""
+        return cls(**dict(values, runtimes=tuple(values["runtimes"]),
+                          default_hyperparameters=tuple(tuple(pair) for pair in values["default_hyperparameters"])))
 
     def environment(self):
         """The Lambda function's environment variables that carry it."""
@@ -78,8 +98,7 @@ class Deployment:
     def from_environment(cls, environ):
         if ENVIRONMENT_KEY not in environ:
             raise KeyError("the gate's environment has no %s (stacks.gate sets it)" % ENVIRONMENT_KEY)
-        values = json.loads(environ[ENVIRONMENT_KEY])
-        return cls(**dict(values, runtimes=tuple(values["runtimes"])))
+        return cls._typed(json.loads(environ[ENVIRONMENT_KEY]))
 
 
 def aws_client(service):
@@ -88,11 +107,22 @@ def aws_client(service):
     return boto3.client(service)
 
 
+def from_aws_sdk(error):
+    """Whether `error` is the AWS SDK's (botocore's ClientError or BotoCoreError: refused, throttled, no
+    endpoint, no credentials) or a runtime without the SDK: AWS did not answer, as opposed to a bug."""
+    if isinstance(error, ImportError):
+        return (error.name or "").split(".")[0] in ("boto3", "botocore")
+    return any(cls.__module__.split(".")[0] == "botocore" for cls in type(error).__mro__)
+
+
 @dataclasses.dataclass
 class Context:
+    """`clients`: a factory of AWS clients by service name (`aws_client` in the Lambda function, the session's in
+    `lmstack.start`), or None, the default, where the caller does not ask AWS (`lmstack.start --dry-run`, tests):
+    checks that would ask AWS then note that they did not."""
     deployment: Deployment
     execution_name: Optional[str] = None
-    clients: Callable[[str], Any] = aws_client
+    clients: Optional[Callable[[str], Any]] = None
 
     def client(self, service):
         return self.clients(service)
@@ -106,6 +136,8 @@ class Decision:
     plan: Optional[dict] = None
     launches: int = 1
     notes: list = dataclasses.field(default_factory=list)
+    # (config, plan) of every launch check_plan planned: all of the input's types at launch 0, else up to `launch`
+    planned: list = dataclasses.field(default_factory=list)
 
     def answer(self):
         return collections.OrderedDict([("ok", True), ("config", self.config), ("plan", self.plan),
@@ -138,6 +170,43 @@ def check_fields(decision, context):
     except ValueError as error:
         raise Refusal(str(error))
     decision.config = config
+
+
+def deploy_only(config):
+    """Whether the run serves an existing model (deploy.model_artifact) and trains nothing."""
+    return config["deploy"][inputs.MODEL_ARTIFACT] is not None
+
+
+def check_deploy_only(decision, context):
+    """deploy.model_artifact: an input that only deploys gives the preset (the model the artifact holds), deploy
+    and hyperparameters.model, nothing for training; the artifact is a training job's model.tar.gz, or for tgi
+    and lmi a Hugging Face directory."""
+    config = decision.config
+    if not deploy_only(config):
+        return
+    given = decision.given
+    extra = [name for name in given if name not in ("preset", "deploy", "hyperparameters")]
+    extra += ["hyperparameters.%s" % name for name in given.get("hyperparameters", {}) if name != "model"]
+    if extra:
+        raise Refusal("deploy.model_artifact serves an existing model and starts no prepare or training job: %s "
+                      "%s for those; a deploy-only input gives only %s" % (
+                          ", ".join(extra), "is" if len(extra) == 1 else "are", ", ".join(inputs.DEPLOY_ONLY_FIELDS)))
+    deploy, artifact = config["deploy"], config["deploy"][inputs.MODEL_ARTIFACT]
+    if not deploy["enabled"]:
+        raise Refusal("deploy.model_artifact needs deploy.enabled true: serving it is all the run does")
+    if MODEL_DIRECTORY.match(artifact):
+        if deploy["container"] not in containers.HF_CONTAINERS:
+            raise Refusal("deploy.model_artifact %s is a Hugging Face directory, which deploy.container %s or %s "
+                          "serves; deploy.container %s serves a training job's model.tar.gz" % (
+                              artifact, containers.HF_CONTAINERS[0], containers.HF_CONTAINERS[1], deploy["container"]))
+    elif not MODEL_ARCHIVE.match(artifact):
+        raise Refusal("deploy.model_artifact must be a training job's model.tar.gz (s3://<artifact bucket>/%s<job>/output/"
+                      "model.tar.gz) or, for deploy.container tgi or lmi, a Hugging Face directory (s3://<artifact "
+                      "bucket>/%s<name>/), got %s" % (contract.OUTPUT_PREFIX, contract.INIT_PREFIX, json.dumps(artifact)))
+    elif deploy["container"] in containers.HF_CONTAINERS:
+        decision.notes.append("deploy.container %s serves the Hugging Face files in %s: the training job that wrote "
+                              "it must have had hyperparameters.export_hf true, or the endpoint fails to start" % (
+                                  deploy["container"], artifact))
 
 
 def check_fallback_instance_types(decision, context):
@@ -183,17 +252,99 @@ def check_plan(decision, context):
     fits. The decision's config and plan are those of the launch it asks for; a fallback's plan says what
     changed from the launch before it."""
     config = decision.config
+    if deploy_only(config):
+        decision.plan = collections.OrderedDict([
+            ("deploy_only", True), ("model_artifact", config["deploy"][inputs.MODEL_ARTIFACT]),
+            ("preset", config["preset"]), ("model_config", presets.model_config(config["preset"])), ("warnings", [])])
+        return
     launches = [(config, exact_plan(config, context.deployment))]
     fallbacks = config[inputs.FALLBACK_FIELD]
     # The first launch checks every fallback now, before any job; a fallback needs the launches up to it.
     for index, instance_type in enumerate(fallbacks[:decision.launch or len(fallbacks)]):
         launches.append(fallback_launch(config, instance_type, "%s[%d]" % (inputs.FALLBACK_FIELD, index),
                                         context.deployment))
+    decision.planned = launches
     decision.config, decision.plan = launches[decision.launch]
     decision.notes.extend("lmstack.plan: %s" % warning for warning in decision.plan["warnings"])
     if decision.launch:
         before = launches[decision.launch - 1][1]
         decision.plan["changes"] = plan_changes(before, decision.plan)
+
+
+def _launch_labels(config):
+    return ["instance_type"] + ["%s[%d]" % (inputs.FALLBACK_FIELD, index)
+                                for index in range(len(config[inputs.FALLBACK_FIELD]))]
+
+
+def check_budget(decision, context):
+    """budget_usd (`controlplane.budget`): each launch planned (at launch 0 every type of the input) is refused
+    when its estimate exceeds the budget, with what would fit; the launch's MaxRuntimeInSeconds is capped to it.
+    Then, budget or not, the job's deadline (hyperparameter stop_after_seconds): MaxRuntime less its start-up."""
+    config = decision.config
+    if deploy_only(config):
+        return  # no job; budget_usd was refused with the other training fields
+    if config["budget_usd"] is not None:
+        labels = _launch_labels(config)
+        for index, (launch, plan) in enumerate(decision.planned):
+            if decision.launch and index != decision.launch:
+                continue  # launch 0 held the types before this one to the budget
+            label = labels[index]
+            try:
+                capped, costs, note = budget.check(launch, plan, label, alternatives=lambda: budget_alternatives(
+                    launch, label, context.deployment))
+            except budget.BudgetError as error:
+                raise Refusal(str(error), OVER_BUDGET)
+            if index == decision.launch:
+                decision.config = config = capped
+                decision.plan["budget"] = collections.OrderedDict([
+                    ("budget_usd", config["budget_usd"]), ("estimate_usd", round(costs.total, 2)),
+                    ("training_usd", round(costs.training, 2)), ("prepare_usd", round(costs.prepare, 2)),
+                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("usd_per_hour", round(costs.usd_per_hour, 4)),
+                    ("max_runtime_seconds", config["max_runtime_seconds"])])
+                decision.notes.append(note)
+        if config["deploy"]["enabled"]:
+            decision.notes.append("budget_usd counts the jobs, not the endpoint: %s bills every hour it runs, until "
+                                  "deleted (its hosting price is not in controlplane.prices)" % config["deploy"][
+                                      "instance_type"])
+    else:
+        decision.plan["budget"] = None
+    stop_after = job.stop_after_seconds(config["max_runtime_seconds"])
+    decision.plan["stop_after_seconds"] = stop_after
+    decision.plan["save_seconds"] = budget.save_seconds(config["preset"])
+    if stop_after == 0:
+        decision.notes.append("max_runtime_seconds %d leaves the job no time after its start-up (%d s): it cannot stop "
+                              "itself with a checkpoint before SageMaker stops it" % (
+                                  config["max_runtime_seconds"], job.JOB_STARTUP_SECONDS))
+
+
+def budget_alternatives(config, label, deployment):
+    """Phrases of runs like `config` that fit its budget: with spot, or on another type with a price (the
+    cheapest BUDGET_ALTERNATIVES, each planned as a fallback type would be)."""
+    found = []
+    if not config["spot"]:
+        spot = dict(config, spot=True)
+        try:
+            plan = exact_plan(spot, deployment)
+            costs = budget.costs(spot, plan)
+            if costs.total <= config["budget_usd"]:
+                found.append("spot: true (estimated $%.2f, %s)" % (costs.total, prices.SPOT_BASIS))
+        except (Refusal, budget.BudgetError):
+            pass
+    others = []
+    for instance_type in prices.ON_DEMAND_USD_PER_HOUR:
+        if instance_type == config["instance_type"] or not hardware.INSTANCES[instance_type].gpus:
+            continue
+        try:
+            other, plan = fallback_launch(config, instance_type, "instance_type", deployment)
+            costs = budget.costs(other, plan)
+        except (Refusal, budget.BudgetError):
+            continue
+        if costs.total <= config["budget_usd"]:
+            others.append((costs.total, "%s %s (%s, estimated $%.2f)" % (
+                label.split("[")[0] if label == "instance_type" else label, instance_type, other["strategy"],
+                costs.total)))
+    found.extend(phrase for _, phrase in sorted(others)[:BUDGET_ALTERNATIVES])
+    return found
 
 
 def check_serving(decision, context):
@@ -216,7 +367,7 @@ def check_history(decision, context):
     """How long the job monitor may wait between polls (`controlplane.history.poll_cap`) so the longest run
     this input allows fits the execution's history."""
     config = decision.config
-    walls = [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
+    walls = [] if deploy_only(config) else [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
     if config["prepare"]["enabled"]:
         walls.append(config["prepare"]["max_runtime_seconds"])
     cap = history.poll_cap(walls)
@@ -225,8 +376,53 @@ def check_history(decision, context):
                                                      ("phase_resets", history.PHASE_RESETS)])
 
 
-CHECKS = (check_fields, check_fallback_instance_types, check_rules, check_names, check_plan, check_serving,
-          check_history)
+def quota_needs(decision):
+    """The SageMaker quotas the run needs (`controlplane.quotas`): at launch 0 every instance type it may train
+    on, its prepare job and its endpoint; at a fallback launch that type and the endpoint."""
+    config = decision.config
+    labels = _launch_labels(config)
+    needs = []
+    if config["training_plan_arn"] is None:  # a training plan's reserved capacity is not the on-demand quota's
+        launches = decision.planned if decision.launch == 0 else [decision.planned[decision.launch]]
+        offset = 0 if decision.launch == 0 else decision.launch
+        for index, (launch, _) in enumerate(launches):
+            needs.extend(quotas.training_needs(launch, labels[offset + index]))
+    if decision.launch == 0 and config["prepare"]["enabled"]:
+        needs.extend(quotas.prepare_needs(config["prepare"]))
+    if config["deploy"]["enabled"]:
+        needs.extend(quotas.endpoint_needs(config["deploy"]))
+    return needs
+
+
+def check_quotas(decision, context):
+    """The account's SageMaker quotas (Service Quotas, `controlplane.quotas`) against the instances the run needs:
+    refused before any job, naming each quota, its value and the request. When Service Quotas cannot answer
+    (refused, throttled, unreachable), the notes say so and the run goes on: SageMaker still refuses a job or
+    endpoint over a quota when it is created."""
+    needs = quota_needs(decision)
+    if not needs:
+        return
+    if context.clients is None:
+        decision.notes.append("quotas not checked: this caller does not ask AWS")
+        return
+    try:
+        found = quotas.look_up(context.client("service-quotas"), [need.quota for need in needs])
+    except Exception as error:
+        if not from_aws_sdk(error):
+            raise
+        decision.notes.append("Service Quotas could not answer (%s): the SageMaker quotas this run needs were not "
+                              "checked" % quotas.describe_error(error))
+        return
+    shortfalls, notes = quotas.compare(needs, found)
+    decision.notes.extend(notes)
+    if shortfalls:
+        raise Refusal("Service Quotas: %s. Request an increase of each (Service Quotas console, Amazon SageMaker) "
+                      "or ask for fewer instances or another type; no job was started" % "; ".join(shortfalls),
+                      QUOTA_TOO_LOW)
+
+
+CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
+          check_budget, check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----
@@ -368,11 +564,53 @@ def plan_changes(before, after):
 # ---- whoever asks ----
 
 def decide(execution_input, context, launch=0, checks=CHECKS):
-    """The Decision about `execution_input` for launch `launch`; Refusal when it cannot run."""
+    """The Decision about `execution_input` for launch `launch`; Refusal when it cannot run.
+
+    The deployment's default hyperparameters (`default_hyperparameters`) are the defaults of the run `{}` means
+    (16 sequences with recomputation, for one A10G). An input whose run they do not let through (more
+    data-parallel ranks than sequences, recomputation with smp or a family without it) is judged with
+    lm.training.train's own defaults for the hyperparameters it does not give: accepted so, with a note that
+    says so, or refused with those defaults' reason."""
+    try:
+        return _decided(execution_input, context, launch, checks)
+    except Refusal as refusal:
+        runtime_defaults = _with_runtime_defaults(execution_input, context.deployment)
+        if refusal.error not in (INVALID, PLAN_REJECTED) or runtime_defaults is None:
+            raise
+        reason = str(refusal)
+    decision = _decided(runtime_defaults, context, launch, checks)
+    decision.given = execution_input
+    decision.notes.insert(0, "the deployment's default hyperparameters (%s) do not fit this run (%s): lm.training."
+                             "train's own defaults are used (%s)" % (
+                                 _pairs(context.deployment.default_hyperparameters), reason,
+                                 _pairs((name, runtime_defaults["hyperparameters"][name])
+                                        for name, _ in context.deployment.default_hyperparameters
+                                        if name in runtime_defaults["hyperparameters"])))
+    return decision
+
+
+def _decided(execution_input, context, launch, checks):
     decision = Decision(given=execution_input, launch=launch)
     for found in checks:
         found(decision, context)
     return decision
+
+
+def _with_runtime_defaults(execution_input, deployment):
+    """The input with lm.training.train's defaults for the deployment's default hyperparameters it does not
+    give, or None when that changes nothing."""
+    if not isinstance(execution_input, dict) or not isinstance(execution_input.get("hyperparameters", {}), dict):
+        return None
+    if isinstance(execution_input.get("deploy"), dict) and execution_input["deploy"].get(inputs.MODEL_ARTIFACT):
+        return None  # a deploy-only run trains nothing
+    given = execution_input.get("hyperparameters", {})
+    added = {name: job.HYPERPARAMETERS[name].default for name, value in deployment.default_hyperparameters
+             if name not in given and value != job.HYPERPARAMETERS[name].default}
+    return dict(execution_input, hyperparameters=dict(given, **added)) if added else None
+
+
+def _pairs(pairs):
+    return ", ".join("%s %s" % (name, json.dumps(value)) for name, value in pairs)
 
 
 def answer(event, context):
@@ -384,7 +622,9 @@ def answer(event, context):
     return decision.answer()
 
 
-def handler(event, lambda_context=None, environ=os.environ):
-    """The Lambda function's handler; its environment holds the Deployment (stacks.gate)."""
-    context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"))
+def handler(event, lambda_context=None, environ=os.environ, clients=aws_client):
+    """The Lambda function's handler; its environment holds the Deployment (stacks.gate). Lambda passes the
+    first two arguments; `environ` and `clients` are the process's environment and boto3's clients."""
+    context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"),
+                      clients=clients)
     return answer(event, context)

@@ -7,14 +7,15 @@ Validate state and `lmstack.start`. A new input field is one `Field` here (docs/
 
 Pure Python, no TensorFlow: shipped in the gate's Lambda function.
 """
+import dataclasses
+
 from controlplane import containers, presets, request
 from lm.spec import contract, job
 from lm.spec.fields import Field
 from lm.spec.hardware import HOSTING_INSTANCE_TYPES, INSTANCES
 
 MAX_INSTANCE_COUNT = 64
-# SageMaker's own cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
-MAX_RUNTIME_SECONDS = 28 * 24 * 3600
+MAX_RUNTIME_SECONDS = job.MAX_RUNTIME_SECONDS
 FALLBACK_FIELD = "fallback_instance_types"
 # Each instance type gets MAX_ATTEMPTS attempts (stacks.state_machine.jobs); a job's name holds the attempt.
 MAX_FALLBACK_INSTANCE_TYPES = 3
@@ -35,10 +36,21 @@ def _mp_fields():
 
 # Top-level fields that are hyperparameters too: given once, at the top.
 TOP_LEVEL_HYPERPARAMETERS = ("preset", "strategy")
-# Hyperparameters the machine fills itself: model_config is the preset's configuration
-# (`controlplane.presets`; the gate's plan carries it, `controlplane.gate`).
-RESOLVED_HYPERPARAMETERS = ("model_config",)
+# Hyperparameters the machine fills itself, from the gate's plan (`controlplane.gate`): model_config is the
+# preset's configuration (`controlplane.presets`), stop_after_seconds the job's deadline (`controlplane.budget`).
+RESOLVED_HYPERPARAMETERS = ("model_config", "stop_after_seconds")
 DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
+MODEL_ARTIFACT = "model_artifact"  # deploy.model_artifact: serve an existing model, train nothing
+# What a deploy-only input may give besides deploy: the preset (the model the artifact holds) and its family.
+DEPLOY_ONLY_FIELDS = ("preset", "deploy", "hyperparameters.model")
+
+
+def input_hyperparameters(defaults=()):
+    """The hyperparameters an execution input may give (`lm.spec.job.HYPERPARAMETERS` less the top-level and the
+    resolved ones), with `defaults` ((name, value) pairs: the deployment's default_hyperparameters) as defaults."""
+    overrides = dict(defaults)
+    return tuple(dataclasses.replace(spec, default=overrides[spec.name]) if spec.name in overrides else spec
+                 for spec in _from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS + RESOLVED_HYPERPARAMETERS))
 
 
 def schema(settings):
@@ -66,8 +78,9 @@ def schema(settings):
               help="run on the reserved capacity of this SageMaker training plan (its ARN)"),
         Field("data_directory", str, settings.dataset_directory, prefix="/",
               help="dataset directory on the EFS file system (manifest.json and shards)"),
-        Field("hyperparameters", dict, fields=_from_table(job.HYPERPARAMETERS, skip=TOP_LEVEL_HYPERPARAMETERS + RESOLVED_HYPERPARAMETERS),
-              help="overrides of lm.training.train's hyperparameters"),
+        Field("hyperparameters", dict, fields=input_hyperparameters(settings.default_hyperparameters),
+              help="overrides of lm.training.train's hyperparameters (the deployment's default_hyperparameters "
+                   "setting first)"),
         Field("mp_parameters", dict, fields=_mp_fields(), help="SMP v1 parameters (strategy smp)"),
         Field("prepare", dict, fields=(
             Field("enabled", bool, False, help="run lm.data.prepare into data_directory before training"),
@@ -89,6 +102,11 @@ def schema(settings):
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
                   help="lmstack (lm.serving.server), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
+            Field(MODEL_ARTIFACT, str, None, prefix="s3://", nullable=True,
+                  help="serve this model without training: a training job's model.tar.gz in the artifact bucket "
+                       "(s3://<bucket>/%s<job>/output/model.tar.gz), or for tgi and lmi a Hugging Face directory "
+                       "under s3://<bucket>/%s; no prepare or training job runs" % (contract.OUTPUT_PREFIX,
+                                                                                   contract.INIT_PREFIX)),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
@@ -100,6 +118,9 @@ def schema(settings):
               help="MLflow experiment of the run, with the mlflow_resource_arn setting (letters, digits, - _ . /)"),
         Field("min_quality", float, None, 0.0, None, nullable=True,
               help="deploy only if the final validation loss is at most this"),
+        Field("budget_usd", float, None, 0.01, None, nullable=True,
+              help="the most the run's jobs may cost, in USD: refused when its estimate is more, else the training "
+                   "job's MaxRuntimeInSeconds is capped to it (controlplane.budget); the endpoint is not counted"),
         # Checked by `controlplane.gate.check_fallback_instance_types` (a Field has no list type).
         Field(FALLBACK_FIELD, object, (),
               help="instance types to train on, in this order, when instance_type has no capacity after its "

@@ -35,7 +35,9 @@ def serving_rules():
 
 def _container_fit_rules(container):
     chosen = (Is("deploy.enabled", True), Is("deploy.container", container))
-    found = [rule("deploy.container.%s.export_hf" % container, All(chosen + (Is("hyperparameters.export_hf", False),)),
+    # the training job must write the export; a deploy-only run (deploy.model_artifact) serves one that exists
+    found = [rule("deploy.container.%s.export_hf" % container, All(chosen + (
+        Is("hyperparameters.export_hf", False), Is("deploy.model_artifact", None))),
                   "deploy.container %s serves the Hugging Face export: set hyperparameters.export_hf to true" % container)]
     exported = [preset for preset, config in ALL_PRESETS.items() if get_family(config.family).supports(container)]
     cannot = collections.OrderedDict()  # instance type -> [(preset, reason)]

@@ -169,17 +169,20 @@ def upload_corpus(s3, bucket, path, name, out):
     return corpus_uri(bucket, name)
 
 
-def validate_input(execution_input, settings):
+def validate_input(execution_input, settings, clients=None):
     """The gate's decision about the input (`controlplane.gate.decide`: the same checks and plan as the state
-    machine's Validate state), or StartError with the gate's words; nothing starts on a refused input."""
+    machine's Validate state), or StartError with the gate's words; nothing starts on a refused input.
+    `clients`: the AWS clients of the session (the quota check asks Service Quotas), None to ask no AWS."""
     try:
-        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings)))
+        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients))
     except gate.Refusal as refusal:
         raise StartError(str(refusal))
 
 
 def plan_line(plan):
     """One line of the gate's plan: what the run will use and cost."""
+    if plan.get("deploy_only"):
+        return "plan: serve %s (preset %s), no prepare or training job" % (plan["model_artifact"], plan["preset"])
     cost = "-" if plan["cost_usd"] is None else "$%.0f" % plan["cost_usd"]
     hours = "-" if plan["hours"] is None else "%.1f hours" % plan["hours"]
     return "plan: %s on %d x %s, %d sequences per device, %.1f of %.1f GiB per GPU, %s, %s" % (
@@ -193,6 +196,8 @@ def training_request(execution_input, settings, name):
     the gate leaves them. `${Name}` stands for a resource of the deployed stack; the job name's middle
     part is the MD5 of the execution ARN, which only Step Functions knows."""
     config = validate_input(execution_input, settings).config
+    if config["deploy"]["model_artifact"] is not None:
+        raise StartError("--show-request: this run only deploys deploy.model_artifact; it sends no CreateTrainingJob")
     values = jobs.concrete_values(jobs.TRAIN, settings, config, execution_name=name,
                                   job_name="%s-train-<md5 of the execution ARN>-1" % settings.name_prefix)
     return request.create_training_job_request(values)
@@ -339,7 +344,7 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
     try:
         settings = load_settings(args.cdk_json)
         execution_input = build_input(args)
-        decision = validate_input(execution_input, settings)
+        validate_input(execution_input, settings)  # a bad input stops here, before anything asks AWS
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
         if args.show_request:
             out.write(json.dumps(training_request(execution_input, settings, name), indent=2) + "\n")
@@ -350,6 +355,9 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
+        decision = validate_input(execution_input, settings, clients=session.client)  # the account's quotas too
+        for note in decision.notes:
+            out.write("note: %s\n" % note)
         cloudformation = session.client("cloudformation")
         stack_name = args.stack_name or settings.name_prefix
         arn = state_machine_arn(cloudformation, stack_name)

@@ -17,7 +17,16 @@ from constructs import Construct
 from controlplane import gate
 from stacks import gate_code
 from stacks.common import log_group
-from stacks.nag import Grant, add_grants
+from stacks.nag import Grant, acknowledge, add_grants
+
+# What the quota check (controlplane.quotas.look_up) calls: two read-only listings of Service Quotas.
+QUOTA_ACTIONS = ["servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas"]
+# Service Authorization Reference, "Actions, resources, and condition keys for Service Quotas": these read
+# actions list no resource type (the `quota` resource applies only to RequestServiceQuotaIncrease and
+# PutServiceQuotaIncreaseRequestIntoTemplate), so a statement with them must name Resource "*".
+QUOTA_REASON = ("servicequotas:ListServiceQuotas and ListAWSDefaultServiceQuotas (read-only): the actions have no "
+                "resource-level permissions, so IAM only accepts Resource \"*\"; the gate reads SageMaker's quotas "
+                "before any job starts.")
 
 
 class Gate(Construct):
@@ -32,7 +41,7 @@ class Gate(Construct):
         # aws:SourceAccount in a Lambda execution role's trust policy, as AWS's own lambda-trust-policy.json
         # has it (GitHub aws/agent-toolkit-for-aws, skills/.../deploying-custom-domain-rest-api/scripts).
         self.role = iam.Role(
-            self, "Role", description="lmstack gate: decides about an execution input; writes its own logs only",
+            self, "Role", description="lmstack gate: decides about an execution input; reads quotas, writes its own logs",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com", conditions={
                 "StringEquals": {"aws:SourceAccount": stack.account}}))
         policy = iam.Policy(self, "Policy", roles=[self.role])
@@ -40,6 +49,7 @@ class Gate(Construct):
             Grant(["logs:CreateLogStream", "logs:PutLogEvents"], [self.log_group.log_group_arn],
                   reason="The function's own log group: Lambda names a stream per execution environment at run "
                          "time (the group's ARN ends with :*, covering its streams)."),
+            Grant(QUOTA_ACTIONS, ["*"], reason=QUOTA_REASON),
         ])
         self.function = lambda_.Function(
             self, "Function", description="lmstack: checks and plans an execution input (controlplane.gate)",
@@ -47,5 +57,6 @@ class Gate(Construct):
             code=lambda_.Code.from_asset(str(code)), role=self.role, timeout=Duration.seconds(gate_code.TIMEOUT_SECONDS),
             memory_size=gate_code.MEMORY_MB, log_group=self.log_group,
             environment=deployment.environment())
+        acknowledge(self.function, "AwsSolutions-L1", gate_code.RUNTIME_REASON)
         self.function.node.add_dependency(policy)  # its logs from the first invocation on
         self.version = self.function.current_version

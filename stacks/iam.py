@@ -18,7 +18,7 @@ from constructs import Construct
 
 from controlplane import containers
 from lm.spec import job
-from lm.spec.contract import ARTIFACT_PREFIXES, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
+from lm.spec.contract import ARTIFACT_PREFIXES, INIT_PREFIX, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -123,6 +123,12 @@ class Permissions(Construct):
             Grant(["s3:GetObject"], [bucket.arn_for_objects(MODEL_ARTIFACT_KEYS)],
                   reason="An endpoint downloads the model.tar.gz of the training job it serves, named at run time; "
                          "only those files."),
+            # A deploy-only run (deploy.model_artifact) may serve a Hugging Face directory under models/ on TGI or
+            # LMI, which SageMaker copies uncompressed (ModelDataSource, S3Prefix): it lists the prefix.
+            Grant(["s3:GetObject"], [bucket.arn_for_objects(INIT_PREFIX + "*")],
+                  reason="A deploy-only run serves a Hugging Face directory under models/, named at run time; read "
+                         "only, only that prefix."),
+            Grant(["s3:ListBucket"], [bucket.bucket_arn], conditions={"StringLike": {"s3:prefix": [INIT_PREFIX + "*"]}}),
             *_pull_grants(repositories),
             *_log_grants(log_groups, log_groups + ":log-stream:*",
                          "SageMaker creates one log group per endpoint, named after it (only our prefix), and one "

@@ -14,8 +14,9 @@ import typing
 from typing import Any, Mapping, Optional, Tuple
 
 from lm.spec import conditions
+from lm.spec.fields import check as check_field
 from controlplane import rules
-from controlplane.inputs import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS
+from controlplane.inputs import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS, input_hyperparameters
 from controlplane.presets import GPT_PRESETS
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_RUNTIME
@@ -93,6 +94,10 @@ class Settings:
     default_strategy: str = "single"
     default_preset: str = "gpt-125m"
     default_max_runtime_seconds: int = 24 * 3600
+    # The execution input's default hyperparameters, where they differ from lm.training.train's (a JSON object in
+    # cdk.json, kept as sorted (name, value) pairs). These make the empty input `{}` a run that fits: 16 sequences
+    # of gpt-125m with activation recomputation on one A10G (the runtime's 64 without it need 345 GiB).
+    default_hyperparameters: Tuple[Tuple[str, Any], ...] = (("global_batch_size", 16), ("recompute", True))
     spot: bool = False
     # EnableInterContainerTrafficEncryption of every job: IPsec between the hosts of a job, slower
     # all-reduce (controlplane.planner counts ENCRYPTED_ALLREDUCE_SLOWDOWN), no effect on one host.
@@ -109,6 +114,8 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        if isinstance(self.default_hyperparameters, dict):
+            object.__setattr__(self, "default_hyperparameters", tuple(sorted(self.default_hyperparameters.items())))
         if self.az_count is None:
             object.__setattr__(self, "az_count", _default_zone_count(self))
         errors = [message for message in _check(self) if message]
@@ -203,11 +210,19 @@ def _parse_text(name, annotation, text):
             return int(stripped)
         except ValueError:
             raise SettingsError("%s: must be an integer, got %r" % (_key(name), text))
+    if base is tuple and _is_pairs(annotation):
+        return _parse_json(_key(name), stripped)
     if base is tuple:
         if stripped.startswith("["):
             return _parse_json(_key(name), stripped)
         return tuple(part.strip() for part in stripped.split(",") if part.strip())
     return text
+
+
+def _is_pairs(annotation):
+    """A setting kept as (name, value) pairs and written as a JSON object (default_hyperparameters)."""
+    args = typing.get_args(annotation)
+    return bool(args) and typing.get_origin(args[0]) is tuple
 
 
 def _unwrap(annotation):
@@ -224,6 +239,10 @@ def _check_type(name, annotation, value):
     optional, base = _unwrap(annotation)
     if value is None:
         return None if optional else "%s: must be set" % _key(name)
+    if base is tuple and _is_pairs(annotation):
+        ok = isinstance(value, dict) or (isinstance(value, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) for pair in value))
+        return None if ok else "%s: must be a JSON object, got %r" % (_key(name), value)
     if base is tuple:
         ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
         return None if ok else "%s: must be a list of strings, got %r" % (_key(name), value)
@@ -281,6 +300,7 @@ def _check(settings):
     yield from _check_strategy_fit(s)
     yield _check_choice("default_preset", s.default_preset, tuple(GPT_PRESETS))
     yield _check_range("default_max_runtime_seconds", s.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS)
+    yield from _check_default_hyperparameters(s)
     if s.notification_email is not None:
         yield _check_pattern("notification_email", s.notification_email, _EMAIL, "an e-mail address")
     yield _check_pattern("dataset_directory", s.dataset_directory, _EFS_PATH,
@@ -294,6 +314,22 @@ def _check(settings):
     for prefix in s.raw_data_prefixes if isinstance(s.raw_data_prefixes, tuple) else ():
         yield _check_pattern("raw_data_prefixes", prefix, _S3_PREFIX,
                              "S3 prefixes such as s3://my-corpora/pile/ (bucket, optional key prefix ending in /)")
+
+
+def _check_default_hyperparameters(s):
+    """Each default hyperparameter one an execution input may give, with a value its field allows."""
+    if not isinstance(s.default_hyperparameters, tuple):
+        return
+    allowed = {spec.name: spec for spec in input_hyperparameters()}
+    for name, value in s.default_hyperparameters:
+        if name not in allowed:
+            yield "%s: %r is no hyperparameter an execution input may give; allowed: %s" % (
+                _key("default_hyperparameters"), name, ", ".join(allowed))
+            continue
+        try:
+            check_field(allowed[name], value, "%s.%s" % (_key("default_hyperparameters"), name))
+        except ValueError as error:
+            yield str(error)
 
 
 def _check_zones(s):

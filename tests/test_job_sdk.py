@@ -45,11 +45,13 @@ def sdk_distribution(strategy):
             "mpi": {"enabled": True, "processes_per_host": GPUS, "custom_mpi_options": job.SMP_MPI_OPTIONS}}
 
 
-def sdk_hyperparameters(strategy, job_name, tmp_path):
+def sdk_hyperparameters(strategy, job_name, tmp_path, max_runtime_seconds=None):
     code = tmp_path / "train.py"
     code.write_text("print('lmstack')\n")
     user = collections.OrderedDict((name, spec.default) for name, spec in job.HYPERPARAMETERS.items())
     user.update(preset="gpt-125m", strategy=strategy, model_config=presets.model_config("gpt-125m"))
+    if max_runtime_seconds is not None:  # the job's deadline, which the gate resolves from its MaxRuntime
+        user.update(stop_after_seconds=job.stop_after_seconds(max_runtime_seconds))
     with mock_aws():
         boto_session = boto3.Session(region_name="us-east-1")
         boto_session.client("s3").create_bucket(Bucket="lmstack-artifacts")
@@ -79,7 +81,8 @@ def test_definition_hyperparameters_equal_the_sdk(strategy, deployment, tmp_path
     assert run.status == "SUCCEEDED", run.description.get("cause")
     (_, _, request), = run.calls("createTrainingJob")
     ours = request["HyperParameters"]
-    theirs = sdk_hyperparameters(strategy, request["TrainingJobName"], tmp_path)
+    theirs = sdk_hyperparameters(strategy, request["TrainingJobName"], tmp_path,
+                                 request["StoppingCondition"]["MaxRuntimeInSeconds"])
     assert "sagemaker_submit_directory" in theirs
     theirs = {key: value for key, value in theirs.items() if key != "sagemaker_submit_directory"}
     assert sorted(ours) == sorted(theirs)

@@ -233,6 +233,11 @@ def test_each_example_passes_every_check_and_reaches_the_training_job(page, inde
 
     run = deployment.run(example, name="%s-%d" % (page.stem.lower(), index))
     assert run.status == "SUCCEEDED", (run.description.get("error"), run.description.get("cause"))
+    served = example.get("deploy", {}).get("model_artifact")
+    if served:  # a deploy-only run: the model it names, no job
+        (_, _, model), = run.calls("createModel")
+        assert model["PrimaryContainer"]["ModelDataUrl"] == served and run.calls("createTrainingJob") == []
+        return
     request = [call for _, _, call in run.calls("createTrainingJob") if "-train-" in call["TrainingJobName"]][-1]
 
     resources = request["ResourceConfig"]

@@ -11,7 +11,9 @@
   files; `tgi` runs Text Generation Inference (`controlplane.containers`: this region's image) on the
   Hugging Face files `lm.training.train` wrote next to them (hyperparameters.export_hf), with TGI's
   Environment for the preset and instance type (the gate's, `controlplane.gate.check_serving`); `lmi`
-  runs AWS's LMI container (vLLM) on the same files with LMI's Environment. All take the training job's model.tar.gz.
+  runs AWS's LMI container (vLLM) on the same files with LMI's Environment. All take the training job's
+  model.tar.gz, or a deploy-only run's deploy.model_artifact (the Serve stage puts it where the job's would
+  be); tgi and lmi also serve a Hugging Face directory, uncompressed (ModelDataSource, S3Prefix).
 - Role and network: the model runs as the endpoint role (reads the model artifact, pulls its
   image, writes its logs; nothing else) in the hosting security group (no NFS to the file system).
 - Wait: DescribeEndpoint every POLL_SECONDS, at most MAX_POLLS times, until InService with
@@ -41,6 +43,8 @@ VARIANT_NAME = "AllTraffic"
 MODEL_SERVER_WORKERS = "2"
 NOT_FOUND_PATTERN = "*Could not find endpoint*"
 SERVING_ENVIRONMENT_PATH = "$.plan.serving_environment"  # controlplane.gate.check_serving
+# The model to serve: the training job's model.tar.gz, or a deploy-only run's deploy.model_artifact (Serve stage).
+MODEL_PATH = TRAIN.slot + ".result.model_artifacts"
 
 
 def states(settings, first, next_state):
@@ -86,15 +90,20 @@ def states(settings, first, next_state):
         "model.$": resource, "config.$": resource,
         "endpoint.$": asl.fmt("%s-{}" % settings.name_prefix, "$.config.deploy.endpoint_name"),
         "polls": 0}, result_path=names)
-    result[d + ".Container"] = asl.choice([asl.rule(
-        {"Variable": "$.config.deploy.container", "StringEquals": container}, "%s.%sModel" % (d, container.title()))
-        for container in containers.HF_CONTAINERS], d + ".Model")
+    chosen = [{"Variable": "$.config.deploy.container", "StringEquals": container}
+              for container in containers.HF_CONTAINERS]
+    # A Hugging Face directory (a deploy-only run's deploy.model_artifact ending with /) is read uncompressed.
+    directory = {"Variable": MODEL_PATH, "StringMatches": "*/"}
+    result[d + ".Container"] = asl.choice(
+        [asl.rule(asl.all_of(rule, directory), "%s.%sDirectory" % (d, container.title()))
+         for rule, container in zip(chosen, containers.HF_CONTAINERS)]
+        + [asl.rule(rule, "%s.%sModel" % (d, container.title()))
+           for rule, container in zip(chosen, containers.HF_CONTAINERS)], d + ".Model")
 
-    def create_model(name, image, environment):
+    def create_model(name, image, environment, model_data=None):
         result[name] = asl.task(asl.sdk("sagemaker", "createModel"), {
             "ModelName.$": names + ".model",
-            "PrimaryContainer": dict({"Image": image, "ModelDataUrl.$": TRAIN.slot + ".result.model_artifacts"},
-                                     **environment),
+            "PrimaryContainer": dict({"Image": image}, **(model_data or {"ModelDataUrl.$": MODEL_PATH}), **environment),
             "ExecutionRoleArn": "${EndpointRoleArn}",
             "VpcConfig": vpc_config(settings, "HostingSecurityGroupId"),
             "EnableNetworkIsolation": False,
@@ -105,6 +114,11 @@ def states(settings, first, next_state):
     for container in containers.HF_CONTAINERS:  # the gate's Environment for the preset and instance type
         create_model("%s.%sModel" % (d, container.title()), containers.image(container, settings.region),
                      {"Environment.$": SERVING_ENVIRONMENT_PATH})
+        # ContainerDefinition.ModelDataSource (SageMaker API reference): S3Prefix, CompressionType None: the
+        # files under the prefix as they are (S3Uri then ends with a /)
+        create_model("%s.%sDirectory" % (d, container.title()), containers.image(container, settings.region),
+                     {"Environment.$": SERVING_ENVIRONMENT_PATH}, {"ModelDataSource": {"S3DataSource": {
+                         "S3Uri.$": MODEL_PATH, "S3DataType": "S3Prefix", "CompressionType": "None"}}})
     result[d + ".Config"] = asl.task(asl.sdk("sagemaker", "createEndpointConfig"), {
         "EndpointConfigName.$": names + ".config",
         "ProductionVariants": [{

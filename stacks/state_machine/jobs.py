@@ -84,6 +84,9 @@ DATASET_KEY_PATH = "$.run.dataset.key"  # what the prepare job is tagged with (s
 CHECKPOINTS_PATH = "$.run.checkpoints.name"
 TRAINING_PLAN_PATH = "$.config.training_plan_arn"  # null: on-demand (or spot) capacity
 MODEL_CONFIG_PATH = "$.plan.model_config"  # the preset's configuration, as the gate planned the run
+STOP_AFTER_PATH = "$.plan.stop_after_seconds"  # the job's deadline (controlplane.budget)
+# Where the execution holds the hyperparameters the gate resolves (controlplane.inputs.RESOLVED_HYPERPARAMETERS).
+RESOLVED_PATHS = {"model_config": MODEL_CONFIG_PATH, "stop_after_seconds": STOP_AFTER_PATH}
 PROCESSES_PER_HOST_PATH = "$.plan.processes_per_host"
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
@@ -91,8 +94,8 @@ PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare",
 
 def hyperparameter_path(name):
     """Where the execution holds the training hyperparameter `name`."""
-    if name == "model_config":
-        return MODEL_CONFIG_PATH
+    if name in RESOLVED_PATHS:
+        return RESOLVED_PATHS[name]
     return "$.config.%s" % name if name in TOP_LEVEL_HYPERPARAMETERS else "$.config.hyperparameters.%s" % name
 
 
@@ -140,7 +143,8 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
     state = {
         "config": config,
         "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),
-                 "model_config": presets.model_config(config["preset"])},
+                 "model_config": presets.model_config(config["preset"]),
+                 "stop_after_seconds": job.stop_after_seconds(config["max_runtime_seconds"])},
         "run": {"dataset": {"key": dataset_key},
                 "checkpoints": {"name": config["resume_from"] or execution_name}},
         kind.slot[len("$."):]: {"name": job_name},

@@ -1,4 +1,5 @@
-"""The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs.
+"""The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs, or
+validate -> serve -> deploy -> outputs for a run that only deploys an existing model (deploy.model_artifact).
 
 Validate is one Task: the gate (`controlplane.gate`, a Lambda function, `stacks.gate`) checks the input,
 applies its defaults and plans the run; its answer is the state from then on (`$.config`, `$.plan`), or a
@@ -16,6 +17,12 @@ the prepare job then uses): the job is skipped, or run again with `prepare.force
 cannot look into EFS itself, e.g. after the directory was emptied). One with another key: the
 directory holds another dataset, which lm.data.prepare would mix with this one, so the run is refused
 before any job, naming both sources (tag `lmstack:raw-source`).
+
+A deploy-only run (`deploy.model_artifact`, which the gate checked) goes from the gate to the Serve stage:
+the artifact must be in this stack's artifact bucket (a training job's model.tar.gz under output/, or a
+Hugging Face directory under models/, what the endpoint role may read), and it becomes the model the Deploy
+stage serves (`$.train.result.model_artifacts`, where a training run leaves its job's); no prepare or
+training job is made.
 
 `resume_from` (the name of an earlier execution's checkpoint prefix) makes the training job's
 CheckpointConfig point at that prefix: SageMaker copies it to /opt/ml/checkpoints when the job
@@ -35,6 +42,7 @@ from stacks.state_machine import asl, deploy, jobs
 from stacks.state_machine.jobs import GATE_FAILED, gate_task
 
 VALIDATE = "Validate"
+SERVE = "Serve"
 RUN = "Run"
 INIT_FROM = "InitFrom"
 RESUME = "Resume"
@@ -104,10 +112,35 @@ def _validate_states(first, next_state):
             "notes.$": "$.answer.notes"})),
         # What the gate has to say about an accepted run (the planner's warnings; a check's notes) goes to the topic.
         (first + ".Noted", asl.choice([asl.rule({"Variable": "$.notes[0]", "IsPresent": True}, first + ".Notes")],
-                                      next_state)),
+                                      first + ".Route")),
         (first + ".Notes", asl.publish("${TopicArn}", asl.fmt("execution {}: {}", "$$.Execution.Name",
-                                                             asl.to_json("$.notes")), next_state)),
+                                                             asl.to_json("$.notes")), first + ".Route")),
+        # a run that only deploys (deploy.model_artifact) trains nothing
+        (first + ".Route", asl.choice([asl.rule({"Variable": MODEL_ARTIFACT_PATH, "IsNull": False}, SERVE)],
+                                      next_state)),
         (first + ".GateFailed", asl.fail(GATE_FAILED, "$.gate_error.Cause")),
+    ])
+
+
+MODEL_ARTIFACT_PATH = "$.config.deploy.model_artifact"
+
+
+def _serve_states(first, next_state):
+    """deploy.model_artifact in this stack's artifact bucket (what the endpoint role may read: a training job's
+    model.tar.gz, or a Hugging Face directory under models/) becomes the model the Deploy stage serves."""
+    archive = "s3://${ArtifactBucket}/%s*/output/model.tar.gz" % contract.OUTPUT_PREFIX
+    directory = "s3://${ArtifactBucket}/%s*/" % contract.INIT_PREFIX
+    return collections.OrderedDict([
+        (first, asl.choice([asl.rule(asl.any_of({"Variable": MODEL_ARTIFACT_PATH, "StringMatches": archive},
+                                                {"Variable": MODEL_ARTIFACT_PATH, "StringMatches": directory}),
+                                     first + ".Run")], first + ".Outside")),
+        (first + ".Outside", asl.fail(INVALID, asl.fmt(
+            "deploy.model_artifact must be in the artifact bucket of this stack, %s or %s, got {}" % (archive, directory),
+            MODEL_ARTIFACT_PATH))),
+        (first + ".Run", asl.pass_state(first + ".Model", {
+            "id.$": "States.Hash($$.Execution.Id, 'MD5')", "defaults": jobs.DESCRIBE_DEFAULTS}, result_path="$.run")),
+        (first + ".Model", asl.pass_state(next_state, {"result": {"model_artifacts.$": MODEL_ARTIFACT_PATH}},
+                                          result_path=jobs.TRAIN.slot)),
     ])
 
 
@@ -320,33 +353,42 @@ def _prepare_states(settings, first, next_state):
     return states
 
 
-def _outputs_state():
+def _outputs_states(first):
+    """The execution's output: the training job's, or for a deploy-only run the model it served."""
     train = jobs.TRAIN.slot
-    return asl.pass_state(None, collections.OrderedDict([
-        ("job_name.$", train + ".name"),
-        ("model_artifacts.$", train + ".result.model_artifacts"),
-        ("billable_seconds.$", train + ".result.billable_seconds"),
-        ("plan.$", "$.plan"),
-        ("training_seconds.$", train + ".result.training_seconds"),
-        ("console_url.$", train + ".result.console_url"),
-        ("attempts.$", train + ".attempt"),
-        ("mlflow_run_id.$", train + ".result.mlflow_run_id"),
-        ("final_metrics.$", train + ".metrics"),
-        ("prepare.$", "$.prepare_result"),
-        ("deploy.$", "$.deploy_result"),
-    ]))
+    return collections.OrderedDict([
+        (first, asl.choice([asl.rule({"Variable": MODEL_ARTIFACT_PATH, "IsNull": False}, first + ".Served")],
+                           first + ".Trained")),
+        (first + ".Trained", asl.pass_state(None, collections.OrderedDict([
+            ("job_name.$", train + ".name"),
+            ("model_artifacts.$", train + ".result.model_artifacts"),
+            ("billable_seconds.$", train + ".result.billable_seconds"),
+            ("plan.$", "$.plan"),
+            ("training_seconds.$", train + ".result.training_seconds"),
+            ("console_url.$", train + ".result.console_url"),
+            ("attempts.$", train + ".attempt"),
+            ("mlflow_run_id.$", train + ".result.mlflow_run_id"),
+            ("final_metrics.$", train + ".metrics"),
+            ("prepare.$", "$.prepare_result"),
+            ("deploy.$", "$.deploy_result"),
+        ]))),
+        (first + ".Served", asl.pass_state(None, collections.OrderedDict([
+            ("model_artifacts.$", train + ".result.model_artifacts"), ("plan.$", "$.plan"),
+            ("deploy.$", "$.deploy_result")]))),
+    ])
 
 
 def build_training_definition(settings):
     states = collections.OrderedDict()
     states.update(_validate_states(VALIDATE, RUN))
+    states.update(_serve_states(SERVE, DEPLOY))
     states.update(_run_states(RUN, INIT_FROM))
     states.update(_init_from_states(INIT_FROM, RESUME))
     states.update(_resume_states(RESUME, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
     states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
-    states[OUTPUTS] = _outputs_state()
+    states.update(_outputs_states(OUTPUTS))
     return {
         "Comment": "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
                    % settings.name_prefix,

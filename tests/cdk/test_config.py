@@ -5,6 +5,7 @@ import pathlib
 
 import pytest
 
+from controlplane import gate
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import RUNTIMES, SMDDP_INSTANCE_TYPES, STRATEGIES
 from stacks.settings import LOG_RETENTION_DAYS, Settings, SettingsError
@@ -18,6 +19,26 @@ def test_cdk_json_names_every_setting_and_is_valid():
     settings = Settings.from_context(context)
     assert settings.runtimes == tuple(context["lmstack"]["runtimes"])
     assert settings.notification_email is None
+
+
+def test_the_empty_input_of_the_shipped_cdk_json_is_a_run_the_gate_accepts():
+    """What a first run from the console pastes: `{}`. The shipped defaults plan a run that fits (16 sequences
+    of gpt-125m with recomputation on one ml.g5.2xlarge), and the default hyperparameters reach the input."""
+    settings = Settings.from_context(json.loads(CDK_JSON.read_text())["context"])
+    decision = gate.decide({}, gate.Context(gate.Deployment.of(settings)))
+    assert (decision.plan["instance_type"], decision.plan["strategy"], decision.plan["global_batch"],
+            decision.plan["recompute"]) == ("ml.g5.2xlarge", "single", 16, True)
+    assert decision.plan["memory_gib"] <= decision.plan["usable_gib"]
+    assert dict(settings.default_hyperparameters) == {
+        name: decision.config["hyperparameters"][name] for name, _ in settings.default_hyperparameters}
+    # without them the runtime's own default batch, 64 sequences, does not fit there
+    with pytest.raises(gate.Refusal, match="single on 1 x ml.g5.2xlarge: needs"):
+        gate.decide({}, gate.Context(gate.Deployment.of(dataclasses.replace(settings, default_hyperparameters=()))))
+
+
+def test_default_hyperparameters_from_the_command_line_are_a_json_object():
+    settings = Settings.from_context({"lmstack:default_hyperparameters": '{"max_steps": 10, "recompute": true}'})
+    assert settings.default_hyperparameters == (("max_steps", 10), ("recompute", True))
 
 
 def test_cdk_json_runs_the_app_from_the_venv_quietly():
@@ -62,6 +83,8 @@ def test_settings_are_frozen():
     ({"lmstack": {"az_count": "2"}}, ["lmstack.az_count: must be an integer, got '2'"]),
     ({"lmstack": {"runtimes": "tf211"}}, ["lmstack.runtimes: must be a list of strings"]),
     ({"lmstack": "{not json"}, ["lmstack: not valid JSON"]),
+    ({"lmstack:default_hyperparameters": "global_batch_size=8"}, ["lmstack.default_hyperparameters: not valid JSON"]),
+    ({"lmstack": {"default_hyperparameters": [16]}}, ["lmstack.default_hyperparameters: must be a JSON object"]),
 ])
 def test_context_errors_name_the_key(context, expected):
     with pytest.raises(SettingsError) as error:
@@ -103,6 +126,10 @@ def test_context_errors_name_the_key(context, expected):
     ({"name_prefix": "a" * 17}, ["lmstack.name_prefix: at most 16 characters"]),
     ({"default_preset": "gpt-9t"}, ["lmstack.default_preset", "gpt-125m"]),
     ({"default_max_runtime_seconds": 30 * 86400}, ["lmstack.default_max_runtime_seconds"]),
+    ({"default_hyperparameters": {"global_batch_size": 0}},
+     ["lmstack.default_hyperparameters.global_batch_size must be between 1 and 65536"]),
+    ({"default_hyperparameters": {"preset": "tiny"}},
+     ["lmstack.default_hyperparameters: 'preset' is no hyperparameter an execution input may give", "max_steps"]),
     ({"notification_email": "nobody"}, ["lmstack.notification_email: must be an e-mail address"]),
     ({"dataset_directory": "datasets"}, ["lmstack.dataset_directory: must be an absolute EFS path"]),
     ({"dataset_directory": "/data/../etc"}, ["lmstack.dataset_directory: must not contain '..'"]),

@@ -11,6 +11,7 @@ import pytest
 
 from cdk_synth import staged_file
 from controlplane import gate
+from lmstack.local_lambda import runtime_interpreter
 from stacks import gate_code
 
 
@@ -44,8 +45,12 @@ def test_the_function_runs_the_gate_with_the_deployment_s_settings(default):
                   if {"Ref": role} in policy["Properties"]["Roles"]
                   for statement in policy["Properties"]["PolicyDocument"]["Statement"]]
     log_group = properties["LoggingConfig"]["LogGroup"]
+    # its logs, and the two read-only listings of Service Quotas its quota check makes (no resource-level
+    # permissions there: Resource "*"); nothing else
     assert statements == [{"Action": ["logs:CreateLogStream", "logs:PutLogEvents"], "Effect": "Allow",
-                           "Resource": {"Fn::GetAtt": [log_group["Ref"], "Arn"]}}]
+                           "Resource": {"Fn::GetAtt": [log_group["Ref"], "Arn"]}},
+                          {"Action": ["servicequotas:ListAWSDefaultServiceQuotas", "servicequotas:ListServiceQuotas"],
+                           "Effect": "Allow", "Resource": "*"}]
 
 
 def test_only_the_training_machine_invokes_only_the_published_version(default):
@@ -93,14 +98,23 @@ GIVEN = [{"preset": "gpt-125m", "strategy": "single", "instance_type": "ml.g5.2x
 
 @pytest.mark.parametrize("given", GIVEN, ids=["accepted", "plan-rejected", "invalid"])
 def test_the_staged_code_runs_alone_and_answers_as_the_gate_here(default, given):
-    """`python -I -S`: the standard library and the staged directory, no site-packages."""
+    """On the function's runtime (python3.13, not this process's 3.11), `python -I -S`: the standard library
+    and the staged directory, no site-packages (no AWS SDK either: the quota check says it could not ask)."""
     program = ("import json, sys; sys.path.insert(0, sys.argv[1]); from controlplane.gate import handler; "
                "print(json.dumps(handler(json.loads(sys.argv[2]))))")
     _, function = _function(default)
     environment = function["Properties"]["Environment"]["Variables"]
     event = {"input": given, "execution_name": "run-1"}
-    answered = subprocess.run([sys.executable, "-I", "-S", "-c", program, str(_code_directory(default)),
+    interpreter = runtime_interpreter(gate_code.RUNTIME)
+    version = subprocess.run([interpreter, "-c", "import sys; print('python%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    assert version == gate_code.RUNTIME
+    answered = subprocess.run([interpreter, "-I", "-S", "-c", program, str(_code_directory(default)),
                                json.dumps(event)], env=environment, capture_output=True, text=True, timeout=60)
     assert answered.returncode == 0, answered.stderr
-    here = gate.answer(event, gate.Context(gate.Deployment.of(default.settings), execution_name="run-1"))
+    def without_sdk(service):  # what `aws_client` meets in a Python without boto3, as here
+        raise ModuleNotFoundError("No module named 'boto3'", name="boto3")
+
+    here = gate.answer(event, gate.Context(gate.Deployment.of(default.settings), execution_name="run-1",
+                                           clients=without_sdk))
     assert json.loads(answered.stdout) == json.loads(json.dumps(here))

@@ -283,17 +283,23 @@ def test_pass_role_only_the_execution_and_endpoint_roles_only_to_sagemaker(defau
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
 
-def test_endpoints_read_only_the_model_artifacts_and_cannot_reach_the_file_system(default):
+def test_endpoints_read_only_the_models_they_serve_and_cannot_reach_the_file_system(default):
     role_id = _role_id(default, "PermissionsEndpointRole")
     trust = default.template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert [s["Principal"] for s in trust] == [{"Service": "sagemaker.amazonaws.com"}]
     statements = _statements(default, role_id)
     actions = {action for s in statements for action in _as_list(s["Action"])}
     assert not [a for a in actions if a.startswith(("elasticfilesystem:", "kms:")) or a in (
-        "s3:PutObject", "s3:DeleteObject", "s3:ListBucket")], actions
-    (read,) = [s for s in statements if any(a.startswith("s3:") for a in _as_list(s["Action"]))]
-    assert _as_list(read["Action"]) == ["s3:GetObject"]
-    assert read["Resource"]["Fn::Join"][1][-1] == "/output/*/output/model.tar.gz"
+        "s3:PutObject", "s3:DeleteObject")], actions
+    reads = [s for s in statements if any(a.startswith("s3:") for a in _as_list(s["Action"]))]
+    # the model.tar.gz of any training job, and for a deploy-only run a Hugging Face directory under models/,
+    # which SageMaker lists to copy (ModelDataSource S3Prefix): listing only that prefix
+    objects = [s for s in reads if _as_list(s["Action"]) == ["s3:GetObject"]]
+    assert sorted(resource["Fn::Join"][1][-1] for s in objects for resource in _as_list(s["Resource"])) == [
+        "/models/*", "/output/*/output/model.tar.gz"]
+    (listing,) = [s for s in reads if _as_list(s["Action"]) == ["s3:ListBucket"]]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["models/*"]}}
+    assert len(reads) == len(objects) + 1
     assert {"ecr:BatchGetImage", "logs:PutLogEvents", "ec2:CreateNetworkInterface"} <= actions
     # Its security group: no ingress, HTTPS out only; the file system admits only the training group.
     group_id = next(key for key in default.resources("AWS::EC2::SecurityGroup") if key.startswith("NetworkHosting"))

@@ -29,7 +29,7 @@ def test_the_training_request_comes_from_the_state_machine(finished):
     settings, results = finished
     execution = results["state machine"]
     states = execution["states"]
-    assert states[0] == "Validate" and states[-1] == "Outputs"
+    assert states[0] == "Validate" and states[-1] == "Outputs.Trained"
     assert "Train.Create" in states and "Train.Request.mwms" in states
     request = execution["request"]
     assert request["ResourceConfig"]["InstanceCount"] == 2

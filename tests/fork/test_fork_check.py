@@ -21,7 +21,7 @@ def check_instance_cap(decision, context):
 
 
 '''
-CHECKS = ("          check_history)", "          check_history, check_instance_cap)")
+CHECKS = ("check_serving, check_history, check_quotas)", "check_serving, check_history, check_quotas, check_instance_cap)")
 MESSAGE = "instance_count must be at most 8 in this fork, got 10"
 RUN = {"strategy": "mwms", "instance_count": 10, "hyperparameters": {"global_batch_size": 80, "max_steps": 5}}
 

@@ -1,11 +1,12 @@
 """`python -m lmstack.start` against moto: a CloudFormation stack whose outputs name a Step
-Functions state machine, both created in moto, the machine executed by moto's engine."""
+Functions state machine, both created in moto, the machine executed by moto's engine. Service Quotas, which
+moto does not answer for SageMaker, is `lmstack.local_service_quotas` with a made-up account's table."""
 import io
 import json
 import time
 
-import boto3
 import pytest
+import quota_tables
 from moto import mock_aws
 
 from lmstack import start
@@ -35,10 +36,15 @@ FAILS = {"Name": "TrainingFailed", "State": {"Type": "Fail", "Error": "TrainingJ
                                              "Cause": "CUDA out of memory"}}
 
 
+def session(region=REGION, quotas=None):
+    """A boto3 session under moto whose Service Quotas requests `quotas` answers (default: ample quotas)."""
+    return quota_tables.Session(quotas or quota_tables.account(), region)
+
+
 @pytest.fixture
 def aws():
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        yield boto3.Session(region_name=REGION)
+        yield session()
 
 
 def deploy_stack(session, last_state=SUCCEEDS, stack_name="lmstack", outputs=True, wait_seconds=1):
@@ -196,8 +202,8 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     (["--input", "[1]"], "--input must be a JSON object"),
     (["--input", "{bad"], "--input is not valid JSON"),
     (["--preset", "tiny", "--name", "has spaces"], "--name"),
-    # the deployment's defaults: 64 sequences of gpt-125m on one A10G, which the planner says do not fit
-    ([], "lmstack.plan: single on 1 x ml.g5.2xlarge: needs"),
+    # 64 sequences of gpt-125m without recomputation on one A10G, which the planner says do not fit
+    (["--hp", "global_batch_size=64", "--hp", "recompute=false"], "lmstack.plan: single on 1 x ml.g5.2xlarge: needs"),
 ])
 def test_invalid_input_names_the_field_and_starts_nothing(aws, capsys, flags, named):
     arn = deploy_stack(aws)
@@ -225,7 +231,7 @@ def test_stack_without_the_output_lists_what_it_has(aws, capsys):
 
 def test_stack_name_and_region_come_from_cdk_json(aws, cdk_json):
     cdk_json.write_text(json.dumps({"context": {"lmstack": {"name_prefix": "team-a", "region": "us-west-2"}}}))
-    west = boto3.Session(region_name="us-west-2")
+    west = session("us-west-2")
     arn = deploy_stack(west, stack_name="team-a")
     assert run(west, ["--preset", "tiny"])[0] == 0
     assert len(executions(west, arn)) == 1
@@ -415,3 +421,29 @@ def test_the_plan_counts_the_deployment_s_traffic_encryption():
     plain = start.validate_input(run, Settings(inter_container_traffic_encryption=False)).plan
     assert Settings().inter_container_traffic_encryption is True
     assert encrypted["cost_on_demand_usd"] > plain["cost_on_demand_usd"]
+
+
+def test_a_quota_below_the_run_stops_start_before_anything_starts(capsys):
+    """lmstack.start asks Service Quotas with the caller's credentials, as the gate's function does."""
+    short = "ml.p3.16xlarge for spot training job usage"
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        refused = session(quotas=quota_tables.account({short: 1}))
+        arn = deploy_stack(refused)
+        code, out = run(refused, FULL_FLAGS)
+        assert code == 2 and executions(refused, arn) == [] and "started" not in out
+        assert 'the quota "%s" (%s, applied value) is 1' % (short, quota_tables.code(short)) in capsys.readouterr().err
+        silent = session(quotas=quota_tables.account(errors={"ListServiceQuotas": ("AccessDeniedException", "no")}))
+        code, out = run(silent, FULL_FLAGS)
+        assert code == 0 and "note: Service Quotas could not answer (AccessDeniedException: no)" in out
+
+
+def test_a_deploy_only_run_starts_with_its_own_plan_line(aws, capsys):
+    arn = deploy_stack(aws)
+    served = {"preset": "tiny", "deploy": {"enabled": True, "model_artifact":
+                                           "s3://lmstack-artifacts/output/job-1/output/model.tar.gz"}}
+    code, out = run(aws, ["--input", json.dumps(served)])
+    assert code == 0 and len(executions(aws, arn)) == 1
+    assert "plan: serve s3://lmstack-artifacts/output/job-1/output/model.tar.gz (preset tiny), no prepare or " \
+           "training job" in out
+    assert run(aws, ["--input", json.dumps(served), "--show-request"])[0] == 2
+    assert "sends no CreateTrainingJob" in capsys.readouterr().err

@@ -77,6 +77,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service impor
 from moto.stepfunctions.parser.asl.utils import json_path
 
 import aws_rules
+import quota_tables
 from lm.spec import contract
 from lm.spec import job
 from lmstack import local_lambda, local_sfn
@@ -108,6 +109,7 @@ class StandInSettings:
     default_instance_type: str = "ml.g5.2xlarge"
     default_instance_count: int = 1
     default_max_runtime_seconds: int = 3600
+    default_hyperparameters: Tuple = ()
     spot: bool = False
     inter_container_traffic_encryption: bool = True
     dataset_directory: str = "/datasets/sample"
@@ -444,6 +446,8 @@ class Deployment:
         gate's code is staged."""
         self.settings = settings
         self.jobs = jobs
+        # The account's SageMaker quotas as Service Quotas answers the gate: ample, unless a test says otherwise.
+        self.quotas(quota_tables.account())
         self.gate = local_lambda.create_gate(_SESSION.client("iam"), _SESSION.client("lambda"), settings,
                                              staged_gate(directory))
         self.sfn = _SESSION.client("stepfunctions")
@@ -476,6 +480,11 @@ class Deployment:
         self.jobs.created.remove(name)
         if file_system_id is None:
             self.file_system.make(directory)
+
+    def quotas(self, table):
+        """What Service Quotas answers the gate's function from now on (`lmstack.local_service_quotas`, or None:
+        nothing answers, as without network)."""
+        local_lambda.RUNTIME.service_quotas = table
 
     def _create(self, name, definition):
         return self.sfn.create_state_machine(name=name, definition=render(definition, self.values),
@@ -544,11 +553,15 @@ class Run:
     def states_entered(self):
         return local_sfn.states_entered(self.events)
 
-    def gate_answers(self):
-        """What the gate's handler answered this execution, in order (`lmstack.local_lambda`'s records)."""
+    def gate_invocations(self):
+        """The gate's invocations of this execution, in order (`lmstack.local_lambda`'s records)."""
         name = self.arn.rsplit(":", 1)[-1]
-        return [invocation.payload for invocation in local_lambda.RUNTIME.invocations
+        return [invocation for invocation in local_lambda.RUNTIME.invocations
                 if invocation.function_arn == self.deployment.gate and invocation.event.get("execution_name") == name]
+
+    def gate_answers(self):
+        """What the gate's handler answered this execution, in order."""
+        return [invocation.payload for invocation in self.gate_invocations()]
 
     def assert_the_gate_ran(self):
         """The Validate state's answer came from the gate's handler, run from its staged code (moto's Lambda

@@ -4,6 +4,7 @@ price all that type's), the machine launches that plan and the topic hears what 
 capacity error and falls through to nothing."""
 import json
 
+import quota_tables
 from state_machine.harness import SUCCESS, invalid_sagemaker_requests
 
 from controlplane import gate
@@ -26,7 +27,8 @@ def test_a_run_whose_first_type_has_no_capacity_trains_on_the_second_with_its_pl
     first, second = run.gate_answers()  # the Validate state's, then the fallback's
     assert first["plan"]["instance_type"] == "ml.p4d.24xlarge" and first["plan"]["strategy"] == "smddp"
     planned = second["plan"]
-    context = gate.Context(gate.Deployment.of(deployment.settings), execution_name="fallback")
+    context = gate.Context(gate.Deployment.of(deployment.settings), execution_name="fallback",
+                           clients=quota_tables.clients(quota_tables.account()))
     assert second == json.loads(json.dumps(gate.decide(RUN, context, launch=1).answer()))
     assert planned["instance_type"] == "ml.p5.48xlarge" and planned["strategy"] != "smddp"
 

@@ -1,9 +1,10 @@
 """The gate (`controlplane.gate`): a list of checks over a small context, one handler for the Lambda
-function, one `decide` for lmstack.start. Issue 36's checks (quotas, a budget) plug in as one check each:
-shown here with a check that asks an injected client."""
+function, one `decide` for lmstack.start. A check that asks AWS gets its client from the context (the quota
+check: tests/state_machine/test_quotas.py)."""
 import json
 
 import pytest
+import quota_tables
 from state_machine.harness import StandInSettings
 
 from controlplane import gate, history, inputs, planner
@@ -15,12 +16,14 @@ SMDDP = {"preset": "gpt-125m", "strategy": "smddp", "instance_type": "ml.p4d.24x
 
 def test_the_handler_reads_the_deployment_from_its_environment_and_answers_json():
     environment = CONTEXT.deployment.environment()
+    clients = quota_tables.clients(quota_tables.account())
     answer = gate.handler({"input": {"hyperparameters": {"max_steps": 3}}, "execution_name": "run-1"},
-                          environ=environment)
+                          environ=environment, clients=clients)
     assert json.loads(json.dumps(answer)) == answer  # a Lambda payload
     assert answer["ok"] and answer["config"]["preset"] == "tiny" and answer["plan"]["steps"] == 3
-    assert answer == gate.decide({"hyperparameters": {"max_steps": 3}}, CONTEXT).answer()
-    refused = gate.handler({"input": {}, "execution_name": "run.1"}, environ=environment)
+    assert answer == gate.decide({"hyperparameters": {"max_steps": 3}},
+                                 gate.Context(CONTEXT.deployment, clients=clients)).answer()
+    refused = gate.handler({"input": {}, "execution_name": "run.1"}, environ=environment, clients=clients)
     assert refused == {"ok": False, "error": "InvalidInput", "cause": refused["cause"]}
     assert refused["cause"].startswith("the execution name must be letters, digits, - and _")
     with pytest.raises(KeyError, match=gate.ENVIRONMENT_KEY):
@@ -33,26 +36,17 @@ def test_an_input_that_is_no_object_is_refused(given):
         gate.decide(given, CONTEXT)
 
 
-def test_a_check_is_one_function_and_may_ask_aws_through_the_context():
-    """What issue 36's quota check looks like: it reads a client from the context (here a scripted one,
-    in a Lambda a boto3 client) and refuses or notes."""
-    asked = []
+def test_a_check_is_one_function_of_the_decision_and_the_context():
+    """What a fork adds: one function in CHECKS that reads the decision, refuses or notes."""
+    def check_even_steps(decision, context):
+        if decision.config["hyperparameters"]["max_steps"] % 2:
+            raise gate.Refusal("hyperparameters.max_steps must be even here")
+        decision.notes.append("steps checked for %s" % context.deployment.name_prefix)
 
-    class Quotas:
-        def get_service_quota(self, **request):
-            asked.append(request)
-            return {"Quota": {"Value": 0.0}}
-
-    def check_quota(decision, context):
-        value = context.client("service-quotas").get_service_quota(ServiceCode="sagemaker", QuotaCode="L-1")
-        if value["Quota"]["Value"] < decision.plan["instance_count"]:
-            raise gate.Refusal("quota %s is %g" % ("L-1", value["Quota"]["Value"]))
-
-    context = gate.Context(CONTEXT.deployment, clients={"service-quotas": Quotas()}.__getitem__)
-    with pytest.raises(gate.Refusal, match="quota L-1 is 0"):
-        gate.decide({}, context, checks=gate.CHECKS + (check_quota,))
-    assert asked == [{"ServiceCode": "sagemaker", "QuotaCode": "L-1"}]
-    assert gate.decide({}, context).plan  # the default checks ask no AWS
+    checks = gate.CHECKS + (check_even_steps,)
+    with pytest.raises(gate.Refusal, match="max_steps must be even"):
+        gate.decide({"hyperparameters": {"max_steps": 3}}, CONTEXT, checks=checks)
+    assert "steps checked for lmstack" in gate.decide({"hyperparameters": {"max_steps": 4}}, CONTEXT, checks=checks).notes
 
 
 def test_fallback_types_are_planned_before_any_job_and_each_launch_says_what_changed():
@@ -136,3 +130,26 @@ def test_an_unknown_function_or_one_without_the_handler_fails_the_execution(depl
     cause = json.loads(run.description["cause"])
     assert cause["errorType"] == "Runtime.ImportModuleError" and "controlplane.gate" in cause["errorMessage"]
     assert deployment.jobs.created == []
+
+
+def test_the_deployment_s_default_hyperparameters_give_way_where_they_do_not_fit_the_run():
+    """The shipped defaults (16 sequences with recomputation: the run `{}` means, on one A10G) are not forced on
+    a run they do not fit: lm.training.train's own defaults are used for what the input does not give, noted."""
+    from stacks.settings import Settings
+
+    shipped = gate.Context(gate.Deployment.of(Settings()))
+    assert gate.decide({}, shipped).plan["global_batch"] == 16
+    wide = {"strategy": "smddp", "instance_type": "ml.p4d.24xlarge", "instance_count": 4}  # 32 data-parallel ranks
+    decision = gate.decide(wide, shipped)
+    assert (decision.plan["global_batch"], decision.config["hyperparameters"]["recompute"]) == (64, False)
+    assert decision.notes[0].startswith("the deployment's default hyperparameters (global_batch_size 16, recompute "
+                                        "true) do not fit this run (controlplane.planner: global_batch 16 is not a "
+                                        "multiple of 32")
+    assert decision.notes[0].endswith("lm.training.train's own defaults are used (global_batch_size 64, recompute false)")
+    assert decision.given == wide
+    smp = gate.decide({"strategy": "smp", "instance_type": "ml.p3.16xlarge", "preset": "tiny",
+                       "mp_parameters": {"partitions": 2, "microbatches": 2}}, shipped)
+    assert smp.config["hyperparameters"]["recompute"] is False  # SMP cannot recompute
+    # what the input gives is never replaced
+    with pytest.raises(gate.Refusal, match="global_batch 16 is not a multiple of 32"):
+        gate.decide(dict(wide, hyperparameters={"global_batch_size": 16}), shipped)

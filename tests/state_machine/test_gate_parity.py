@@ -15,6 +15,7 @@ import json
 import random
 
 import pytest
+import quota_tables
 
 from controlplane import gate, inputs, presets
 from lm.spec import hardware, job
@@ -26,6 +27,8 @@ GENERATED = 2000
 ENGINE_SAMPLE = 6
 SEED = 34
 SETTINGS = StandInSettings()
+# Both ask the same account's Service Quotas (ample quotas), through botocore and the stand-in.
+CLIENTS = quota_tables.clients(quota_tables.account())
 
 
 def generated_input(rng):
@@ -83,7 +86,7 @@ def generated_input(rng):
 def cli_answer(given):
     """lmstack.start's answer: its refusal, or the gate's decision it would start the run with."""
     try:
-        return start.validate_input(given, SETTINGS)
+        return start.validate_input(given, SETTINGS, clients=CLIENTS)
     except start.StartError as error:
         return str(error)
 
@@ -126,7 +129,7 @@ def test_the_gate_answers_as_the_command_line_on_generated_inputs(generated):
     outcomes = {}
     for index, given in enumerate(generated):
         answer = gate.handler(json.loads(json.dumps({"input": given, "execution_name": "parity-%d" % index})),
-                              environ=environment)
+                              environ=environment, clients=CLIENTS)
         cli = cli_answer(given)
         if isinstance(cli, str):
             assert (answer["ok"], answer["cause"]) == (False, cli), given

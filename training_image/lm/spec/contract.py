@@ -23,8 +23,8 @@ ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX)
 MODEL_ARTIFACT_KEYS = OUTPUT_PREFIX + "*/output/model.tar.gz"
 # Raw corpora uploaded by `python -m lmstack.start --upload-corpus`; jobs may only read them.
 RAW_PREFIX = "raw/"
-# Hugging Face GPT-2 directories a training run may start from (execution input init_from, the
-# channel below); jobs may only read them.
+# Hugging Face directories a training run may start from (execution input init_from, the channel below)
+# and a deploy-only run may serve on TGI or LMI (deploy.model_artifact); jobs and endpoints may only read them.
 INIT_PREFIX = "models/"
 READ_ONLY_PREFIXES = (RAW_PREFIX, INIT_PREFIX)
 INIT_CHANNEL = "init"

@@ -10,6 +10,7 @@ Pure Python 3.8, no TensorFlow: imported at synth time.
 """
 import collections
 import json
+import math
 import re
 
 from lm.spec import contract
@@ -54,6 +55,31 @@ def base_image_uri(runtime, region):
     return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (DLC_ACCOUNT, region, DLC_REPOSITORY, RUNTIMES[runtime])
 
 
+# SageMaker's cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
+MAX_RUNTIME_SECONDS = 28 * 24 * 3600
+# The job's own stop before MaxRuntimeInSeconds (hyperparameter stop_after_seconds): SageMaker stops a job there
+# with SIGTERM and kills it about 120 s later, and its training toolkit does not forward SIGTERM to MPI
+# workers, so the job stops itself first, with a checkpoint.
+# MaxRuntime counts from the instances' start (billing starts there too: DescribeTrainingJob TrainingStartTime):
+# the image pull and the toolkit come before the training process's clock starts. An allowance, not measured
+# here (no account): a DLC image is several GB.
+JOB_STARTUP_SECONDS = 600
+# How fast a checkpoint is written to /opt/ml/checkpoints, an assumption: the job's ML storage volume is EBS,
+# and gp2's throughput for a 100 GB volume (controlplane.request.VOLUME_SIZE_GB) is at most 128 MiB/s.
+CHECKPOINT_WRITE_BYTES_PER_SECOND = 100 * 10 ** 6
+SAVE_OVERHEAD_SECONDS = 30  # the snapshot, the file's rename and the ranks' barrier, beyond the bytes
+
+
+def save_seconds(state_bytes):
+    """How long a save of `state_bytes` of weights and optimizer state may take (the job's deadline allows it)."""
+    return SAVE_OVERHEAD_SECONDS + int(math.ceil(state_bytes / float(CHECKPOINT_WRITE_BYTES_PER_SECOND)))
+
+
+def stop_after_seconds(max_runtime_seconds):
+    """The deadline a job with this MaxRuntimeInSeconds is given (0: none, when the start-up takes it all)."""
+    return max(0, max_runtime_seconds - JOB_STARTUP_SECONDS)
+
+
 def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help="", **options):
     return field(name, type_, default, minimum, maximum, choices, help=help, **options)
 
@@ -93,6 +119,10 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
         help="minutes of training between checkpoints, what protects a spot run (0 = off)"),
     _hp("allow_new_data", bool, False,
         help="resume a checkpoint on a dataset other than the one it was trained on"),
+    # Filled by the control plane, never given in an execution input (`stop_after_seconds` below).
+    _hp("stop_after_seconds", int, 0, 0, MAX_RUNTIME_SECONDS,
+        help="the job's deadline, in seconds from its start: stop training with a checkpoint after the last step "
+             "that can finish and be saved before it, and end the job failed, saying so (0 = none)"),
     _hp("export_hf", bool, False,
         help="also write the Hugging Face files (lm.hf) into the export directory (families with hf_export)"),
 ])

@@ -13,7 +13,11 @@ the global batch (`lm.data.dataset`), run the strategy's train step, log every `
 (`lm.spec.job.format_train_log`), evaluate every `eval_every` steps and at the end
 (`lm.spec.job.format_eval_log`), checkpoint every `checkpoint_every` steps and every
 `checkpoint_minutes` of training (the spot protection: on SageMaker SIGTERM may never reach
-this process), at the end, and on SIGTERM (finish the step, save, exit 0). Rank 0 writes
+this process), at the end, and on SIGTERM (finish the step, save, exit 0). With a deadline
+(`stop_after_seconds`, which the control plane sets below the job's MaxRuntimeInSeconds) every rank
+stops after the last step it can finish and save before it, saves, and the job ends failed with a
+reason that says so (exit status 3): SageMaker's own stop at MaxRuntime would kill MPI workers
+without a save. Rank 0 writes
 TensorBoard scalars (`lm.training.summaries`) and exports the model at the end.
 With LM_REPORT_WEIGHT_DIGEST=1 every rank prints a digest of its weights at the end, to
 check that the replicas stayed in sync.
@@ -56,6 +60,14 @@ LOCAL_EXPORT_DIR = "model"
 SDK_PASSTHROUGH = ("model_dir", "mp_parameters")
 # GPUs newer than controlplane.prices' table, mapped to the row with the same peak figures.
 GPU_ALIASES = {"H200": "H100"}
+# The job's clock (stop_after_seconds) counts from this process's start; the control plane allows for the
+# job's start-up before it (lm.spec.job.JOB_STARTUP_SECONDS).
+PROCESS_START = time.monotonic()
+CLOCK = time.monotonic
+# What SageMaker names the job in its container (the training toolkit reads it: sagemaker_training params.py,
+# TRAINING_JOB_ENV): a restart of the same job (spot, RetryStrategy) carries the seconds it trained before.
+JOB_NAME_ENVIRONMENT = "TRAINING_JOB_NAME"
+EXIT_DEADLINE = 3  # the job stopped itself at its deadline, with a checkpoint
 
 
 class UsageError(ValueError):
@@ -243,6 +255,31 @@ class StopFlag:
         self.requested = True
 
 
+class JobClock:
+    """The seconds this job has trained: this process's, plus what an earlier process of the same job (a spot
+    restart, SageMaker's retry after an internal error: MaxRuntimeInSeconds counts all of them) recorded in the
+    checkpoint it resumes from. The time between that checkpoint and the interruption, and each restart's
+    start-up, are not counted: the deadline's margin does not cover them (docs/execution.md)."""
+
+    def __init__(self, job_name, clock=None, start=None):
+        self.job_name = job_name
+        self.clock = clock or CLOCK
+        self.start = PROCESS_START if start is None else start
+        self.carried = 0.0
+
+    def seconds(self):
+        return self.carried + self.clock() - self.start
+
+    def record(self):
+        return {"name": self.job_name, "seconds": self.seconds()}
+
+    def resume(self, meta):
+        """Carry the seconds of the checkpoint `meta` when the same job wrote it."""
+        recorded = meta.get("job") or {}
+        if self.job_name and recorded.get("name") == self.job_name:
+            self.carried = float(recorded.get("seconds", 0.0))
+
+
 def seed_everything(tf, seed):
     """Keras initializers without a seed draw theirs from Python's and NumPy's generators too."""
     random.seed(seed)
@@ -313,6 +350,8 @@ class Training:
         # After setup: creating MultiWorkerMirroredStrategy installs TF's own SIGTERM handler, which
         # would replace ours and turn a spot interruption into a hard kill.
         self.stop = StopFlag()
+        self.job_clock = JobClock(os.environ.get(JOB_NAME_ENVIRONMENT))
+        self.deadline_reached = False
         self.chief = strategy.is_chief
 
         manifest = self.manifest = shards.load_manifest(paths.data_dir)
@@ -352,6 +391,9 @@ class Training:
         dropout_key.count_steps_of(self.optimizer.step)
         self.state = (list(self.model.weights) + self.optimizer.variables
                       + (self.loss_scale.variables if self.loss_scale else []))
+        # How long a save of this rank's state may take (the deadline leaves room for one).
+        self.save_seconds = job.save_seconds(sum(int(variable.shape.num_elements()) * variable.dtype.size
+                                                 for variable in self.state))
 
         self.checkpoints = strategy.checkpoints(paths.checkpoint_dir)
         self.fingerprint = shards.fingerprint(manifest)
@@ -399,6 +441,7 @@ class Training:
                                              "they name the path" % (chosen, lacking, strategy.size))
         meta = checkpoints.read_meta(chosen)
         check_resume(meta, self.hp, latest)
+        self.job_clock.resume(meta)
         if checkpoint.check_dataset(meta, self.fingerprint, self.hp.allow_new_data, latest):
             self.say("note: resuming %s on another dataset (allow_new_data)" % latest)
         checkpoints.restore(chosen, self.state)
@@ -431,7 +474,7 @@ class Training:
         self.checkpoints.save(at_step, self.state, {
             "hyperparameters": self.hp.as_dict(), "epoch": epoch, "batch": batch,
             "config": self.config.to_dict(), "precision": self.precision,
-            "dataset_fingerprint": self.fingerprint})
+            "dataset_fingerprint": self.fingerprint, "job": self.job_clock.record()})
         self.strategy.barrier()
 
     # -- the loop --
@@ -475,18 +518,35 @@ class Training:
                 float(self.strategy.allreduce_mean(self.clock.elapsed()))):
             self.save(step)
 
-    def after_step(self, metrics):
-        """Per-step hook, after `self.step` was counted: log, stop vote, eval, checkpoint.
+    def past_deadline(self, step_seconds):
+        """Whether another step of `step_seconds` and a save of this rank's state would end after
+        stop_after_seconds (0: no deadline)."""
+        if not self.hp.stop_after_seconds or self.step >= self.hp.max_steps:
+            return False
+        return self.job_clock.seconds() + step_seconds + self.save_seconds >= self.hp.stop_after_seconds
 
-        Returns True when every rank agreed to stop (SIGTERM on any rank).
+    def deadline_message(self):
+        """The job's failure reason when it stopped at its deadline."""
+        return ("stopped at step %d of %d at stop_after_seconds %d (MaxRuntimeInSeconds less the job's start-up, "
+                "from max_runtime_seconds or budget_usd): the checkpoint of step %d is saved; give the run more time "
+                "or budget to finish" % (self.step, self.hp.max_steps, self.hp.stop_after_seconds, self.step))
+
+    def after_step(self, metrics, step_seconds=0.0):
+        """Per-step hook, after `self.step` was counted (`step_seconds`: how long it took): log, stop vote, eval,
+        checkpoint.
+
+        Returns True when every rank agreed to stop (SIGTERM on any rank, or the deadline on any rank).
         """
         hp, step = self.hp, self.step
         self.window_losses.append(metrics["loss"])
         if step % hp.log_every == 0 or step == hp.max_steps:
             self.log_window(metrics)
-        if agree(self.strategy, self.stop.requested):
+        deadline = self.past_deadline(step_seconds)
+        if agree(self.strategy, self.stop.requested or deadline):
             self.save(step)
-            self.say("SIGTERM: saved a checkpoint at step %d; exiting" % step)
+            self.deadline_reached = agree(self.strategy, deadline)
+            self.say("%s: saved a checkpoint at step %d; exiting" % (
+                "stop_after_seconds" if self.deadline_reached else "SIGTERM", step))
             return True
         if hp.eval_every and step % hp.eval_every == 0 and step < hp.max_steps:
             self.evaluate(step)
@@ -496,7 +556,7 @@ class Training:
         return False
 
     def loop(self):
-        """Train until max_steps; True when stopped early by an agreed SIGTERM."""
+        """Train until max_steps; True when stopped early by an agreed SIGTERM or the deadline."""
         hp = self.hp
         self.say("training %s (%s, %s) with %s on %d device(s): %d steps of %d sequences x %d tokens, precision %s, "
                  "xla %s" % (hp.preset, hp.model, "%.1fM params" % (parameter_count(self.config) / 1e6),
@@ -509,11 +569,14 @@ class Training:
         batches = self.train_stream.batches(self.step)
         self.window_losses, self.window_start = [], time.time()
         stopped = False
+        step_seconds = 0.0  # the last step's, for the deadline: not the process's first (it compiles)
         while self.step < hp.max_steps:
+            started, compiling = time.monotonic(), self.first_step_of_process
             inputs, labels = next(batches)
             metrics = self.train_one(inputs, labels)
             self.step += 1
-            if self.after_step(metrics):
+            step_seconds = step_seconds if compiling else time.monotonic() - started
+            if self.after_step(metrics, step_seconds):
                 stopped = True
                 break
         batches.close()
@@ -541,6 +604,9 @@ class Training:
         self.tensorboard.close()
         if stopped:
             self.strategy.shutdown()
+            if self.deadline_reached:
+                report_failure(self.deadline_message())
+                return EXIT_DEADLINE
             return 0
         if os.environ.get("LM_REPORT_WEIGHT_DIGEST") == "1":
             sys.stderr.write("rank %d/%d weights sha256 %s\n"

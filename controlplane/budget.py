@@ -1,0 +1,143 @@
+"""What a run may cost (execution input `budget_usd`) and when its training job stops itself.
+
+What a run costs, for the budget: its training job (instance count x price per instance-hour x the hours it
+runs: the plan's training time plus the job's start-up and its last save, `stop_margin_seconds`), its prepare
+job when it has one (at most `prepare.max_runtime_seconds`, on demand: it may be skipped at run time, but
+the budget holds whether it runs or not) and the warm pool kept after training (`keep_alive_seconds`). With
+spot the price is the planner's estimate (`controlplane.prices.SPOT_DISCOUNT`, labelled one): the budget holds
+only as far as that estimate does. The endpoint bills every hour until it is deleted: stated, not budgeted
+(its hosting price is not in `controlplane.prices`, which holds training prices).
+
+`check(config, plan, label)`: over budget, a BudgetError with the estimate, the budget and what would fit
+(fewer steps, spot, another type, which `alternatives` finds); else the training job's MaxRuntimeInSeconds
+capped so that count x price x MaxRuntime stays within what the prepare job and the warm pool leave
+(MaxWaitTimeInSeconds stays twice MaxRuntime, as for every spot run: waiting for capacity is not billed).
+
+Every run, budget or not, gets the job's own stop: SageMaker stops a job at MaxRuntimeInSeconds with SIGTERM
+and kills it about 120 s later, and the training toolkit does not forward SIGTERM to MPI workers, so the
+work since the last periodic checkpoint would be lost. The hyperparameter `stop_after_seconds`
+(`lm.spec.job.stop_after_seconds`: MaxRuntime less the start-up allowance) tells lm.training.train its
+deadline; it ends training after the last step it can finish and save before it, with a checkpoint.
+
+Pure Python, no TensorFlow.
+"""
+import dataclasses
+import math
+
+from controlplane import presets, prices
+from lm.spec import job
+from lm.spec.families import parameter_count
+from lm.spec.hardware import INSTANCES
+
+# What a checkpoint holds per parameter: float32 weights and AdamW's two float32 moments.
+CHECKPOINT_BYTES_PER_PARAMETER = 12
+
+
+class BudgetError(ValueError):
+    """The run cannot be held to the budget; the message says why and what would fit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """The parts of a run's cost, in USD, and the hourly price of its training job."""
+    training: float
+    prepare: float
+    warm_pool: float
+    usd_per_hour: float  # the training job's: instance count x price per instance-hour (spot: the estimate)
+
+    @property
+    def total(self):
+        return self.training + self.prepare + self.warm_pool
+
+
+def save_seconds(preset):
+    """How long the last save of a run of `preset` may take (`lm.spec.job.save_seconds` of its checkpoint)."""
+    return job.save_seconds(parameter_count(presets.ALL_PRESETS[preset]) * CHECKPOINT_BYTES_PER_PARAMETER)
+
+
+def stop_margin_seconds(config, plan):
+    """The seconds of MaxRuntime that are not training: the start-up before the training process, the step
+    during which the deadline falls, and the last save."""
+    step = plan["global_batch"] * plan["seq_len"] / plan["tokens_per_second"] if plan.get("tokens_per_second") else 0
+    return job.JOB_STARTUP_SECONDS + int(math.ceil(step)) + save_seconds(config["preset"])
+
+
+def hourly_price(instance_type, spot, label):
+    """USD per instance-hour of `instance_type` (spot: the estimate); BudgetError for a type without a price."""
+    price = prices.on_demand_price(instance_type)
+    if price is None:
+        raise BudgetError(
+            "budget_usd: %s %s has no recorded price (controlplane.prices: %s), so the run cannot be held to a budget; "
+            "drop budget_usd or choose a type with a price: %s" % (
+                label, instance_type, prices.RECORDS[instance_type].source.split(":")[0],
+                ", ".join(name for name in prices.ON_DEMAND_USD_PER_HOUR if INSTANCES[name].gpus)))
+    return prices.spot_cost(price) if spot else price
+
+
+def costs(config, plan, label="instance_type"):
+    """The Costs of the run `config` asks for, planned as `plan` (the gate's plan summary)."""
+    if config["training_plan_arn"] is not None:
+        raise BudgetError("budget_usd with training_plan_arn: the run uses a training plan's reserved capacity, whose "
+                          "price the gate does not know; drop one of them")
+    per_hour = hourly_price(config["instance_type"], config["spot"], label) * config["instance_count"]
+    # the job runs as long as the plan says plus its margin, or until its MaxRuntime, whichever comes first
+    seconds = min((plan["hours"] or 0.0) * 3600 + stop_margin_seconds(config, plan), config["max_runtime_seconds"])
+    prepare = config["prepare"]
+    prepare_usd = 0.0
+    if prepare["enabled"]:
+        prepare_usd = (hourly_price(prepare["instance_type"], False, "prepare.instance_type")
+                       * prepare["instance_count"] * prepare["max_runtime_seconds"] / 3600)
+    warm = per_hour * config["keep_alive_seconds"] / 3600
+    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour)
+
+
+def max_runtime_seconds(config, found, budget):
+    """The most seconds the training job may run within `budget` after the prepare job and the warm pool."""
+    return int((budget - found.prepare - found.warm_pool) / found.usd_per_hour * 3600)
+
+
+def described(found, spot):
+    parts = ["training $%.2f at $%.2f/h%s" % (found.training, found.usd_per_hour, " (spot, an estimate)" if spot else "")]
+    if found.prepare:
+        parts.append("the prepare job at most $%.2f" % found.prepare)
+    if found.warm_pool:
+        parts.append("the warm pool $%.2f" % found.warm_pool)
+    return "$%.2f (%s)" % (found.total, ", ".join(parts))
+
+
+def fewer_steps(config, plan, found, budget):
+    """The most steps the budget pays for, or None."""
+    steps = plan.get("steps")
+    if not steps or not plan.get("hours"):
+        return None
+    training_seconds = max_runtime_seconds(config, found, budget) - stop_margin_seconds(config, plan)
+    fitting = int(training_seconds / (plan["hours"] * 3600 / steps))
+    return fitting if 0 < fitting < steps else None
+
+
+def refusal(config, plan, found, budget, label, alternatives):
+    """The BudgetError of a run over budget: its estimate, the budget and what would fit."""
+    hints = []
+    steps = fewer_steps(config, plan, found, budget)
+    if steps:
+        hints.append("hyperparameters.max_steps %d (of %d)" % (steps, plan["steps"]))
+    hints.extend(alternatives)
+    hints.append("budget_usd %.2f" % (math.ceil(found.total * 100) / 100))
+    return BudgetError("budget_usd %.2f: the run on %s %s is estimated at %s; what would fit: %s" % (
+        budget, label, config["instance_type"], described(found, config["spot"]), "; ".join(hints)))
+
+
+def check(config, plan, label="instance_type", alternatives=lambda: []):
+    """The config with its MaxRuntime capped to `config["budget_usd"]`, and a note; BudgetError when the
+    estimate exceeds it (`alternatives()`: phrases of other runs that would fit, asked only then)."""
+    budget = config["budget_usd"]
+    found = costs(config, plan, label)
+    if found.total > budget:
+        raise refusal(config, plan, found, budget, label, alternatives())
+    cap = max_runtime_seconds(config, found, budget)
+    capped = dict(config, max_runtime_seconds=min(config["max_runtime_seconds"], cap))
+    note = "budget_usd %.2f: the run is estimated at %s; the training job may run %d s (MaxRuntimeInSeconds%s)" % (
+        budget, described(found, config["spot"]), capped["max_runtime_seconds"],
+        ", capped from max_runtime_seconds %d" % config["max_runtime_seconds"]
+        if capped["max_runtime_seconds"] < config["max_runtime_seconds"] else "")
+    return capped, found, note
