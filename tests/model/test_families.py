@@ -108,7 +108,7 @@ def test_a_family_declares_its_capabilities_in_its_one_entry():
     assert lm_config.FAMILIES["llama"] == lm_config.ModelFamily(
         lm_config.LlamaConfig, "lm.models.llama:build_model",
         ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
-    made = {found.name: found for found in lm_config.family_rules()}
+    made = {found.name: found for found in job.family_rules()}
     assert [name for name in made if name.startswith("family.llama.")] == ["family.llama.smp"]
     assert made["family.llama.smp"].message.startswith("model llama cannot use strategy smp (capability smp: SMP v1")
     assert made["family.rnn.tgi"].message.endswith("families with it: gpt, llama")

@@ -15,7 +15,7 @@ import re
 
 from lm.spec import contract
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken, rule
-from lm.spec.families import FAMILIES, config_from_dict, family_rules
+from lm.spec.families import FAMILIES, capability_message, config_from_dict
 from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
@@ -267,6 +267,33 @@ PREPARE_INSTANCE_COUNT = 5
 
 
 # ---- what a job refuses, whoever asks: lm.training.train, the Validate stage, lmstack.start, the planner ----
+
+MODEL_FIELD = "hyperparameters.model"
+# capability (lm.spec.families.CAPABILITIES) -> (what an input asks that needs it, the condition on the
+# input that asks it). A capability without an entry (kv_cache) is not asked by an input: its consumer
+# reads the declaration.
+ASKED_BY = collections.OrderedDict([
+    ("smp", ("strategy smp", Is(STRATEGY_FIELD, "smp"))),
+    ("recompute", ("hyperparameters.recompute true", Is("hyperparameters.recompute", True))),
+    ("hf_export", ("hyperparameters.export_hf true", Is("hyperparameters.export_hf", True))),
+    ("hf_import", ("init_from (a Hugging Face checkpoint)", Not(Is("init_from", None)))),
+    ("tgi", ("deploy.container tgi", All((Is("deploy.enabled", True), Is("deploy.container", "tgi"))))),
+    ("lmi", ("deploy.container lmi", All((Is("deploy.enabled", True), Is("deploy.container", "lmi"))))),
+])
+
+
+def family_rules():
+    """One rule per family and capability it lacks that an input can ask for. Rules reading a
+    path an input does not have are skipped (`conditions.broken`): lm.training.train's
+    hyperparameters have no deploy or init_from, so it checks init_from itself."""
+    found = []
+    for name, family in FAMILIES.items():
+        for capability, (asked, when) in ASKED_BY.items():
+            if not family.supports(capability):
+                found.append(rule("family.%s.%s" % (name, capability), All((Is(MODEL_FIELD, name), when)),
+                                  capability_message(name, asked, capability)))
+    return found
+
 
 def smp_recompute_rule():
     """SMP with activation recomputation cannot train: the ranks other than the one that traces the
