@@ -24,7 +24,7 @@ Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activatio
 - SMP with several microbatches: the step sums the microbatches' gradients into one
   accumulator (4P, alive from the first microbatch to the update), and each microbatch's own
   gradients (4P) are made while the other microbatches in flight keep their activations.
-- a checkpoint save takes nothing on the GPU: lm.training.checkpoint copies the weights, m and v
+- a checkpoint save takes nothing on the GPU: lm.checkpoint copies the weights, m and v
   into host memory between two steps (see "Host memory" below).
 - the update: the gradients and their clipped copies (8P; tf.clip_by_global_norm makes every
   clipped gradient before the first is applied); under accumulation the clipped copies next to
@@ -92,7 +92,7 @@ TABLE_SEQ_LEN = 2048
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
-# A checkpoint save (lm.training.checkpoint.Checkpointer) copies the weights and AdamW's m and v
+# A checkpoint save (lm.checkpoint.Checkpointer) copies the weights and AdamW's m and v
 # (float32: 4 + 4 + 4 bytes a parameter) into NumPy arrays in the chief's host memory and keeps them
 # until its writer thread has written the file; the GPU holds no copy (tests/plan/test_measured.py
 # measures both). It used to hold the reads on the device instead: 11.3 to 13.9 bytes a parameter

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from lm.spec import hardware
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.spec import contract
 from lm.data import dataset
 from lm.training import gpu_usage
