@@ -22,7 +22,7 @@ from controlplane import request
 from lmstack import sample_corpus
 from lm.spec import shards
 from lm import hf
-from lm.data import tokenizer as tokenizers_lib
+from lm import tokenizer as tokenizers_lib
 
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "training_image")
 EOS_TOKEN = "</s>"  # the checkpoint's eos (config.json eos_token_id), not lm.data.prepare's default <|endoftext|>
