@@ -67,6 +67,7 @@ import math
 import os
 import re
 
+from controlplane import base_images
 from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
@@ -140,8 +141,8 @@ def resolve_config(preset_or_config):
 
 
 def runtime_cuda(runtime):
-    """CUDA version (major, minor) of a `lm.spec.job` runtime, read from its DLC tag ("-cu112-")."""
-    found = re.search(r"-cu(\d+)(\d)-", job.RUNTIMES[runtime])
+    """CUDA version (major, minor) of a runtime (`controlplane.base_images.RUNTIMES`), read from its DLC tag ("-cu112-")."""
+    found = re.search(r"-cu(\d+)(\d)-", base_images.RUNTIMES[runtime])
     return int(found.group(1)), int(found.group(2))
 
 
@@ -178,11 +179,11 @@ def cannot_run(strategy, instance_type, instance_count=1, recompute=False, model
     if strategy == "smp" and instance.gpus < 2:
         return "smp splits the model over the GPUs of a host; %s has %d" % (instance_type, instance.gpus)
     if instance.gpus:
-        runtime = job.STRATEGY_RUNTIME[strategy]
+        runtime = base_images.STRATEGY_RUNTIME[strategy]
         have, need = runtime_cuda(runtime), hardware.get_gpu(instance.gpu).min_cuda
         if have < need:
             return "%s needs the %s image (CUDA %d.%d); %s GPUs (%s) need CUDA %d.%d or newer" % (
-                strategy, job.RUNTIMES[runtime], have[0], have[1], instance_type, instance.gpu, need[0], need[1])
+                strategy, base_images.RUNTIMES[runtime], have[0], have[1], instance_type, instance.gpu, need[0], need[1])
     return None
 
 
@@ -587,7 +588,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
                     timing["compute_seconds"], needed))
         result = collections.OrderedDict([("strategy", name), ("ok", reason is None), ("reason", reason),
                                           ("runnable", runnable), ("recompute", recompute),
-                                          ("runtime", job.STRATEGY_RUNTIME[name])])
+                                          ("runtime", base_images.STRATEGY_RUNTIME[name])])
         result["global_batch"] = batch
         result.update((key, layout[key]) for key in ("gpus_used", "data_parallel", "per_replica_batch",
                                                      "micro_batch", "fits"))

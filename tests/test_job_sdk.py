@@ -15,6 +15,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from controlplane import base_images
 from lm.spec import job
 from controlplane import presets, request
 
@@ -63,11 +64,11 @@ def sdk_hyperparameters(strategy, job_name, tmp_path, max_runtime_seconds=None, 
         boto_session = boto3.Session(region_name="us-east-1")
         boto_session.client("s3").create_bucket(Bucket="lmstack-artifacts")
         session = Session(boto_session=boto_session, default_bucket="lmstack-artifacts")
-        version, python = FRAMEWORK[job.STRATEGY_RUNTIME[strategy]]
+        version, python = FRAMEWORK[base_images.STRATEGY_RUNTIME[strategy]]
         estimator = TensorFlow(
             entry_point=str(code), role="arn:aws:iam::123456789012:role/lmstack-sagemaker",
             instance_count=instance_count(strategy), instance_type=INSTANCE_TYPE, framework_version=version, py_version=python,
-            image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/lmstack:%s" % job.STRATEGY_RUNTIME[strategy],
+            image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/lmstack:%s" % base_images.STRATEGY_RUNTIME[strategy],
             distribution=sdk_distribution(strategy), hyperparameters=dict(user),
             output_path="s3://lmstack-artifacts/output", sagemaker_session=session, disable_profiler=True)
         estimator.fit(job_name=job_name, wait=False, logs=False)

@@ -26,6 +26,7 @@ Used twice by the main machine: the "prepare" job (lm.data.prepare) and the trai
 import collections
 import dataclasses
 
+from controlplane import base_images
 from controlplane import history, presets, request
 from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
 from lm.spec import job
@@ -108,11 +109,11 @@ def job_values(kind, settings, value_at, strategy="single"):
     """
     if kind is TRAIN:
         hyperparameters = collections.OrderedDict((name, value_at(hyperparameter_path(name))) for name in job.HYPERPARAMETERS)
-        runtime = job.STRATEGY_RUNTIME[strategy]
+        runtime = base_images.STRATEGY_RUNTIME[strategy]
     else:
         hyperparameters = collections.OrderedDict(
             (name, value_at("$.config.prepare.hyperparameters.%s" % name)) for name in job.PREPARE_HYPERPARAMETERS)
-        runtime = job.PREPARE_RUNTIME
+        runtime = base_images.PREPARE_RUNTIME
     return request.TrainingJob(
         kind=kind.kind, name=value_at(kind.slot + ".name"), image="${%s}" % image_placeholder(runtime),
         role_arn="${ExecutionRoleArn}", bucket="${ArtifactBucket}", region=settings.region,
@@ -191,7 +192,7 @@ def request_states(kind, settings, first, next_state):
     if kind is TRAIN:
         rules = []
         for strategy in job.STRATEGIES:
-            if job.STRATEGY_RUNTIME[strategy] not in settings.runtimes:
+            if base_images.STRATEGY_RUNTIME[strategy] not in settings.runtimes:
                 continue  # rejected by the input validation
             name = "%s.Request.%s" % (kind.state, strategy)
             rules.append(asl.rule({"Variable": "$.config.strategy", "StringEquals": strategy}, name))

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from controlplane import base_images
 from lmstack import plan
 from controlplane import planner
 from controlplane import prices
@@ -169,7 +170,7 @@ def test_gpt_125m_fits_on_every_gpu_instance(table):
 def test_support_lists_come_from_lm_job(monkeypatch):
     assert not planner.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
     monkeypatch.setitem(job.STRATEGY_INSTANCE_TYPES, "smddp", job.SMDDP_INSTANCE_TYPES + ("ml.p5.48xlarge",))
-    monkeypatch.setitem(job.STRATEGY_RUNTIME, "smddp", "tfcurrent")
+    monkeypatch.setitem(base_images.STRATEGY_RUNTIME, "smddp", "tfcurrent")
     assert planner.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
 
 

@@ -78,8 +78,8 @@ from moto.stepfunctions.parser.asl.utils import json_path
 
 import aws_rules
 import quota_tables
+from controlplane import base_images
 from lm.spec import contract
-from lm.spec import job
 from lmstack import local_lambda, local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
 from stacks import gate_code
@@ -103,7 +103,7 @@ class StandInSettings:
     name_prefix: str = "lmstack"
     region: str = REGION
     az_count: int = 2
-    runtimes: Tuple[str, ...] = tuple(job.RUNTIMES)
+    runtimes: Tuple[str, ...] = tuple(base_images.RUNTIMES)
     default_preset: str = "tiny"
     default_strategy: str = "single"
     default_instance_type: str = "ml.g5.2xlarge"

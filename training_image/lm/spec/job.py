@@ -20,22 +20,6 @@ from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
 JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
-DLC_ACCOUNT = "763104351884"
-DLC_REPOSITORY = "tensorflow-training"
-
-# Image variants (facts page: which TF DLC carries which library). Key -> base image tag.
-# tfcurrent: the TF 2.21 training DLC (released 2026-07-10, supported to 2027-07-10; tag from
-# the AWS Deep Learning Containers release announcement): Amazon Linux 2023, CUDA 12.9, Keras 3
-# only (no tf_keras, no Horovod), so the image adds tf_keras (training_image/Dockerfile).
-# tf26 and tf211 are out of DLC support: they are kept only because SMP v1, SMDDP and Horovod
-# for TensorFlow exist nowhere newer (docs/limits.md, "Support matrix": each image's support window).
-RUNTIMES = collections.OrderedDict([
-    ("tf26", "2.6.0-gpu-py38-cu112-ubuntu20.04"),
-    ("tf211", "2.11.0-gpu-py39-cu112-ubuntu20.04-sagemaker"),
-    ("tfcurrent", "2.21.0-gpu-py312-cu129-amzn2023-sagemaker"),
-])
-STRATEGY_RUNTIME = {"smp": "tf26", "smddp": "tf211", "horovod": "tf211", "mwms": "tfcurrent", "single": "tfcurrent"}
-SERVING_RUNTIME = "tfcurrent"
 
 SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
 SMP_INSTANCE_TYPES = ("ml.g4dn.12xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
@@ -49,10 +33,6 @@ SMP_DEFAULTS = collections.OrderedDict([
 ])
 SMP_CHOICES = {"pipeline": ("simple", "interleaved"), "optimize": ("speed", "memory"),
                "placement_strategy": ("spread", "cluster")}
-
-
-def base_image_uri(runtime, region):
-    return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (DLC_ACCOUNT, region, DLC_REPOSITORY, RUNTIMES[runtime])
 
 
 # SageMaker's cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
@@ -259,7 +239,6 @@ PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", 
                                   "eod_token", "seq_len", "shard_size", "val_fraction")
 PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
 PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
-PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow
 # Tokenizing is CPU-bound; 72 vCPUs per instance. The whole Pile (30 files) in about an hour
 # takes PREPARE_INSTANCE_COUNT of them (the estimate is in lm.data.prepare's docstring).
 PREPARE_INSTANCE_TYPE = "ml.c5.18xlarge"
