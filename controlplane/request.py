@@ -25,6 +25,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Optional, Sequence
 
+from controlplane import metrics as log_metrics
 from lm.spec import contract
 from lm.spec import job
 
@@ -390,7 +391,7 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     j = training_job
     algorithm = collections.OrderedDict([("TrainingImage", j.image), ("TrainingInputMode", "File")])
     if j.kind == "train":
-        algorithm["MetricDefinitions"] = job.METRIC_DEFINITIONS
+        algorithm["MetricDefinitions"] = log_metrics.METRIC_DEFINITIONS
         algorithm["EnableSageMakerMetricsTimeSeries"] = True
     request = collections.OrderedDict()
     request["TrainingJobName"] = j.name

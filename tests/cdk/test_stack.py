@@ -7,7 +7,7 @@ import pytest
 from aws_cdk import aws_iam as iam
 
 from lm.spec.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
-from lm.spec.job import METRIC_DEFINITIONS
+from controlplane.metrics import METRIC_DEFINITIONS
 from controlplane.base_images import RUNTIMES, base_image_uri
 from stacks import state_machine
 from stacks.settings import INTERFACE_ENDPOINT_SERVICES, Settings, SettingsError

@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+from controlplane import metrics as log_metrics
 from controlplane import presets
 from lm.spec import job
 
@@ -71,12 +72,12 @@ def losses(output):
     found = {}
     for line in lines(output):
         if line.startswith(job.TRAIN_LOG_PREFIX):
-            metrics = job.parse_metrics(line)
+            metrics = log_metrics.parse_metrics(line)
             step = int(line.split("step=")[1].split()[0])
             found[step] = metrics["train:loss"]
     return found
 
 
 def val_losses(output):
-    return [job.parse_metrics(line)["validation:loss"] for line in lines(output)
+    return [log_metrics.parse_metrics(line)["validation:loss"] for line in lines(output)
             if line.startswith(job.EVAL_LOG_PREFIX)]

@@ -11,7 +11,6 @@ Pure Python 3.8, no TensorFlow: imported at synth time.
 import collections
 import json
 import math
-import re
 
 from lm.spec import contract
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken, rule
@@ -152,11 +151,10 @@ def processes_per_host(strategy, gpus_per_host):
     return max(1, gpus_per_host) if strategy in ("horovod", "smp") else 1
 
 
-# ---- metrics: the log lines `lm.training.train` prints and the regexes SageMaker reads them with ----
+# ---- metrics: the log lines `lm.training.train` prints (SageMaker reads them with controlplane.metrics) ----
 
 TRAIN_LOG_PREFIX = "[train]"
 EVAL_LOG_PREFIX = "[eval]"
-_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 
 def format_train_log(step, loss, learning_rate, tokens_per_second, mfu, step_time):
@@ -167,29 +165,6 @@ def format_train_log(step, loss, learning_rate, tokens_per_second, mfu, step_tim
 def format_eval_log(step, val_loss):
     import math
     return "%s step=%d val_loss=%.4f val_ppl=%.3f" % (EVAL_LOG_PREFIX, step, val_loss, math.exp(min(val_loss, 50.0)))
-
-
-METRIC_DEFINITIONS = [
-    {"Name": "train:loss", "Regex": r"\[train\].* loss=" + _NUMBER},
-    {"Name": "train:learning_rate", "Regex": r"\[train\].* lr=" + _NUMBER},
-    {"Name": "train:tokens_per_second", "Regex": r"\[train\].* tokens_per_s=" + _NUMBER},
-    {"Name": "train:mfu", "Regex": r"\[train\].* mfu=" + _NUMBER},
-    {"Name": "train:step_time", "Regex": r"\[train\].* step_time=" + _NUMBER},
-    {"Name": "validation:loss", "Regex": r"\[eval\].* val_loss=" + _NUMBER},
-    {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
-    # lm.training.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
-    {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
-]
-
-
-def parse_metrics(line):
-    """What SageMaker would extract from one log line: {metric name: value}."""
-    found = {}
-    for definition in METRIC_DEFINITIONS:
-        match = re.search(definition["Regex"], line)
-        if match:
-            found[definition["Name"]] = float(match.group(1))
-    return found
 
 
 def validate_mp_parameters(values):
