@@ -67,6 +67,7 @@ import math
 import os
 import re
 
+from controlplane import throughput
 from controlplane import base_images
 from controlplane import prices
 from lm.spec import hardware
@@ -120,7 +121,7 @@ DATA_PARALLEL = ("mwms", "horovod", "smddp")
 # lmstack's own MFU per GPU, measured by `bench/gpu.py --record` (the best configuration it timed on
 # that GPU): {gpu: {"mfu": fraction, "preset", "precision", "xla", "batch", "seq_len", "device",
 # "tensorflow", "date"}}. Where a GPU has an entry it replaces the published figure
-# (lm.spec.hardware.PUBLISHED_MFU); none is committed yet (no GPU was lent to the project's sessions).
+# (controlplane.throughput.PUBLISHED_MFU); none is committed yet (no GPU was lent to the project's sessions).
 MEASURED_MFU_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured_mfu.json")
 
 
@@ -423,7 +424,7 @@ def assumed_mfu(gpu):
         return measured["mfu"], "measured by bench/gpu.py: %s, %s, XLA %s, batch %d x %d, %s, TensorFlow %s, %s" % (
             measured["preset"], measured["precision"], "on" if measured["xla"] else "off", measured["batch"],
             measured["seq_len"], measured["device"], measured["tensorflow"], measured["date"])
-    return hardware.PUBLISHED_MFU[gpu]
+    return throughput.PUBLISHED_MFU[gpu]
 
 
 def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, xla, tokens, mfu,
@@ -444,7 +445,7 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
     compute_s = step_tokens / tokens_per_s
     allreduce_s = 0.0
     if instance_count > 1 and layout["data_parallel"] > 1:
-        bandwidth = hardware.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
+        bandwidth = throughput.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
         allreduce_s = 2.0 * (instance_count - 1) / instance_count * 4 * parameter_count(config) / bandwidth
         if traffic_encryption:
             allreduce_s *= ENCRYPTED_ALLREDUCE_SLOWDOWN
@@ -624,7 +625,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         ("instance", collections.OrderedDict([
             ("type", instance_type), ("count", instance_count), ("gpus_per_host", instance.gpus),
             ("gpu", instance.gpu), ("gpu_memory_gib", instance.gpu_memory_gib),
-            ("interconnect", instance.interconnect), ("network_gbps", hardware.NETWORK_GBPS.get(instance_type)),
+            ("interconnect", instance.interconnect), ("network_gbps", throughput.NETWORK_GBPS.get(instance_type)),
             ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
             ("usd_per_instance_hour", usd_per_instance_hour),
             ("price_region", prices.PRICE_REGION), ("price_date", prices.price_date(instance_type))])),

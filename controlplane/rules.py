@@ -19,7 +19,7 @@ from controlplane.presets import ALL_PRESETS, FAMILY_PRESETS
 from lm.spec import job
 from lm.spec.conditions import STRATEGY_FIELD, Above, All, Is, Not, OneOf, rule
 from lm.spec.families import FAMILIES, get_family
-from lm.spec.hardware import HOSTING_INSTANCE_TYPES
+from controlplane.containers import HOSTING_INSTANCE_TYPES
 
 
 @functools.lru_cache(maxsize=None)

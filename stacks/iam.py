@@ -18,7 +18,7 @@ from constructs import Construct
 
 from controlplane import base_images
 from controlplane import containers
-from lm.spec.contract import ARTIFACT_PREFIXES, INIT_PREFIX, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
+from controlplane.bucket_layout import ARTIFACT_PREFIXES, INIT_PREFIX, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"

@@ -99,7 +99,7 @@ def test_family_errors_name_the_allowed_values():
 def test_config_dicts_round_trip_for_every_preset():
     for name, config in presets.ALL_PRESETS.items():
         assert models.config_from_dict(config.family, config.to_dict()) == config
-        assert lm_config.flops_per_token(config) > 0 < lm_config.non_embedding_parameter_count(config)
+        assert lm_config.flops_per_token(config) > 0 < config.non_embedding_parameter_count()
 
 
 def test_a_family_declares_its_capabilities_in_its_one_entry():

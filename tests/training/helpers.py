@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+from controlplane import request
 from controlplane import metrics as log_metrics
 from controlplane import presets
 from lm.spec import job
@@ -34,7 +35,7 @@ def cli_args(data_dir, tmp, **hyperparameters):
     args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(tmp, "ckpt"),
             "--export-dir", os.path.join(tmp, "model")]
     for name, value in values.items():
-        args += ["--" + name, job.encode_hyperparameters({name: value})[name]]
+        args += ["--" + name, request.encode_hyperparameters({name: value})[name]]
     return args
 
 

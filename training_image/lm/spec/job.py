@@ -1,9 +1,11 @@
 """The tables the CDK app and the training image share: what a SageMaker job may be.
 
-The strategies and the image variant each needs, the hyperparameters `lm.training.train` and
-`lm.data.prepare` accept (name, type, bounds), the SMP v1 parameters, the metric log lines and
-the regexes that read them. The request itself is built by `controlplane.request`; the names both
-sides of a job must spell the same are in `lm.spec.contract`. The CDK app generates its state
+The strategies and the instance types their libraries run on, the hyperparameters `lm.training.train`
+and `lm.data.prepare` accept (name, type, bounds), the SMP v1 parameters' check, the metric log lines
+and the rules every job obeys. The request itself is built by `controlplane.request`; the names both
+sides of a job must spell the same are in `lm.spec.contract`. What only the control plane reads (the
+image variants, the regexes SageMaker reads the log with, the job's start-up allowance) is in
+`controlplane`: editing it rebuilds no image. The CDK app generates its state
 machine from these tables; `lm.training.train` and `lm.data.prepare` build their argument parsers from them.
 
 Pure Python 3.8, no TensorFlow: imported at synth time.
@@ -18,31 +20,17 @@ from lm.spec.families import FAMILIES, capability_message, config_from_dict
 from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
-JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
 
 SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
 SMP_INSTANCE_TYPES = ("ml.g4dn.12xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
 STRATEGY_INSTANCE_TYPES = {"smddp": SMDDP_INSTANCE_TYPES, "smp": SMP_INSTANCE_TYPES}
 
-SMP_MPI_OPTIONS = "--mca btl_vader_single_copy_mechanism none"
-SMP_DEFAULTS = collections.OrderedDict([
-    ("partitions", 2), ("microbatches", 4), ("pipeline", "interleaved"), ("optimize", "speed"), ("horovod", True),
-    # The placement lm.distributed.smp makes with smp.partition, which only manual partitioning keeps.
-    ("auto_partition", False), ("default_partition", 0),
-])
 SMP_CHOICES = {"pipeline": ("simple", "interleaved"), "optimize": ("speed", "memory"),
                "placement_strategy": ("spread", "cluster")}
 
 
 # SageMaker's cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
-# The job's own stop before MaxRuntimeInSeconds (hyperparameter stop_after_seconds): SageMaker stops a job there
-# with SIGTERM and kills it about 120 s later, and its training toolkit does not forward SIGTERM to MPI
-# workers, so the job stops itself first, with a checkpoint.
-# MaxRuntime counts from the instances' start (billing starts there too: DescribeTrainingJob TrainingStartTime):
-# the image pull and the toolkit come before the training process's clock starts. An allowance, not measured
-# here (no account): a DLC image is several GB.
-JOB_STARTUP_SECONDS = 600
 # How fast a checkpoint is written to /opt/ml/checkpoints, an assumption: the job's ML storage volume is EBS,
 # and gp2's throughput for a 100 GB volume (controlplane.request.VOLUME_SIZE_GB) is at most 128 MiB/s.
 CHECKPOINT_WRITE_BYTES_PER_SECOND = 100 * 10 ** 6
@@ -52,11 +40,6 @@ SAVE_OVERHEAD_SECONDS = 30  # the snapshot, the file's rename and the ranks' bar
 def save_seconds(state_bytes):
     """How long a save of `state_bytes` of weights and optimizer state may take (the job's deadline allows it)."""
     return SAVE_OVERHEAD_SECONDS + int(math.ceil(state_bytes / float(CHECKPOINT_WRITE_BYTES_PER_SECOND)))
-
-
-def stop_after_seconds(max_runtime_seconds):
-    """The deadline a job with this MaxRuntimeInSeconds is given (0: none, when the start-up takes it all)."""
-    return max(0, max_runtime_seconds - JOB_STARTUP_SECONDS)
 
 
 def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help="", **options):
@@ -98,7 +81,7 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
         help="minutes of training between checkpoints, what protects a spot run (0 = off)"),
     _hp("allow_new_data", bool, False,
         help="resume a checkpoint on a dataset other than the one it was trained on"),
-    # Filled by the control plane, never given in an execution input (`stop_after_seconds` below).
+    # Filled by the control plane, never given in an execution input (`controlplane.budget.stop_after_seconds`).
     _hp("stop_after_seconds", int, 0, 0, MAX_RUNTIME_SECONDS,
         help="the job's deadline, in seconds from its start: stop training with a checkpoint after the last step "
              "that can finish and be saved before it, and end the job failed, saying so (0 = none)"),
@@ -131,11 +114,6 @@ def check_model_config(family, values):
         return config_from_dict(family, values)
     except (ValueError, TypeError) as error:
         raise ValueError("hyperparameters.model_config is not a configuration of model %s: %s" % (family, error))
-
-
-def encode_hyperparameters(values):
-    """As the SDK's `EstimatorBase._json_encode_hyperparameters`: each value `json.dumps`-ed."""
-    return collections.OrderedDict((str(key), json.dumps(value)) for key, value in values.items())
 
 
 def decode_hyperparameter(raw):
@@ -208,16 +186,8 @@ PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("shard_index", int, -1, -1, 4095, help="this instance's share of the input files (-1 = from SM_HOSTS)"),
     _hp("num_shards", int, 0, 0, 4096, help="instances sharing the input files (0 = len(SM_HOSTS))"),
 ])
-# The prepare settings that decide the bytes of the dataset (the tokenizer and how the token stream is
-# cut and split); the others decide only how fast it is made. The state machine's dataset key holds them.
-PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", "tokenizer_sample_bytes",
-                                  "eod_token", "seq_len", "shard_size", "val_fraction")
 PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
 PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
-# Tokenizing is CPU-bound; 72 vCPUs per instance. The whole Pile (30 files) in about an hour
-# takes PREPARE_INSTANCE_COUNT of them (the estimate is in lm.data.prepare's docstring).
-PREPARE_INSTANCE_TYPE = "ml.c5.18xlarge"
-PREPARE_INSTANCE_COUNT = 5
 
 
 # ---- what a job refuses, whoever asks: lm.training.train, the Validate stage, lmstack.start, the planner ----

@@ -20,7 +20,7 @@ from lm.spec.families.llama import LlamaConfig
 from lm.spec.families.rnn import RNNConfig
 
 __all__ = ["CAPABILITIES", "FAMILIES", "GPTConfig", "LlamaConfig", "ModelConfig", "ModelFamily", "RNNConfig", "config_from_dict",
-           "families_with", "flops_per_token", "get_family", "non_embedding_parameter_count",
+           "families_with", "flops_per_token", "get_family",
            "padded_vocab_size", "parameter_count", "peak_learning_rate"]
 
 
@@ -96,10 +96,6 @@ def config_from_dict(family, values):
 def parameter_count(config):
     """Exact trainable parameter count of the model its family builds from `config`."""
     return config.parameter_count()
-
-
-def non_embedding_parameter_count(config):
-    return config.non_embedding_parameter_count()
 
 
 def flops_per_token(config, seq_len=None):
