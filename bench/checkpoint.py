@@ -1,4 +1,4 @@
-"""What a checkpoint save costs training, in time and memory: lm.training.checkpoint's host snapshot and
+"""What a checkpoint save costs training, in time and memory: lm.checkpoint's host snapshot and
 paced writer against the device snapshot it replaced and against the unpaced writer.
 
     python bench/checkpoint.py [--layers 4] [--d-model 512] [--heads 8] [--seq-len 128] [--batch 4]
@@ -10,13 +10,13 @@ mode in turn, `--saves` rounds, the order rotated every round (a busy machine sl
 
 - `none`: no checkpoint. Its "stall" is the estimator below applied to `--noise-steps` steps
   without any write: the noise floor of this machine;
-- `sync`: `lm.training.checkpoint.Checkpointer(background=False)`: the write on the training thread;
-- `device`: the reference for where the snapshot lives, the snapshot lm.training.checkpoint took before
+- `sync`: `lm.checkpoint.Checkpointer(background=False)`: the write on the training thread;
+- `device`: the reference for where the snapshot lives, the snapshot lm.checkpoint took before
   (`DeviceSnapshot`): the reads of the variables, held on the device until the writer thread has
   copied them to host memory, so the next update copies every buffer it writes; paced writer;
-- `unpaced`: the reference for the pacing, lm.training.checkpoint's background writer at full speed
+- `unpaced`: the reference for the pacing, lm.checkpoint's background writer at full speed
   (`writer_share=1`, lowest priority);
-- `paced`: lm.training.checkpoint's default: the snapshot copied into host memory on the training
+- `paced`: lm.checkpoint's default: the snapshot copied into host memory on the training
   thread (`host_snapshot`), and a writer that sleeps so that it takes at most 2 % of one core while
   no core is idle.
 
@@ -58,7 +58,7 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 from publish import publish  # noqa: E402
 
-from lm.training import checkpoint  # noqa: E402
+from lm import checkpoint  # noqa: E402
 from lm.compat import TF_VERSION, tf  # noqa: E402
 from lm.spec.families import GPTConfig, parameter_count  # noqa: E402
 from lm.distributed import get_strategy  # noqa: E402
@@ -72,7 +72,7 @@ DEVICE = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
 
 
 class DeviceSnapshot(checkpoint.Checkpointer):
-    """The snapshot lm.training.checkpoint took before it moved to host memory: the reads of the variables
+    """The snapshot lm.checkpoint took before it moved to host memory: the reads of the variables
     (tensors sharing the variables' device buffers), held until the writer thread has copied them to host
     memory; an update meanwhile copies each buffer a held read shares (copy on write)."""
 

@@ -46,7 +46,7 @@ from lm.distributed import get_strategy  # noqa: E402
 from lm.serving.generate import generate_tokens  # noqa: E402
 from lm.models.gpt import build_model  # noqa: E402
 from lm.training.optim import AdamW  # noqa: E402
-from lm.data.tokenizer import save, train_bpe  # noqa: E402
+from lm.tokenizer import save, train_bpe  # noqa: E402
 from lm.training.train import token_loss  # noqa: E402
 from train_step import make_matmul, time_matmul  # noqa: E402
 

@@ -29,7 +29,7 @@ from publish import publish  # noqa: E402
 from lm.data import pile  # noqa: E402
 from lmstack import sample_corpus  # noqa: E402
 from lm.spec import shards  # noqa: E402
-from lm.data import tokenizer as tokenizers_lib  # noqa: E402
+from lm import tokenizer as tokenizers_lib  # noqa: E402
 
 
 def children_cpu():

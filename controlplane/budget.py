@@ -16,7 +16,7 @@ capped so that count x price x MaxRuntime stays within what the prepare job and 
 Every run, budget or not, gets the job's own stop: SageMaker stops a job at MaxRuntimeInSeconds with SIGTERM
 and kills it about 120 s later, and the training toolkit does not forward SIGTERM to MPI workers, so the
 work since the last periodic checkpoint would be lost. The hyperparameter `stop_after_seconds`
-(`lm.spec.job.stop_after_seconds`: MaxRuntime less the start-up allowance) tells lm.training.train its
+(`stop_after_seconds`: MaxRuntime less the start-up allowance) tells lm.training.train its
 deadline; it ends training after the last step it can finish and save before it, with a checkpoint.
 
 Pure Python, no TensorFlow.
@@ -31,6 +31,10 @@ from lm.spec.hardware import INSTANCES
 
 # What a checkpoint holds per parameter: float32 weights and AdamW's two float32 moments.
 CHECKPOINT_BYTES_PER_PARAMETER = 12
+# MaxRuntime counts from the instances' start (billing starts there too: DescribeTrainingJob TrainingStartTime):
+# the image pull and the toolkit come before the training process's clock starts. An allowance, not measured
+# here (no account): a DLC image is several GB.
+JOB_STARTUP_SECONDS = 600
 
 
 class BudgetError(ValueError):
@@ -55,11 +59,16 @@ def save_seconds(preset):
     return job.save_seconds(parameter_count(presets.ALL_PRESETS[preset]) * CHECKPOINT_BYTES_PER_PARAMETER)
 
 
+def stop_after_seconds(max_runtime_seconds):
+    """The deadline a job with this MaxRuntimeInSeconds is given (0: none, when the start-up takes it all)."""
+    return max(0, max_runtime_seconds - JOB_STARTUP_SECONDS)
+
+
 def stop_margin_seconds(config, plan):
     """The seconds of MaxRuntime that are not training: the start-up before the training process, the step
     during which the deadline falls, and the last save."""
     step = plan["global_batch"] * plan["seq_len"] / plan["tokens_per_second"] if plan.get("tokens_per_second") else 0
-    return job.JOB_STARTUP_SECONDS + int(math.ceil(step)) + save_seconds(config["preset"])
+    return JOB_STARTUP_SECONDS + int(math.ceil(step)) + save_seconds(config["preset"])
 
 
 def hourly_price(instance_type, spot, label):

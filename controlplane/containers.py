@@ -56,6 +56,12 @@ CONTAINERS = (LMSTACK, TGI, LMI)
 HF_CONTAINERS = (TGI, LMI)
 DEFAULT_CONTAINER = LMSTACK
 
+# Types SageMaker trains on but cannot host: CreateEndpointConfig's ProductionVariantInstanceType
+# (botocore's sagemaker service model) has no such value, so an endpoint on one fails only after
+# training. tests/state_machine/test_validation.py checks this split against that enum.
+TRAINING_ONLY = ("ml.p3dn.24xlarge",)
+HOSTING_INSTANCE_TYPES = tuple(name for name in INSTANCES if name not in TRAINING_ONLY)
+
 TGI_REPOSITORY = "huggingface-pytorch-tgi-inference"
 TGI_IMAGES_TAKEN = "2026-12-04"
 # version -> tag; the SDK's registries for these versions: 763104351884 in every region lmstack

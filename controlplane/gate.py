@@ -34,12 +34,13 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import budget, containers, history, inputs, planner, presets, prices, quotas, rules
-from lm.spec import conditions, contract, hardware, job
-from lm.spec.fields import check, check_object, with_defaults
+from controlplane import bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
+from controlplane.inputs import check_object, with_defaults
+from lm.spec import conditions, hardware, job
+from lm.spec.fields import check
 
 INVALID = conditions.INVALID
-PLAN_REJECTED = conditions.PLAN_REJECTED
+PLAN_REJECTED = "PlanRejected"  # the planner says the run cannot fit or run (check_plan)
 QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what the run needs (check_quotas)
 OVER_BUDGET = "OverBudget"  # the run's estimate exceeds budget_usd, or it cannot be held to it (check_budget)
 # How many other instance types a refusal over budget names that would fit.
@@ -47,8 +48,8 @@ BUDGET_ALTERNATIVES = 2
 # deploy.model_artifact: a training job's model.tar.gz, or a Hugging Face directory (the state machine checks
 # that the bucket is the stack's artifact bucket; S3 bucket names: 3-63 lower-case letters, digits, . and -).
 _BUCKET = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/"
-MODEL_ARCHIVE = re.compile(r"^%s%s[^/*?]+/output/model\.tar\.gz$" % (_BUCKET, re.escape(contract.OUTPUT_PREFIX)))
-MODEL_DIRECTORY = re.compile(r"^%s%s[^*?]+/$" % (_BUCKET, re.escape(contract.INIT_PREFIX)))
+MODEL_ARCHIVE = re.compile(r"^%s%s[^/*?]+/output/model\.tar\.gz$" % (_BUCKET, re.escape(bucket_layout.OUTPUT_PREFIX)))
+MODEL_DIRECTORY = re.compile(r"^%s%s[^*?]+/$" % (_BUCKET, re.escape(bucket_layout.INIT_PREFIX)))
 ENVIRONMENT_KEY = "LMSTACK_DEPLOYMENT"  # the Lambda function's environment: the Deployment as JSON
 # What a fallback changes of the plan, in the order the notification names them.
 PLAN_CHANGES = ("instance_type", "strategy", "per_device_batch", "micro_batch", "mp_parameters", "recompute",
@@ -202,7 +203,7 @@ def check_deploy_only(decision, context):
     elif not MODEL_ARCHIVE.match(artifact):
         raise Refusal("deploy.model_artifact must be a training job's model.tar.gz (s3://<artifact bucket>/%s<job>/output/"
                       "model.tar.gz) or, for deploy.container tgi or lmi, a Hugging Face directory (s3://<artifact "
-                      "bucket>/%s<name>/), got %s" % (contract.OUTPUT_PREFIX, contract.INIT_PREFIX, json.dumps(artifact)))
+                      "bucket>/%s<name>/), got %s" % (bucket_layout.OUTPUT_PREFIX, bucket_layout.INIT_PREFIX, json.dumps(artifact)))
     elif deploy["container"] in containers.HF_CONTAINERS:
         decision.notes.append("deploy.container %s serves the Hugging Face files in %s: the training job that wrote "
                               "it must have had hyperparameters.export_hf true, or the endpoint fails to start" % (
@@ -308,13 +309,13 @@ def check_budget(decision, context):
                                       "instance_type"])
     else:
         decision.plan["budget"] = None
-    stop_after = job.stop_after_seconds(config["max_runtime_seconds"])
+    stop_after = budget.stop_after_seconds(config["max_runtime_seconds"])
     decision.plan["stop_after_seconds"] = stop_after
     decision.plan["save_seconds"] = budget.save_seconds(config["preset"])
     if stop_after == 0:
         decision.notes.append("max_runtime_seconds %d leaves the job no time after its start-up (%d s): it cannot stop "
                               "itself with a checkpoint before SageMaker stops it" % (
-                                  config["max_runtime_seconds"], job.JOB_STARTUP_SECONDS))
+                                  config["max_runtime_seconds"], budget.JOB_STARTUP_SECONDS))
 
 
 def budget_alternatives(config, label, deployment):

@@ -7,12 +7,15 @@ Validate state and `lmstack.start`. A new input field is one `Field` here (docs/
 
 Pure Python, no TensorFlow: shipped in the gate's Lambda function.
 """
+import collections
 import dataclasses
 
+from controlplane import bucket_layout
 from controlplane import containers, presets, request
-from lm.spec import contract, job
-from lm.spec.fields import Field
-from lm.spec.hardware import HOSTING_INSTANCE_TYPES, INSTANCES
+from lm.spec import job
+from lm.spec.fields import Field, check
+from lm.spec.hardware import INSTANCES
+from controlplane.containers import HOSTING_INSTANCE_TYPES
 
 MAX_INSTANCE_COUNT = 64
 MAX_RUNTIME_SECONDS = job.MAX_RUNTIME_SECONDS
@@ -27,13 +30,16 @@ def _from_table(table, skip=()):
 
 def _mp_fields():
     fields = []
-    for name, default in job.SMP_DEFAULTS.items():
+    for name, default in request.SMP_DEFAULTS.items():
         kind = type(default)
         fields.append(Field(name, kind, default, minimum=(0 if name == "default_partition" else 1) if kind is int else None,
                             choices=job.SMP_CHOICES.get(name)))
     return tuple(fields)
 
 
+# The prepare job's instance type: tokenizing is CPU-bound, 72 vCPUs per instance; the whole Pile (30 files)
+# in about an hour takes 5 of them (the estimate is in lm.data.prepare's docstring).
+PREPARE_INSTANCE_TYPE = "ml.c5.18xlarge"
 # Top-level fields that are hyperparameters too: given once, at the top.
 TOP_LEVEL_HYPERPARAMETERS = ("preset", "strategy")
 # Hyperparameters the machine fills itself, from the gate's plan (`controlplane.gate`): model_config is the
@@ -89,7 +95,7 @@ def schema(settings):
                   help="raw Pile files under this S3 prefix (null: raw_directory on EFS)"),
             Field("raw_directory", str, "/raw", prefix="/",
                   help="raw Pile files on the EFS file system, when raw_s3_uri is null"),
-            Field("instance_type", str, job.PREPARE_INSTANCE_TYPE, choices=instance_types),
+            Field("instance_type", str, PREPARE_INSTANCE_TYPE, choices=instance_types),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
             Field("max_runtime_seconds", int, 6 * 3600, 1, MAX_RUNTIME_SECONDS),
             Field("hyperparameters", dict, fields=_from_table(job.PREPARE_HYPERPARAMETERS)),
@@ -105,15 +111,15 @@ def schema(settings):
             Field(MODEL_ARTIFACT, str, None, prefix="s3://", nullable=True,
                   help="serve this model without training: a training job's model.tar.gz in the artifact bucket "
                        "(s3://<bucket>/%s<job>/output/model.tar.gz), or for tgi and lmi a Hugging Face directory "
-                       "under s3://<bucket>/%s; no prepare or training job runs" % (contract.OUTPUT_PREFIX,
-                                                                                   contract.INIT_PREFIX)),
+                       "under s3://<bucket>/%s; no prepare or training job runs" % (bucket_layout.OUTPUT_PREFIX,
+                                                                                   bucket_layout.INIT_PREFIX)),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
-                   % contract.INIT_PREFIX),
+                   % bucket_layout.INIT_PREFIX),
         Field("resume_from", str, None, nullable=True,
               help="continue the checkpoints of an earlier execution of this stack: the name its failure "
-                   "output gives (s3://<artifact bucket>/%s<name>/)" % contract.CHECKPOINT_PREFIX),
+                   "output gives (s3://<artifact bucket>/%s<name>/)" % bucket_layout.CHECKPOINT_PREFIX),
         Field("mlflow_experiment", str, settings.name_prefix,
               help="MLflow experiment of the run, with the mlflow_resource_arn setting (letters, digits, - _ . /)"),
         Field("min_quality", float, None, 0.0, None, nullable=True,
@@ -126,3 +132,39 @@ def schema(settings):
               help="instance types to train on, in this order, when instance_type has no capacity after its "
                    "retries (each gets its own plan); at most %d" % MAX_FALLBACK_INSTANCE_TYPES),
     )
+
+
+def unknown_message(label, allowed):
+    return "%s has an unknown field; allowed: %s" % (label, ", ".join(allowed))
+
+
+def check_object(fields, value, prefix=""):
+    """Check a whole (nested) input object against `fields`: unknown names and every value."""
+    known = collections.OrderedDict((spec.name, spec) for spec in fields)
+    unknown = [name for name in value if name not in known]
+    if unknown:
+        raise ValueError("%s; got %s" % (unknown_message(prefix[:-1] or "the input", known), ", ".join(
+            prefix + name for name in unknown)))
+    for name, item in value.items():
+        spec = known[name]
+        check(spec, item, prefix + name)
+        if spec.type is dict:
+            check_object(spec.fields, item, prefix + name + ".")
+
+
+def defaults(fields):
+    """The input every field's default makes."""
+    return collections.OrderedDict(
+        (spec.name, defaults(spec.fields) if spec.type is dict else spec.default) for spec in fields)
+
+
+def with_defaults(fields, given):
+    """A checked input merged over the defaults (nested objects field by field)."""
+    def merge(base, overrides):
+        for key, value in overrides.items():
+            if isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+    return merge(defaults(fields), given)

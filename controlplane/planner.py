@@ -24,7 +24,7 @@ Memory per GPU (bytes), P = parameters held by that GPU, c = bytes per activatio
 - SMP with several microbatches: the step sums the microbatches' gradients into one
   accumulator (4P, alive from the first microbatch to the update), and each microbatch's own
   gradients (4P) are made while the other microbatches in flight keep their activations.
-- a checkpoint save takes nothing on the GPU: lm.training.checkpoint copies the weights, m and v
+- a checkpoint save takes nothing on the GPU: lm.checkpoint copies the weights, m and v
   into host memory between two steps (see "Host memory" below).
 - the update: the gradients and their clipped copies (8P; tf.clip_by_global_norm makes every
   clipped gradient before the first is applied); under accumulation the clipped copies next to
@@ -67,6 +67,8 @@ import math
 import os
 import re
 
+from controlplane import throughput
+from controlplane import base_images
 from controlplane import prices
 from lm.spec import hardware
 from lm.spec import job
@@ -92,7 +94,7 @@ TABLE_SEQ_LEN = 2048
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 COMPUTE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SMP_PIPELINES = job.SMP_CHOICES["pipeline"]
-# A checkpoint save (lm.training.checkpoint.Checkpointer) copies the weights and AdamW's m and v
+# A checkpoint save (lm.checkpoint.Checkpointer) copies the weights and AdamW's m and v
 # (float32: 4 + 4 + 4 bytes a parameter) into NumPy arrays in the chief's host memory and keeps them
 # until its writer thread has written the file; the GPU holds no copy (tests/plan/test_measured.py
 # measures both). It used to hold the reads on the device instead: 11.3 to 13.9 bytes a parameter
@@ -119,7 +121,7 @@ DATA_PARALLEL = ("mwms", "horovod", "smddp")
 # lmstack's own MFU per GPU, measured by `bench/gpu.py --record` (the best configuration it timed on
 # that GPU): {gpu: {"mfu": fraction, "preset", "precision", "xla", "batch", "seq_len", "device",
 # "tensorflow", "date"}}. Where a GPU has an entry it replaces the published figure
-# (lm.spec.hardware.PUBLISHED_MFU); none is committed yet (no GPU was lent to the project's sessions).
+# (controlplane.throughput.PUBLISHED_MFU); none is committed yet (no GPU was lent to the project's sessions).
 MEASURED_MFU_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured_mfu.json")
 
 
@@ -140,8 +142,8 @@ def resolve_config(preset_or_config):
 
 
 def runtime_cuda(runtime):
-    """CUDA version (major, minor) of a `lm.spec.job` runtime, read from its DLC tag ("-cu112-")."""
-    found = re.search(r"-cu(\d+)(\d)-", job.RUNTIMES[runtime])
+    """CUDA version (major, minor) of a runtime (`controlplane.base_images.RUNTIMES`), read from its DLC tag ("-cu112-")."""
+    found = re.search(r"-cu(\d+)(\d)-", base_images.RUNTIMES[runtime])
     return int(found.group(1)), int(found.group(2))
 
 
@@ -178,11 +180,11 @@ def cannot_run(strategy, instance_type, instance_count=1, recompute=False, model
     if strategy == "smp" and instance.gpus < 2:
         return "smp splits the model over the GPUs of a host; %s has %d" % (instance_type, instance.gpus)
     if instance.gpus:
-        runtime = job.STRATEGY_RUNTIME[strategy]
+        runtime = base_images.STRATEGY_RUNTIME[strategy]
         have, need = runtime_cuda(runtime), hardware.get_gpu(instance.gpu).min_cuda
         if have < need:
             return "%s needs the %s image (CUDA %d.%d); %s GPUs (%s) need CUDA %d.%d or newer" % (
-                strategy, job.RUNTIMES[runtime], have[0], have[1], instance_type, instance.gpu, need[0], need[1])
+                strategy, base_images.RUNTIMES[runtime], have[0], have[1], instance_type, instance.gpu, need[0], need[1])
     return None
 
 
@@ -422,7 +424,7 @@ def assumed_mfu(gpu):
         return measured["mfu"], "measured by bench/gpu.py: %s, %s, XLA %s, batch %d x %d, %s, TensorFlow %s, %s" % (
             measured["preset"], measured["precision"], "on" if measured["xla"] else "off", measured["batch"],
             measured["seq_len"], measured["device"], measured["tensorflow"], measured["date"])
-    return hardware.PUBLISHED_MFU[gpu]
+    return throughput.PUBLISHED_MFU[gpu]
 
 
 def _timing(config, instance, instance_count, strategy, layout, seq_len, precision, recompute, xla, tokens, mfu,
@@ -443,7 +445,7 @@ def _timing(config, instance, instance_count, strategy, layout, seq_len, precisi
     compute_s = step_tokens / tokens_per_s
     allreduce_s = 0.0
     if instance_count > 1 and layout["data_parallel"] > 1:
-        bandwidth = hardware.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
+        bandwidth = throughput.NETWORK_GBPS[instance.name] * 1e9 / 8 * NETWORK_EFFICIENCY
         allreduce_s = 2.0 * (instance_count - 1) / instance_count * 4 * parameter_count(config) / bandwidth
         if traffic_encryption:
             allreduce_s *= ENCRYPTED_ALLREDUCE_SLOWDOWN
@@ -587,7 +589,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
                     timing["compute_seconds"], needed))
         result = collections.OrderedDict([("strategy", name), ("ok", reason is None), ("reason", reason),
                                           ("runnable", runnable), ("recompute", recompute),
-                                          ("runtime", job.STRATEGY_RUNTIME[name])])
+                                          ("runtime", base_images.STRATEGY_RUNTIME[name])])
         result["global_batch"] = batch
         result.update((key, layout[key]) for key in ("gpus_used", "data_parallel", "per_replica_batch",
                                                      "micro_batch", "fits"))
@@ -623,7 +625,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         ("instance", collections.OrderedDict([
             ("type", instance_type), ("count", instance_count), ("gpus_per_host", instance.gpus),
             ("gpu", instance.gpu), ("gpu_memory_gib", instance.gpu_memory_gib),
-            ("interconnect", instance.interconnect), ("network_gbps", hardware.NETWORK_GBPS.get(instance_type)),
+            ("interconnect", instance.interconnect), ("network_gbps", throughput.NETWORK_GBPS.get(instance_type)),
             ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
             ("usd_per_instance_hour", usd_per_instance_hour),
             ("price_region", prices.PRICE_REGION), ("price_date", prices.price_date(instance_type))])),

@@ -17,7 +17,8 @@ import collections
 import json
 
 from lm.spec.families import GPTConfig, LlamaConfig, RNNConfig, get_family
-from lm.spec.families.llama import LLAMA3_VOCAB_SIZE
+
+LLAMA3_VOCAB_SIZE = 128256  # the Llama 3 presets' vocabulary (Llama 3's tokenizer)
 
 # GPT-3 paper (Brown et al. 2020, "Language Models are Few-Shot Learners"), Table 2.1 (n_layers,
 # d_model, n_heads); context 2048 for all. `tiny` is the demo's model (the sample corpus trains it).

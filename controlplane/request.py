@@ -25,6 +25,8 @@ import dataclasses
 import json
 from typing import Any, Mapping, Optional, Sequence
 
+from controlplane import bucket_layout
+from controlplane import metrics as log_metrics
 from lm.spec import contract
 from lm.spec import job
 
@@ -60,7 +62,21 @@ INTERNAL_ERROR_RETRIES = 2
 RAW_S3_INPUT_MODE = "FastFile"
 RAW_S3_DISTRIBUTION = "ShardedByS3Key"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO, the SDK's default
+# sagemaker_program of each kind of job: the image's entry points (training_image/train.py, prepare.py).
+JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
 MPI_STRATEGIES = ("horovod", "smp")
+# EFS: a FileSystemDataSource's DirectoryPath is a path from the file system's root (training jobs mount
+# without access points) and must exist when the job starts. The root always does: the prepare job's dataset
+# channel mounts it, and lm.data.prepare makes the dataset directory inside (contract.PREPARE_DATASET_DIRECTORY).
+FILE_SYSTEM_ROOT = "/"
+# SMP v1: the MPI options its jobs need, and the mp_parameters an input leaves out (the execution input's
+# mp_parameters defaults, controlplane.inputs).
+SMP_MPI_OPTIONS = "--mca btl_vader_single_copy_mechanism none"
+SMP_DEFAULTS = collections.OrderedDict([
+    ("partitions", 2), ("microbatches", 4), ("pipeline", "interleaved"), ("optimize", "speed"), ("horovod", True),
+    # The placement lm.distributed.smp makes with smp.partition, which only manual partitioning keeps.
+    ("auto_partition", False), ("default_partition", 0),
+])
 MAX_KEEP_ALIVE_SECONDS = 21600  # ResourceConfig.KeepAlivePeriodInSeconds (SageMaker API reference)
 
 
@@ -151,7 +167,7 @@ def resolve(value, value_at):
 class TrainingJob:
     """What a CreateTrainingJob request is made of. `kind` and `strategy` shape the request
     and must be literals; every other value may be a marker."""
-    kind: str                       # a key of lm.spec.job.JOB_KINDS
+    kind: str                       # a key of JOB_KINDS
     name: Any                       # TrainingJobName
     image: Any                      # TrainingImage
     role_arn: Any
@@ -195,7 +211,7 @@ def artifact_uri(bucket, prefix):
 
 def output_path(bucket):
     """OutputDataConfig.S3OutputPath (the SDK's `output_path`, no trailing slash)."""
-    return artifact_uri(bucket, contract.OUTPUT_PREFIX.rstrip("/"))
+    return artifact_uri(bucket, bucket_layout.OUTPUT_PREFIX.rstrip("/"))
 
 
 def distribution_hyperparameters(strategy, instance_type, processes_per_host, model_dir, mp_parameters=None,
@@ -214,10 +230,10 @@ def distribution_hyperparameters(strategy, instance_type, processes_per_host, mo
         values["sagemaker_mpi_enabled"] = True
         values["sagemaker_mpi_num_of_processes_per_host"] = processes_per_host
         values["sagemaker_mpi_custom_mpi_options"] = (
-            custom_mpi_options if custom_mpi_options is not None else (job.SMP_MPI_OPTIONS if strategy == "smp" else ""))
+            custom_mpi_options if custom_mpi_options is not None else (SMP_MPI_OPTIONS if strategy == "smp" else ""))
         if strategy == "smp":
             values["mp_parameters"] = mp_parameters if mp_parameters is not None else collections.OrderedDict(
-                job.SMP_DEFAULTS)
+                SMP_DEFAULTS)
     if strategy in ("smddp", "smp"):
         values["sagemaker_distributed_dataparallel_enabled"] = strategy == "smddp"
         values["sagemaker_instance_type"] = instance_type
@@ -238,7 +254,7 @@ def sdk_hyperparameters(values, *, strategy, instance_type, processes_per_host, 
     SAGEMAKER_SUBMIT_DIRECTORY itself.
     """
     values = collections.OrderedDict(values)
-    values["sagemaker_program"] = job.JOB_KINDS[job_kind]
+    values["sagemaker_program"] = JOB_KINDS[job_kind]
     values["sagemaker_container_log_level"] = CONTAINER_LOG_LEVEL
     values["sagemaker_job_name"] = job_name
     values["sagemaker_region"] = region
@@ -246,6 +262,12 @@ def sdk_hyperparameters(values, *, strategy, instance_type, processes_per_host, 
         values.update(distribution_hyperparameters(
             strategy, instance_type, processes_per_host, text("{}/{}/model", output_path, job_name),
             mp_parameters=mp_parameters, custom_mpi_options=custom_mpi_options))
+    return encode_hyperparameters(values)
+
+
+def encode_hyperparameters(values):
+    """As the SDK's `EstimatorBase._json_encode_hyperparameters`: each value `json.dumps`-ed (a marker: the
+    JSON of what it stands for, at run time)."""
     return collections.OrderedDict((str(key), json_text(value)) for key, value in values.items())
 
 
@@ -315,7 +337,7 @@ def input_channels(training_job):
             raw = s3_channel(contract.RAW_CHANNEL, j.raw_s3_uri, RAW_S3_INPUT_MODE, RAW_S3_DISTRIBUTION)
         else:
             raw = efs_channel(contract.RAW_CHANNEL, j.file_system_id, j.raw_directory, "ro")
-        channels = [raw, efs_channel(contract.DATASET_CHANNEL, j.file_system_id, contract.FILE_SYSTEM_ROOT, "rw")]
+        channels = [raw, efs_channel(contract.DATASET_CHANNEL, j.file_system_id, FILE_SYSTEM_ROOT, "rw")]
     if j.init_from is not None:  # a few files, read once at start-up: copied (File)
         channels.append(s3_channel(contract.INIT_CHANNEL, j.init_from, "File", "FullyReplicated"))
     return channels
@@ -390,7 +412,7 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     j = training_job
     algorithm = collections.OrderedDict([("TrainingImage", j.image), ("TrainingInputMode", "File")])
     if j.kind == "train":
-        algorithm["MetricDefinitions"] = job.METRIC_DEFINITIONS
+        algorithm["MetricDefinitions"] = log_metrics.METRIC_DEFINITIONS
         algorithm["EnableSageMakerMetricsTimeSeries"] = True
     request = collections.OrderedDict()
     request["TrainingJobName"] = j.name
@@ -407,11 +429,11 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     if j.kind == "train":
         request["EnableManagedSpotTraining"] = j.spot
         request["CheckpointConfig"] = collections.OrderedDict([
-            ("S3Uri", text("s3://{}/%s{}/" % contract.CHECKPOINT_PREFIX, j.bucket, checkpoint_prefix_name(j))),
+            ("S3Uri", text("s3://{}/%s{}/" % bucket_layout.CHECKPOINT_PREFIX, j.bucket, checkpoint_prefix_name(j))),
             ("LocalPath", contract.CHECKPOINT_LOCAL_PATH)])
         request["TensorBoardOutputConfig"] = collections.OrderedDict([
             ("LocalPath", contract.TENSORBOARD_LOCAL_PATH),
-            ("S3OutputPath", text("s3://{}/%s{}" % contract.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
+            ("S3OutputPath", text("s3://{}/%s{}" % bucket_layout.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
         if j.mlflow_arn is not None:
             request.update(mlflow_tracking(j.mlflow_arn, j.mlflow_experiment, j.name))
     request["RetryStrategy"] = {"MaximumRetryAttempts": INTERNAL_ERROR_RETRIES}

@@ -13,12 +13,13 @@ import collections
 import functools
 import json
 
+from controlplane import base_images
 from controlplane import containers
 from controlplane.presets import ALL_PRESETS, FAMILY_PRESETS
 from lm.spec import job
 from lm.spec.conditions import STRATEGY_FIELD, Above, All, Is, Not, OneOf, rule
 from lm.spec.families import FAMILIES, get_family
-from lm.spec.hardware import HOSTING_INSTANCE_TYPES
+from controlplane.containers import HOSTING_INSTANCE_TYPES
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,11 +74,11 @@ def preset_family_rules(label="preset"):
 
 def cross_field_rules(runtimes=None):
     """The rules between fields for a deployment that builds `runtimes` (None: all of them)."""
-    built = tuple(job.RUNTIMES) if runtimes is None else tuple(runtimes)
+    built = tuple(base_images.RUNTIMES) if runtimes is None else tuple(runtimes)
     found = preset_family_rules() + job.job_rules()
     found.extend(serving_rules())
     for strategy in job.STRATEGIES:
-        runtime = job.STRATEGY_RUNTIME[strategy]
+        runtime = base_images.STRATEGY_RUNTIME[strategy]
         if runtime not in built:
             found.append(rule("strategy.%s.runtime" % strategy, Is(STRATEGY_FIELD, strategy),
                               "strategy %s needs the %s image, which this deployment does not build (runtimes: %s)"
@@ -89,7 +90,7 @@ def cross_field_rules(runtimes=None):
         "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
         "got prepare.instance_count={value}: set it to 1, or give a tokenizer file on the file system (python -m "
         "lm.data.prepare train-tokenizer makes one)", subject="prepare.instance_count"))
-    for stage, runtime in (("deploy", job.SERVING_RUNTIME), ("prepare", job.PREPARE_RUNTIME)):
+    for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),
                               "%s needs the %s image, which this deployment does not build (runtimes: %s)"

@@ -4,6 +4,7 @@ import os
 import re
 import statistics
 
+from controlplane import metrics as log_metrics
 from lm.spec import job
 from lm.spec import shards
 
@@ -18,7 +19,7 @@ def train_points(log_text):
             continue
         line = line[line.index(job.TRAIN_LOG_PREFIX):]
         match = STEP.search(line)
-        metrics = job.parse_metrics(line)
+        metrics = log_metrics.parse_metrics(line)
         if match and "train:loss" in metrics:
             points.append((int(match.group(1)), metrics))
     return points

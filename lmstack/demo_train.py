@@ -35,7 +35,7 @@ import time
 
 import psutil
 
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.spec import job
 from lmstack.demo_run import POLL_SECONDS, StepError, TRAINING_IMAGE, bar, environment, tail
 

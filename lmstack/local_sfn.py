@@ -63,10 +63,9 @@ def record_prepared_dataset(sagemaker, settings, values, data_directory, job_nam
     state machine's check that a training run's dataset was prepared finds it by its tags. The request is the builder's own
     (`controlplane.request`), its placeholders filled with `values`."""
     from controlplane import inputs, request
-    from lm.spec import fields
     from stacks.state_machine import jobs, render, training
 
-    config = fields.with_defaults(inputs.schema(settings), {"data_directory": data_directory})
+    config = inputs.with_defaults(inputs.schema(settings), {"data_directory": data_directory})
     prepare = jobs.concrete_values(jobs.PREPARE, settings, config, job_name=job_name, execution_name=job_name,
                                    dataset_key=training.concrete_dataset_key(config))
     sagemaker.create_training_job(**json.loads(render(request.create_training_job_request(prepare), values)))

@@ -32,10 +32,10 @@ import uuid
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from controlplane import bucket_layout
 from controlplane import gate, request, rules
 from controlplane.presets import ALL_PRESETS
 from lm.data.pile import INPUT_SUFFIXES
-from lm.spec import contract
 from lm.spec.job import HYPERPARAMETERS, STRATEGIES
 from stacks.settings import CONTEXT_KEY, Settings, SettingsError
 from stacks.state_machine import jobs
@@ -130,7 +130,7 @@ def corpus_name(args):
 
 
 def corpus_uri(bucket, name):
-    return "s3://%s/%s%s/" % (bucket, contract.RAW_PREFIX, name)
+    return "s3://%s/%s%s/" % (bucket, bucket_layout.RAW_PREFIX, name)
 
 
 def corpus_files(path):
@@ -154,7 +154,7 @@ def corpus_files(path):
 def upload_corpus(s3, bucket, path, name, out):
     """Upload the corpus at `path` below raw/<name>/ of `bucket` (boto3's managed, multipart transfer);
     a key that already holds an object of the same size is skipped. Returns the prefix's S3 URI."""
-    prefix = "%s%s/" % (contract.RAW_PREFIX, name)
+    prefix = "%s%s/" % (bucket_layout.RAW_PREFIX, name)
     for local, key in corpus_files(path):
         size = os.path.getsize(local)
         try:

@@ -16,9 +16,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from controlplane import base_images
 from controlplane import containers
-from lm.spec import job
-from lm.spec.contract import ARTIFACT_PREFIXES, INIT_PREFIX, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
+from controlplane.bucket_layout import ARTIFACT_PREFIXES, INIT_PREFIX, MODEL_ARTIFACT_KEYS, READ_ONLY_PREFIXES
 from stacks.nag import Grant, add_grants
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -112,7 +112,7 @@ class Permissions(Construct):
         stack = Stack.of(self)
         # deploy.container lmstack: our serving image; tgi and lmi: the Hugging Face LLM DLC and LMI, from AWS's
         # account in this region
-        repositories = [images[job.SERVING_RUNTIME].repository.repository_arn] + [
+        repositories = [images[base_images.SERVING_RUNTIME].repository.repository_arn] + [
             stack.format_arn(service="ecr", account=account, resource="repository", resource_name=repository)
             for repository, _, registries, _ in containers.IMAGE_TABLES.values()
             for account in sorted(set(registries.values()))]

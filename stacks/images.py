@@ -6,7 +6,7 @@ from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
-from lm.spec.job import base_image_uri
+from controlplane.base_images import base_image_uri
 
 IMAGE_DIRECTORY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training_image")
 

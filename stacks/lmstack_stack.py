@@ -6,8 +6,8 @@ from typing import Dict
 from aws_cdk import Aws, CfnOutput, Fn, Stack
 from constructs import Construct
 
+from controlplane import bucket_layout
 from stacks import state_machine
-from lm.spec import contract
 from stacks.settings import Settings
 from controlplane.gate import Deployment
 from stacks.encryption import EncryptionKey
@@ -85,7 +85,7 @@ class LmStack(Stack):
                   value=Fn.join("", ["https://", Aws.REGION, ".console.aws.amazon.com/states/home?region=",
                                      Aws.REGION, "#/statemachines/view/", machine.state_machine_arn]))
         CfnOutput(self, "ArtifactBucketName", value=self.storage.bucket.bucket_name,
-                  description="Model artifacts (%s), checkpoints (%s), TensorBoard events (%s)" % contract.ARTIFACT_PREFIXES)
+                  description="Model artifacts (%s), checkpoints (%s), TensorBoard events (%s)" % bucket_layout.ARTIFACT_PREFIXES)
         CfnOutput(self, "FileSystemId", value=self.storage.file_system.file_system_id,
                   description="EFS holding the datasets under " + self.settings.dataset_directory)
         for runtime, uri in self.images.image_uris.items():

@@ -19,7 +19,8 @@ from controlplane import rules
 from controlplane.inputs import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS, input_hyperparameters
 from controlplane.presets import GPT_PRESETS
 from lm.spec.hardware import INSTANCES
-from lm.spec.job import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGIES, STRATEGY_RUNTIME
+from lm.spec.job import STRATEGIES
+from controlplane.base_images import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGY_RUNTIME
 
 CONTEXT_KEY = "lmstack"
 OVERRIDE_PREFIX = CONTEXT_KEY + ":"

@@ -7,7 +7,7 @@ from aws_cdk import aws_efs as efs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lm.spec.contract import CHECKPOINT_PREFIX
+from controlplane.bucket_layout import CHECKPOINT_PREFIX
 from stacks.settings import Settings
 from stacks.nag import acknowledge
 

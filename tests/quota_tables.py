@@ -12,7 +12,8 @@ import botocore.session
 import botocore.validate
 
 from controlplane import quotas
-from lm.spec.hardware import HOSTING_INSTANCE_TYPES, INSTANCES
+from lm.spec.hardware import INSTANCES
+from controlplane.containers import HOSTING_INSTANCE_TYPES
 from lmstack.local_service_quotas import Quota, ServiceQuotas
 
 _MODEL = botocore.session.get_session().get_service_model("service-quotas")

@@ -15,8 +15,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from controlplane import request
+from controlplane import budget
+from controlplane import base_images
 from lm.spec import job
-from controlplane import presets, request
+from controlplane import presets
 
 pytest.importorskip("sagemaker")
 from sagemaker.session import Session  # noqa: E402
@@ -47,8 +50,8 @@ def sdk_distribution(strategy):
         return {"mpi": {"enabled": True, "processes_per_host": GPUS, "custom_mpi_options": ""}}
     if strategy == "smddp":
         return {"smdistributed": {"dataparallel": {"enabled": True}}}
-    return {"smdistributed": {"modelparallel": {"enabled": True, "parameters": dict(job.SMP_DEFAULTS)}},
-            "mpi": {"enabled": True, "processes_per_host": GPUS, "custom_mpi_options": job.SMP_MPI_OPTIONS}}
+    return {"smdistributed": {"modelparallel": {"enabled": True, "parameters": dict(request.SMP_DEFAULTS)}},
+            "mpi": {"enabled": True, "processes_per_host": GPUS, "custom_mpi_options": request.SMP_MPI_OPTIONS}}
 
 
 def sdk_hyperparameters(strategy, job_name, tmp_path, max_runtime_seconds=None, overrides=None):
@@ -58,16 +61,16 @@ def sdk_hyperparameters(strategy, job_name, tmp_path, max_runtime_seconds=None, 
     user.update(preset="gpt-125m", strategy=strategy, model_config=presets.model_config("gpt-125m"))
     user.update(overrides or {})
     if max_runtime_seconds is not None:  # the job's deadline, which the gate resolves from its MaxRuntime
-        user.update(stop_after_seconds=job.stop_after_seconds(max_runtime_seconds))
+        user.update(stop_after_seconds=budget.stop_after_seconds(max_runtime_seconds))
     with mock_aws():
         boto_session = boto3.Session(region_name="us-east-1")
         boto_session.client("s3").create_bucket(Bucket="lmstack-artifacts")
         session = Session(boto_session=boto_session, default_bucket="lmstack-artifacts")
-        version, python = FRAMEWORK[job.STRATEGY_RUNTIME[strategy]]
+        version, python = FRAMEWORK[base_images.STRATEGY_RUNTIME[strategy]]
         estimator = TensorFlow(
             entry_point=str(code), role="arn:aws:iam::123456789012:role/lmstack-sagemaker",
             instance_count=instance_count(strategy), instance_type=INSTANCE_TYPE, framework_version=version, py_version=python,
-            image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/lmstack:%s" % job.STRATEGY_RUNTIME[strategy],
+            image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/lmstack:%s" % base_images.STRATEGY_RUNTIME[strategy],
             distribution=sdk_distribution(strategy), hyperparameters=dict(user),
             output_path="s3://lmstack-artifacts/output", sagemaker_session=session, disable_profiler=True)
         estimator.fit(job_name=job_name, wait=False, logs=False)

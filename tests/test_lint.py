@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lm.spec import job
+from controlplane import request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.path.join(ROOT, "training_image")
@@ -95,14 +95,14 @@ def test_dockerfile_contract():
     assert instructions[0] == ("ARG", "BASE_IMAGE")
     assert ("FROM", "${BASE_IMAGE}") in instructions
     env = _env(instructions)
-    assert env["SAGEMAKER_PROGRAM"] == job.JOB_KINDS["train"]
+    assert env["SAGEMAKER_PROGRAM"] == request.JOB_KINDS["train"]
     assert env["SAGEMAKER_SUBMIT_DIRECTORY"] == "/opt/ml/code"
     assert env["PYTHONPATH"] == "/opt/ml/code"
     assert env["TF_USE_LEGACY_KERAS"] == "1"
     assert env["PATH"].startswith("/opt/ml/code/bin:")
     copied = [rest.split()[:-1] for keyword, rest in instructions if keyword == "COPY"]
     sources = {source for sources in copied for source in sources}
-    assert {"requirements", "lm", "bin"} | set(job.JOB_KINDS.values()) <= sources
+    assert {"requirements", "lm", "bin"} | set(request.JOB_KINDS.values()) <= sources
 
 
 def test_dockerfile_sources_exist_and_are_not_ignored():

@@ -29,8 +29,8 @@
 """
 import collections
 
+from controlplane import base_images
 from controlplane import containers
-from lm.spec import job
 from stacks.state_machine import asl
 from stacks.state_machine.jobs import RETRY, TRAIN, tags, vpc_config, with_defaults
 from stacks.state_machine.names import image_placeholder
@@ -109,7 +109,7 @@ def states(settings, first, next_state):
             "EnableNetworkIsolation": False,
             "Tags": tags("model")}, d + ".Config", catch=catch)
 
-    create_model(d + ".Model", "${%s}" % image_placeholder(job.SERVING_RUNTIME),
+    create_model(d + ".Model", "${%s}" % image_placeholder(base_images.SERVING_RUNTIME),
                  {"Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": MODEL_SERVER_WORKERS}})
     for container in containers.HF_CONTAINERS:  # the gate's Environment for the preset and instance type
         create_model("%s.%sModel" % (d, container.title()), containers.image(container, settings.region),

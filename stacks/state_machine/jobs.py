@@ -26,6 +26,8 @@ Used twice by the main machine: the "prepare" job (lm.data.prepare) and the trai
 import collections
 import dataclasses
 
+from controlplane import budget
+from controlplane import base_images
 from controlplane import history, presets, request
 from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
 from lm.spec import job
@@ -74,7 +76,7 @@ RESUME_HINT = ("Its checkpoints are kept: to continue from the newest, start a n
 
 class JobKind(collections.namedtuple("JobKind", "state token slot kind config spot_path")):
     """state: state-name prefix; token: in the job name; slot: where its state lives;
-    kind: lm.spec.job.JOB_KINDS key; config: its settings in $.config; spot_path: or None."""
+    kind: controlplane.request.JOB_KINDS key; config: its settings in $.config; spot_path: or None."""
 
 
 RAW_S3_URI_PATH = "$.config.prepare.raw_s3_uri"  # null: the raw files are on EFS (raw_directory)
@@ -108,11 +110,11 @@ def job_values(kind, settings, value_at, strategy="single"):
     """
     if kind is TRAIN:
         hyperparameters = collections.OrderedDict((name, value_at(hyperparameter_path(name))) for name in job.HYPERPARAMETERS)
-        runtime = job.STRATEGY_RUNTIME[strategy]
+        runtime = base_images.STRATEGY_RUNTIME[strategy]
     else:
         hyperparameters = collections.OrderedDict(
             (name, value_at("$.config.prepare.hyperparameters.%s" % name)) for name in job.PREPARE_HYPERPARAMETERS)
-        runtime = job.PREPARE_RUNTIME
+        runtime = base_images.PREPARE_RUNTIME
     return request.TrainingJob(
         kind=kind.kind, name=value_at(kind.slot + ".name"), image="${%s}" % image_placeholder(runtime),
         role_arn="${ExecutionRoleArn}", bucket="${ArtifactBucket}", region=settings.region,
@@ -144,7 +146,7 @@ def concrete_values(kind, settings, config, *, job_name, execution_name, dataset
         "config": config,
         "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),
                  "model_config": presets.model_config(config["preset"]),
-                 "stop_after_seconds": job.stop_after_seconds(config["max_runtime_seconds"])},
+                 "stop_after_seconds": budget.stop_after_seconds(config["max_runtime_seconds"])},
         "run": {"dataset": {"key": dataset_key},
                 "checkpoints": {"name": config["resume_from"] or execution_name}},
         kind.slot[len("$."):]: {"name": job_name},
@@ -191,7 +193,7 @@ def request_states(kind, settings, first, next_state):
     if kind is TRAIN:
         rules = []
         for strategy in job.STRATEGIES:
-            if job.STRATEGY_RUNTIME[strategy] not in settings.runtimes:
+            if base_images.STRATEGY_RUNTIME[strategy] not in settings.runtimes:
                 continue  # rejected by the input validation
             name = "%s.Request.%s" % (kind.state, strategy)
             rules.append(asl.rule({"Variable": "$.config.strategy", "StringEquals": strategy}, name))

@@ -6,7 +6,7 @@ import re
 TRAINING_SUBSTITUTIONS = (
     "ExecutionRoleArn",   # the SageMaker execution role of the jobs (iam:PassRole target)
     "EndpointRoleArn",    # the role endpoints run as (iam:PassRole target): reads the model artifact only
-    "ArtifactBucket",     # bucket name: the prefixes of lm.spec.contract.ARTIFACT_PREFIXES
+    "ArtifactBucket",     # bucket name: the prefixes of controlplane.bucket_layout.ARTIFACT_PREFIXES
     "FileSystemId",       # the EFS file system holding the dataset
     "SecurityGroupId",    # the training security group
     "HostingSecurityGroupId",  # the endpoints' security group (no NFS, HTTPS out)

@@ -12,7 +12,7 @@ The prepare stage runs when `prepare.enabled`. It looks for the completed prepar
 stack's file system (tag `lmstack:file-system`) that made data_directory (tag
 `lmstack:dataset-directory`) with SageMaker Search. None: the job runs. One with the same dataset
 key (tag `lmstack:dataset-key`: the MD5 of data_directory, the raw source, every prepare setting
-that decides the shards, `lm.spec.job.PREPARE_OUTPUT_HYPERPARAMETERS`, and init_from, whose tokenizer
+that decides the shards, `PREPARE_OUTPUT_HYPERPARAMETERS`, and init_from, whose tokenizer
 the prepare job then uses): the job is skipped, or run again with `prepare.force` (the machine
 cannot look into EFS itself, e.g. after the directory was emptied). One with another key: the
 directory holds another dataset, which lm.data.prepare would mix with this one, so the run is refused
@@ -33,10 +33,9 @@ import collections
 import hashlib
 import json
 
+from controlplane import bucket_layout
 from controlplane import rules
 from lm.spec.conditions import INVALID
-from lm.spec import contract
-from lm.spec import job
 from controlplane import request
 from stacks.state_machine import asl, deploy, jobs
 from stacks.state_machine.jobs import GATE_FAILED, gate_task
@@ -65,8 +64,12 @@ DATASET_NOT_PREPARED = "DatasetNotPrepared"
 OTHER_DATASET = "DirectoryHoldsAnotherDataset"
 RESUME_FROM_PATH = "$.config.resume_from"
 RAW_SOURCE_PATH = "$.run.raw.source"  # prepare.raw_s3_uri, else prepare.raw_directory
+# The prepare settings (lm.spec.job.PREPARE_HYPERPARAMETERS) that decide the bytes of the dataset (the tokenizer
+# and how the token stream is cut and split); the others decide only how fast it is made.
+PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", "tokenizer_sample_bytes",
+                                  "eod_token", "seq_len", "shard_size", "val_fraction")
 DATASET_KEY_FIELDS = ("$.config.data_directory", RAW_SOURCE_PATH) + tuple(
-    "$.config.prepare.hyperparameters.%s" % name for name in job.PREPARE_OUTPUT_HYPERPARAMETERS)
+    "$.config.prepare.hyperparameters.%s" % name for name in PREPARE_OUTPUT_HYPERPARAMETERS)
 # With init_from the dataset is tokenized with the checkpoint's tokenizer, so its prefix is part of the key.
 INIT_DATASET_KEY_FIELDS = DATASET_KEY_FIELDS + (jobs.INIT_FROM_PATH,)
 # What a tag value may hold (CreateTrainingJob API reference, Tag.Value: ^([\p{L}\p{Z}\p{N}_.:/=+\-@]*)$),
@@ -128,8 +131,8 @@ MODEL_ARTIFACT_PATH = "$.config.deploy.model_artifact"
 def _serve_states(first, next_state):
     """deploy.model_artifact in this stack's artifact bucket (what the endpoint role may read: a training job's
     model.tar.gz, or a Hugging Face directory under models/) becomes the model the Deploy stage serves."""
-    archive = "s3://${ArtifactBucket}/%s*/output/model.tar.gz" % contract.OUTPUT_PREFIX
-    directory = "s3://${ArtifactBucket}/%s*/" % contract.INIT_PREFIX
+    archive = "s3://${ArtifactBucket}/%s*/output/model.tar.gz" % bucket_layout.OUTPUT_PREFIX
+    directory = "s3://${ArtifactBucket}/%s*/" % bucket_layout.INIT_PREFIX
     return collections.OrderedDict([
         (first, asl.choice([asl.rule(asl.any_of({"Variable": MODEL_ARTIFACT_PATH, "StringMatches": archive},
                                                 {"Variable": MODEL_ARTIFACT_PATH, "StringMatches": directory}),
@@ -215,7 +218,7 @@ def _init_from_states(first, next_state):
     init channel), so a tokenizer of prepare's own (`tokenizer`, `train_tokenizer`) is refused, and
     the dataset key includes init_from. Characters a tag value cannot hold are refused too
     (`States.StringSplit` at every allowed character leaves nothing exactly when there is no other)."""
-    allowed = "s3://${ArtifactBucket}/%s" % contract.INIT_PREFIX
+    allowed = "s3://${ArtifactBucket}/%s" % bucket_layout.INIT_PREFIX
     prepare_enabled = {"Variable": "$.config.prepare.enabled", "BooleanEquals": True}
     prepare_hyperparameters = "$.config.prepare.hyperparameters."
     return collections.OrderedDict([
@@ -259,7 +262,7 @@ def _resume_states(first, next_state):
     on this file system's jobs), and no job may be writing to it now. Whether its checkpoints fit this
     run's model and dataset only lm.training.train can tell: it refuses them, naming both."""
     checkpoints = {"Name": "Tags.%s" % request.CHECKPOINTS_TAG, "Operator": "Equals", "Value.$": RESUME_FROM_PATH}
-    prefix = "s3://${ArtifactBucket}/%s{}/" % contract.CHECKPOINT_PREFIX
+    prefix = "s3://${ArtifactBucket}/%s{}/" % bucket_layout.CHECKPOINT_PREFIX
     return collections.OrderedDict([
         (first, asl.choice([asl.rule({"Variable": RESUME_FROM_PATH, "IsNull": True}, next_state),
                             # Search refuses an empty filter value (Filter.Value: .+)
@@ -282,7 +285,7 @@ def _resume_states(first, next_state):
 
 def raw_prefixes(settings):
     """The S3 prefixes prepare.raw_s3_uri may name: what the execution role may read."""
-    return ("s3://${ArtifactBucket}/%s" % contract.RAW_PREFIX,) + tuple(settings.raw_data_prefixes)
+    return ("s3://${ArtifactBucket}/%s" % bucket_layout.RAW_PREFIX,) + tuple(settings.raw_data_prefixes)
 
 
 def _raw_source_states(settings, first, next_state):

@@ -43,23 +43,96 @@ def _imported(node, modules):
     return found
 
 
-def imports_of(path, modules):
-    tree = ast.parse(open(path).read(), path)
-    found = set()
-    for node in ast.walk(tree):
+def import_sites(path, modules):
+    """(project module, line) for every import statement anywhere in the file: module level, inside
+    functions and methods, under `if` and `try`."""
+    for node in ast.walk(ast.parse(open(path).read(), path)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found |= _imported(node, modules)
-    return found
+            for target in _imported(node, modules):
+                yield target, node.lineno
 
 
-def graph():
+def imports_of(path, modules):
+    return {target for target, _ in import_sites(path, modules)}
+
+
+def where(path, line):
+    """"training_image/lm/spec/job.py:18": a file of the project and a line, for a failure message."""
+    return "%s:%d" % (os.path.relpath(path, ROOT), line)
+
+
+def graph(modules=None):
     """{module: set of project modules it imports} (a package's own __init__ excluded)."""
-    modules = module_files()
+    return {name: set(targets) for name, targets in graph_sites(modules).items()}
+
+
+def graph_sites(modules=None):
+    """{module: {project module it imports: ["file:line", ...]}} (a package's own __init__ excluded:
+    importing a module runs its packages' __init__ first, which is no dependency of the module)."""
+    modules = modules or module_files()
     edges = {}
     for name, path in modules.items():
         parents = {name.rsplit(".", depth)[0] for depth in range(1, name.count(".") + 1)}
-        edges[name] = {target for target in imports_of(path, modules) if target != name and target not in parents}
+        edges[name] = {}
+        for target, line in import_sites(path, modules):
+            if target != name and target not in parents:
+                _add_site(edges[name], target, where(path, line))
     return edges
+
+
+def packages(modules):
+    """Every project package and subpackage (a directory with an __init__.py): lm, lm.spec,
+    lm.spec.families, lm.training ..., controlplane, stacks, stacks.state_machine, lmstack."""
+    return sorted(name for name, path in modules.items() if os.path.basename(path) == "__init__.py")
+
+
+def package_of(module, package_names):
+    """The innermost package holding `module` (lm.spec.job: lm.spec; lm.spec.families.gpt: lm.spec.families)."""
+    return max((package for package in package_names if module == package or module.startswith(package + ".")), key=len)
+
+
+def package_graph_sites(modules=None):
+    """{package: {package it imports: ["file:line", ...]}}: every import of every module, function-local
+    ones included, counted for the innermost packages of the importer and the imported."""
+    modules = modules or module_files()
+    names = packages(modules)
+    edges = {package: {} for package in names}
+    for name, path in modules.items():
+        source = package_of(name, names)
+        for target, line in import_sites(path, modules):
+            imported = package_of(target, names)
+            if imported != source:
+                _add_site(edges[source], imported, where(path, line))
+    return edges
+
+
+def _add_site(targets, target, site):
+    """One import statement can name two modules of a package (`from lm.spec import job`): listed once."""
+    sites = targets.setdefault(target, [])
+    if site not in sites:
+        sites.append(site)
+        sites.sort(key=lambda text: (text.rpartition(":")[0], int(text.rpartition(":")[2])))
+
+
+def cycle_path(sites, component):
+    """One shortest circle through the strongly connected `component` of the graph `sites`, each step
+    with the import statements that make it: "a -> b (x.py:3, y.py:9)" lines, back to the start."""
+    start, members = component[0], set(component)
+    previous, todo = {start: None}, [start]
+    while todo:
+        node = todo.pop(0)
+        for target in sorted(sites[node]):
+            if target == start:
+                steps, at = [(node, start)], node
+                while previous[at] is not None:
+                    steps.insert(0, (previous[at], at))
+                    at = previous[at]
+                return ["%s -> %s (%s)" % (source, target, ", ".join(sites[source][target]))
+                        for source, target in steps]
+            if target in members and target not in previous:
+                previous[target] = node
+                todo.append(target)
+    raise ValueError("%s is not a circle" % component)
 
 
 def cycles(edges):

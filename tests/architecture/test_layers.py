@@ -7,6 +7,8 @@ Layers, bottom to top (a module imports only its own layer or lower ones, and no
   3 controlplane     synth time and laptop: request builder, planner, prices, serving containers, rules
   4 stacks           the CDK app
   5 lmstack          commands (start, plan, demo)
+Within a layer, imports run one way between packages too (lm.training uses lm.distributed, lm.spec
+uses lm.spec.families, never the reverse), imports inside functions included.
 """
 import ast
 import os
@@ -16,6 +18,10 @@ import pytest
 
 import imports
 
+# The (sub)packages whose imports must run one way, at least: the check derives them from the tree
+# (every directory with an __init__.py) and refuses to lose one of these.
+SUBPACKAGES = ("lm", "lm.data", "lm.distributed", "lm.hf", "lm.models", "lm.serving", "lm.spec", "lm.spec.families",
+               "lm.training", "controlplane", "stacks", "lmstack")
 LAYERS = (("lm.spec.fields", 0), ("lm.spec", 1), ("lm", 2), ("controlplane", 3), ("stacks", 4), ("lmstack", 5))
 # What the image runs: the training toolkit's programs, hosting's `serve`, and `python -m lm.hf`
 # (converts an export to the Hugging Face layout and back, in the image or next to it).
@@ -37,8 +43,38 @@ def test_every_import_runs_down_the_layers(edges):
     assert not upward, "imports that run upward:\n" + "\n".join(upward)
 
 
+def circles(sites):
+    """Each circle of the graph `sites` as the import statements that close it, one step a line."""
+    graph = {node: set(targets) for node, targets in sites.items()}
+    return ["\n".join(imports.cycle_path(sites, component)) for component in imports.cycles(graph)]
+
+
 def test_no_import_circles(edges):
-    assert imports.cycles(edges) == []
+    found = circles(imports.graph_sites())
+    assert found == [], "modules that import each other, function-local imports included:\n" + "\n\n".join(found)
+
+
+def test_no_import_circles_between_packages():
+    """Imports run one way between (sub)packages too: lm.training may use lm.distributed, or the
+    reverse, not both; an import inside a function counts (it hides a circle, it does not remove it)."""
+    sites = imports.package_graph_sites()
+    assert set(SUBPACKAGES) <= set(sites), "packages the check no longer sees: %s" % sorted(set(SUBPACKAGES) - set(sites))
+    found = circles(sites)
+    assert found == [], "packages that import each other (innermost package of each module):\n" + "\n\n".join(found)
+
+
+def test_the_package_circle_check_sees_a_local_import(tmp_path):
+    """The check above can fail: a function of lm.spec importing lm.training (which imports lm.spec)
+    closes a circle, reported as a path back to its start with the file and line of each import."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("import json\n\n\ndef run():\n    from lm.training import train\n    return train\n")
+    modules = dict(imports.module_files(), **{"lm.spec.planted": str(planted)})
+    found = circles(imports.package_graph_sites(modules))
+    closing = [circle for circle in found if "lm.spec -> lm.training (%s:5)" % os.path.relpath(str(planted), imports.ROOT)
+               in circle.splitlines()]
+    assert len(closing) == 1, found
+    steps = [line.split(" (")[0].split(" -> ") for line in closing[0].splitlines()]
+    assert all(step[1] == after[0] for step, after in zip(steps, steps[1:] + steps[:1])), closing[0]
 
 
 def test_the_field_type_is_a_leaf(edges):

@@ -15,7 +15,7 @@ def test_checkpoint_bench_reports_every_writer_and_snapshot_at_a_tiny_size(tmp_p
         row = report["results"][mode]
         assert len(row["stall_per_save_all_s"]) == 2 and row["write_wall_s"] > 0 and row["writer_cpu_per_save_s"] > 0
         assert len(row["device_extra_bytes_all"]) == 2
-        # lm.training.checkpoint's snapshot: NumPy copies of the whole state; the reference's: device tensors
+        # lm.checkpoint's snapshot: NumPy copies of the whole state; the reference's: device tensors
         assert row["snapshot_host_bytes"] == (0 if mode == "device" else report["state_bytes"])
     assert "writer_cpu_per_save_s" not in report["results"]["none"]  # the noise floor: no writer
     assert [name for name in os.listdir(str(tmp_path)) if name.startswith("tmp")] == []  # its directory is removed

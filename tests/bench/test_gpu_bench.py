@@ -12,6 +12,7 @@ BENCH = os.path.join(ROOT, "bench")
 sys.path.insert(0, BENCH)
 
 import gpu  # noqa: E402
+from controlplane import throughput  # noqa: E402
 from controlplane import planner  # noqa: E402
 from lm.spec import hardware  # noqa: E402
 
@@ -110,5 +111,5 @@ def test_record_keeps_the_best_mfu_per_instance_gpu_and_the_planner_then_assumes
     mfu, source = planner.assumed_mfu("H100")
     assert mfu == 0.36 and source == ("measured by bench/gpu.py: gpt-1.3b, bf16, XLA on, batch 12 x 2048, "
                                       "NVIDIA H100 80GB HBM3, TensorFlow 2.15.1, 2027-02-03")
-    assert planner.assumed_mfu("V100") == hardware.PUBLISHED_MFU["V100"]
+    assert planner.assumed_mfu("V100") == throughput.PUBLISHED_MFU["V100"]
     assert gpu.record_measurements(results[3:], path, "2027-02-04") == []

@@ -7,7 +7,8 @@ import pytest
 
 from controlplane import gate
 from lm.spec.hardware import INSTANCES
-from lm.spec.job import RUNTIMES, SMDDP_INSTANCE_TYPES, STRATEGIES
+from lm.spec.job import SMDDP_INSTANCE_TYPES, STRATEGIES
+from controlplane.base_images import RUNTIMES
 from stacks.settings import LOG_RETENTION_DAYS, Settings, SettingsError
 
 CDK_JSON = pathlib.Path(__file__).resolve().parents[2] / "cdk.json"

@@ -8,7 +8,7 @@ from test_stack import _as_list, _role_id, _statements
 from controlplane import containers
 from stacks.settings import MLFLOW_ENDPOINT_SERVICE, Settings
 from stacks.iam import MLFLOW_ACTIONS
-from lm.spec.contract import INIT_PREFIX
+from controlplane.bucket_layout import INIT_PREFIX
 
 
 def test_jobs_may_read_but_not_write_the_init_prefix(default):

@@ -6,8 +6,9 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 
-from lm.spec.contract import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
-from lm.spec.job import METRIC_DEFINITIONS, RUNTIMES, base_image_uri
+from controlplane.bucket_layout import ARTIFACT_PREFIXES, CHECKPOINT_PREFIX, READ_ONLY_PREFIXES
+from controlplane.metrics import METRIC_DEFINITIONS
+from controlplane.base_images import RUNTIMES, base_image_uri
 from stacks import state_machine
 from stacks.settings import INTERFACE_ENDPOINT_SERVICES, Settings, SettingsError
 from stacks.nag import Grant, add_grants

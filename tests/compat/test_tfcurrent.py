@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
+from controlplane import base_images
 from controlplane import presets
-from lm.spec import job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = os.path.join(ROOT, ".venv-tfcurrent", "bin", "python")
@@ -67,7 +67,7 @@ def test_prepare_train_export_reload_on_current_tf(tmp_path):
     assert tuple(facts["tf_version"]) >= (2, 16), facts
     # The environment runs the TensorFlow of the image `tfcurrent` builds on, and the tf_keras of
     # the same minor version that training_image/Dockerfile installs there.
-    image_tf = job.RUNTIMES["tfcurrent"].split("-")[0]
+    image_tf = base_images.RUNTIMES["tfcurrent"].split("-")[0]
     assert facts["tf"] == image_tf and facts["keras_version"].startswith(image_tf.rsplit(".", 1)[0] + "."), facts
     assert facts["keras"] == "tf_keras" and facts["keras_version"].startswith("2."), facts
     assert facts["shape"] == [1, facts["tokens"], facts["vocab"]] and facts["finite"], facts

@@ -2,7 +2,7 @@
 import pytest
 
 from lmstack import sample_corpus
-from lm.data import tokenizer as tokenizers_lib
+from lm import tokenizer as tokenizers_lib
 from prepare_helpers import read_records
 
 

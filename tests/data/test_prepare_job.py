@@ -1,7 +1,7 @@
 """The "prepare" SageMaker job, run locally by the real container toolkit (sagemaker-training).
 
 The toolkit reads an /opt/ml-shaped tree (SAGEMAKER_BASE_DIR), turns the hyperparameters
-lm.spec.job encodes into `--name value` arguments and runs `prepare.py`, as in the training image.
+controlplane.request encodes into `--name value` arguments and runs `prepare.py`, as in the training image.
 """
 import json
 import os
@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
+from controlplane import inputs
 from lm.spec import job
 from controlplane import request
 from lmstack import sample_corpus
+from stacks.state_machine import training
 from lm.spec import shards
 
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "training_image")
@@ -45,7 +47,7 @@ def _run_toolkit_job(tmp_path, values, raw_files=()):
     values = dict(values, **request.prepare_arguments(_prepare_job("/datasets/pile", raw_s3_uri=None)))
     hyperparameters = request.sdk_hyperparameters(
         values,
-        strategy="single", instance_type=job.PREPARE_INSTANCE_TYPE, processes_per_host=1, job_name="prepare-1",
+        strategy="single", instance_type=inputs.PREPARE_INSTANCE_TYPE, processes_per_host=1, job_name="prepare-1",
         region="us-east-1", output_path="s3://bucket/output", job_kind="prepare")
     assert json.loads(hyperparameters["sagemaker_program"]) == "prepare.py"
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
@@ -65,8 +67,8 @@ def test_every_prepare_hyperparameter_is_in_the_dataset_key_or_changes_only_the_
     """A new lm.data.prepare setting must say whether it changes the shards: then it belongs in the state
     machine's dataset key (stacks.state_machine.training), or a new setting would reuse an old dataset."""
     speed = {"workers", "threads", "shard_index", "num_shards"}  # how the work is split, not its result
-    assert set(job.PREPARE_HYPERPARAMETERS) - set(job.PREPARE_OUTPUT_HYPERPARAMETERS) == speed
-    assert set(job.PREPARE_OUTPUT_HYPERPARAMETERS) <= set(job.PREPARE_HYPERPARAMETERS)
+    assert set(job.PREPARE_HYPERPARAMETERS) - set(training.PREPARE_OUTPUT_HYPERPARAMETERS) == speed
+    assert set(training.PREPARE_OUTPUT_HYPERPARAMETERS) <= set(job.PREPARE_HYPERPARAMETERS)
 
 
 @pytest.mark.slow
@@ -101,7 +103,7 @@ def test_the_prepare_job_with_its_default_hyperparameters_trains_a_tokenizer(tmp
 def _prepare_job(data_directory, raw_s3_uri):
     return request.TrainingJob(
         kind="prepare", name="prepare-1", image="image", role_arn="role", bucket="bucket", region="us-east-1",
-        hyperparameters={}, instance_type=job.PREPARE_INSTANCE_TYPE, instance_count=2, max_runtime_seconds=3600,
+        hyperparameters={}, instance_type=inputs.PREPARE_INSTANCE_TYPE, instance_count=2, max_runtime_seconds=3600,
         spot=False, file_system_id="fs-0123456789abcdef0", security_group_ids=["sg-1"], subnets=["subnet-1"],
         data_directory=data_directory, execution_name="run-1", raw_directory="/raw", raw_s3_uri=raw_s3_uri)
 

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from controlplane import bucket_layout
+from controlplane import inputs
 from controlplane import presets
 from lm.spec import contract
 from lm.spec import job
@@ -22,11 +24,11 @@ from controlplane import request
 from lmstack import sample_corpus
 from lm.spec import shards
 from lm import hf
-from lm.data import tokenizer as tokenizers_lib
+from lm import tokenizer as tokenizers_lib
 
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "training_image")
 EOS_TOKEN = "</s>"  # the checkpoint's eos (config.json eos_token_id), not lm.data.prepare's default <|endoftext|>
-INIT_FROM = "s3://lmstack-artifacts/%sgpt2-small-vocab/" % contract.INIT_PREFIX
+INIT_FROM = "s3://lmstack-artifacts/%sgpt2-small-vocab/" % bucket_layout.INIT_PREFIX
 SEQ_LEN = 32
 
 
@@ -157,7 +159,7 @@ def test_the_prepare_job_with_init_from_makes_a_dataset_lm_train_starts_from_the
     values.update(seq_len=SEQ_LEN, shard_size=4096, val_fraction=0.1, workers=1, threads=1)
     prepare_job = request.TrainingJob(
         kind="prepare", name="prepare-1", image="image", role_arn="role", bucket="lmstack-artifacts",
-        region="us-east-1", hyperparameters=values, instance_type=job.PREPARE_INSTANCE_TYPE, instance_count=1,
+        region="us-east-1", hyperparameters=values, instance_type=inputs.PREPARE_INSTANCE_TYPE, instance_count=1,
         max_runtime_seconds=3600, spot=False, file_system_id="fs-0123456789abcdef0", security_group_ids=["sg-1"],
         subnets=["subnet-1"], data_directory="/datasets/pile", execution_name="run-1", raw_directory="/raw",
         init_from=INIT_FROM)

@@ -15,6 +15,7 @@ import json
 import pytest
 from state_machine.harness import StandInSettings
 
+from controlplane import request
 from controlplane import presets
 from lm.spec import job
 
@@ -39,7 +40,7 @@ def with_entry(monkeypatch):
 
 
 def encoded(value):
-    return job.encode_hyperparameters({NAME: value})[NAME]
+    return request.encode_hyperparameters({NAME: value})[NAME]
 
 
 def refusals(value, deployment, train, start):

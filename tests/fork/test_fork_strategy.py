@@ -5,8 +5,9 @@ no other edit: the Validate stage's `strategy` choice and the rules generated pe
 `lmstack.start`, the `default_strategy` setting, the request, and `lm.training.train`, which
 trains two steps with it.
 
-The edits are made to copies of lm/spec/job.py and lm/distributed/__init__.py run in the modules'
-places, plus the new module lm/distributed/solo.py (`recipe`); the modules that bind the tables
+The edits are made to copies of lm/spec/job.py, controlplane/base_images.py and
+lm/distributed/__init__.py run in the modules' places, plus the new module lm/distributed/solo.py
+(`recipe`); the modules that bind the tables
 when imported (`stacks.settings`, `lmstack.start`, `lm.training.train`) are imported afresh.
 `lm.spec.job.processes_per_host` needs no edit (one process per host is its default), nor
 `controlplane.request.distribution_hyperparameters` (the SDK adds nothing for a strategy without a
@@ -18,6 +19,7 @@ import os
 import pytest
 from state_machine.harness import StandInSettings
 
+from controlplane import base_images, request
 from controlplane import planner, rules
 from lm.distributed import single
 from controlplane import presets
@@ -29,10 +31,10 @@ from . import recipe
 STRATEGY, RUNTIME, INSTANCE_TYPES = "solo", "tf211", ("ml.g5.xlarge", "ml.g5.2xlarge")
 EDITS = (('STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")',
           'STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp", "solo")'),
-         ('"mwms": "tfcurrent", "single": "tfcurrent"}', '"mwms": "tfcurrent", "single": "tfcurrent", "solo": "tf211"}'),
          ('STRATEGY_INSTANCE_TYPES = {"smddp": SMDDP_INSTANCE_TYPES, "smp": SMP_INSTANCE_TYPES}',
           'STRATEGY_INSTANCE_TYPES = {"smddp": SMDDP_INSTANCE_TYPES, "smp": SMP_INSTANCE_TYPES, '
           '"solo": ("ml.g5.xlarge", "ml.g5.2xlarge")}'))
+RUNTIME_EDIT = ('"mwms": "tfcurrent", "single": "tfcurrent"}', '"mwms": "tfcurrent", "single": "tfcurrent", "solo": "tf211"}')
 ADAPTER_ENTRY = '    "solo": ("lm.distributed.solo", "SoloStrategy"),\n'
 RUN = {"strategy": STRATEGY, "instance_type": "ml.g5.2xlarge", "instance_count": 1, "preset": "tiny"}
 ELSEWHERE = dict(RUN, instance_type="ml.p3.2xlarge")
@@ -48,6 +50,7 @@ def with_strategy(monkeypatch, tmp_path):
     from lm import distributed
 
     recipe.run_in_place(monkeypatch, job, recipe.replaced(job, *EDITS))
+    recipe.run_in_place(monkeypatch, base_images, recipe.replaced(base_images, RUNTIME_EDIT))
     adapter = recipe.replaced(single, ('"""One process, one device', '"""A copy of lm.distributed.single: one device'),
                               ("class SingleStrategy(", "class SoloStrategy("), ('name = "single"', 'name = "solo"'))
     recipe.add_module(monkeypatch, "lm.distributed.solo", adapter, str(tmp_path / "solo.py"))
@@ -59,7 +62,7 @@ def with_strategy(monkeypatch, tmp_path):
 def train_args(data_dir, tmp_path, **hyperparameters):
     args = ["--data-dir", data_dir, "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir", str(tmp_path / "model")]
     for name, value in presets.resolve(dict(TINY, **hyperparameters)).items():
-        args += ["--" + name, job.encode_hyperparameters({name: value})[name]]
+        args += ["--" + name, request.encode_hyperparameters({name: value})[name]]
     return args
 
 

@@ -14,7 +14,7 @@ from lm import hf, models
 from lm.compat import keras, tf
 from controlplane.presets import get_preset
 from lm.serving.generate import generate_tokens
-from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
+from lm.tokenizer import EOD_TOKEN, save, train_bpe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HF_PYTHON = os.path.join(ROOT, ".venv-hf", "bin", "python")

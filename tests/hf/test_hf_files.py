@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lm import hf, models
-from lm.data.tokenizer import save, train_bpe
+from lm.tokenizer import save, train_bpe
 from lm.hf import files
 from lm.spec.families import LlamaConfig
 

@@ -16,7 +16,7 @@ from test_hf_export import HF_PYTHON, ROOT, TEXT, requires_hf_venv
 from controlplane.presets import get_preset
 from lm import hf, models
 from lm.compat import keras, tf
-from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
+from lm.tokenizer import EOD_TOKEN, save, train_bpe
 from lm.hf.files import bfloat16_bits
 from lm.serving import export as lm_export
 from lm.serving.generate import generate_tokens

@@ -23,7 +23,7 @@ from lm.spec import shards
 from lm.training import train
 from lm import hf
 from lm.serving import export as lm_export
-from lm.data.tokenizer import EOD_TOKEN, save, train_bpe
+from lm.tokenizer import EOD_TOKEN, save, train_bpe
 
 TRAINING_IMAGE = os.path.join(ROOT, "training_image")
 # The tiny preset's shape (2 layers, width 64, 4 heads); vocabulary and context are the checkpoint's.

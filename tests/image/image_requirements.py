@@ -1,7 +1,7 @@
 """The training images' Python requirements, resolved for each image's Python and platform without
 building anything: what tests/image/test_image_requirements.py checks, and how the locks are written.
 
-Each runtime of `lm.spec.job.RUNTIMES` is a TensorFlow DLC; its tag names the TensorFlow version, the
+Each runtime of `controlplane.base_images.RUNTIMES` is a TensorFlow DLC; its tag names the TensorFlow version, the
 Python (`py38`) and the OS. The image installs `training_image/requirements/tf<major.minor>.txt`, the
 lock of that TensorFlow's image: every package of `training_image/requirements.txt`'s closure, pinned,
 resolved wheel-only (`pip --only-binary=:all:`, as the Dockerfile installs) for the image's Python and
@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "training_image")]
 
-from lm.spec.job import RUNTIMES  # noqa: E402
+from controlplane.base_images import RUNTIMES  # noqa: E402
 
 IMAGE = os.path.join(ROOT, "training_image")
 REQUIREMENTS = os.path.join(IMAGE, "requirements.txt")

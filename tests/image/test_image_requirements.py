@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from image_requirements import DOCKERFILE, LOCKS, REQUIREMENTS, ResolutionFailed, resolve_lock, target
-from lm.spec.job import RUNTIMES
+from controlplane.base_images import RUNTIMES
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))

@@ -10,7 +10,7 @@ from lm.serving import export as lm_export
 from lm import models
 from lm.compat import keras, tf
 from controlplane.presets import get_preset
-from lm.data.tokenizer import save, train_bpe
+from lm.tokenizer import save, train_bpe
 
 
 @pytest.fixture(scope="module")

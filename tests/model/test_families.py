@@ -99,7 +99,7 @@ def test_family_errors_name_the_allowed_values():
 def test_config_dicts_round_trip_for_every_preset():
     for name, config in presets.ALL_PRESETS.items():
         assert models.config_from_dict(config.family, config.to_dict()) == config
-        assert lm_config.flops_per_token(config) > 0 < lm_config.non_embedding_parameter_count(config)
+        assert lm_config.flops_per_token(config) > 0 < config.non_embedding_parameter_count()
 
 
 def test_a_family_declares_its_capabilities_in_its_one_entry():
@@ -108,7 +108,7 @@ def test_a_family_declares_its_capabilities_in_its_one_entry():
     assert lm_config.FAMILIES["llama"] == lm_config.ModelFamily(
         lm_config.LlamaConfig, "lm.models.llama:build_model",
         ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
-    made = {found.name: found for found in lm_config.family_rules()}
+    made = {found.name: found for found in job.family_rules()}
     assert [name for name in made if name.startswith("family.llama.")] == ["family.llama.smp"]
     assert made["family.llama.smp"].message.startswith("model llama cannot use strategy smp (capability smp: SMP v1")
     assert made["family.rnn.tgi"].message.endswith("families with it: gpt, llama")

@@ -5,7 +5,7 @@ from lm.serving import generate as lm_generate
 from lm.models import gpt as lm_model
 from lm.compat import keras, tf
 from controlplane.presets import get_preset
-from lm.data.tokenizer import EOD_TOKEN, train_bpe
+from lm.tokenizer import EOD_TOKEN, train_bpe
 
 TINY = get_preset("tiny")
 PROMPTS = [[5, 17, 3, 99, 42, 7], [11, 2], [300, 301, 302, 303]]

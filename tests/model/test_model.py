@@ -9,7 +9,7 @@ import pytest
 from lm.models import gpt as lm_model
 from lm.compat import keras, tf
 from controlplane.presets import GPT_PRESETS, get_preset
-from lm.spec.families import GPTConfig, non_embedding_parameter_count, parameter_count
+from lm.spec.families import GPTConfig, parameter_count
 
 TINY = get_preset("tiny")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
@@ -78,7 +78,7 @@ def test_built_parameter_count_equals_the_formula(changes):
     assert model.count_params() == parameter_count(config)
     embeddings = config.padded_vocab_size * config.d_model + config.block_size * config.d_model
     head = 0 if config.tie_embeddings else config.padded_vocab_size * config.d_model
-    assert model.count_params() - embeddings - head == non_embedding_parameter_count(config)
+    assert model.count_params() - embeddings - head == config.non_embedding_parameter_count()
 
 
 def test_seed_style_heads_use_the_full_width():

@@ -30,7 +30,7 @@ Prints one JSON line. How it measures:
   (2 x the product of all distinct dimension sizes of a two-operand einsum).
   (An RNN's recurrent matmuls run inside a while loop's body, which this count does not enter.)
 - parameters: the built model's trainable variables, summed.
-- with "snapshot": after those measured steps, lm.training.checkpoint's snapshot of the state
+- with "snapshot": after those measured steps, lm.checkpoint's snapshot of the state
   (weights, m, v: `host_snapshot`) is taken and held, as a background save holds it until its
   writer has written the file; one step runs, then the measured ones again: `peak_bytes` is their
   peak on TensorFlow's allocator, `plain_peak_bytes` the first ones', and `snapshot_host_bytes`
@@ -47,7 +47,7 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 # here are the same within 1.5 % either way, and a GPU runs neither.
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.compat import tf  # noqa: E402
 from lm import models
 from lm.distributed.base import apply_update, compute_gradients  # noqa: E402

@@ -108,7 +108,7 @@ def test_parameter_count_agrees_with_lmstack_plan_describe(preset):
 
 @pytest.mark.slow
 def test_a_held_checkpoint_snapshot_is_in_host_memory_where_the_plan_counts_it():
-    """A step taken while lm.training.checkpoint's snapshot of the state is held (a background save whose
+    """A step taken while lm.checkpoint's snapshot of the state is held (a background save whose
     writer has not yet written the file): the snapshot is NumPy arrays of the weights and AdamW's m
     and v, CHECKPOINT_SNAPSHOT_BYTES a parameter of host memory, and TensorFlow's allocator peak does
     not rise (it rose by 11.3 to 13.9 bytes a parameter while the snapshot held the reads on the

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from controlplane import throughput
+from controlplane import base_images
 from lmstack import plan
 from controlplane import planner
 from controlplane import prices
@@ -169,7 +171,7 @@ def test_gpt_125m_fits_on_every_gpu_instance(table):
 def test_support_lists_come_from_lm_job(monkeypatch):
     assert not planner.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
     monkeypatch.setitem(job.STRATEGY_INSTANCE_TYPES, "smddp", job.SMDDP_INSTANCE_TYPES + ("ml.p5.48xlarge",))
-    monkeypatch.setitem(job.STRATEGY_RUNTIME, "smddp", "tfcurrent")
+    monkeypatch.setitem(base_images.STRATEGY_RUNTIME, "smddp", "tfcurrent")
     assert planner.check("gpt-125m", "ml.p5.48xlarge", 1, "smddp", global_batch=8).ok
 
 
@@ -305,7 +307,7 @@ def test_tokens_per_second_follow_peak_times_mfu_over_flops_per_token():
 
 def test_default_mfu_is_per_gpu():
     timing = planner.plan("gpt-125m", "ml.p3.16xlarge", 1, "horovod", global_batch=8)["chosen"]["time"]
-    assert timing["mfu"] == hardware.PUBLISHED_MFU["V100"][0]
+    assert timing["mfu"] == throughput.PUBLISHED_MFU["V100"][0]
     assert timing["peak_flops_per_gpu"] == hardware.GPUS["V100"].peak_flops["fp16"]
 
 
@@ -344,10 +346,10 @@ def test_every_gpu_instance_has_a_price_a_gpu_and_a_network():
         # A price that could not be sourced is listed as such, never guessed.
         assert (name in prices.UNPRICED) != (prices.on_demand_price(name) is not None)
         assert name in prices.UNPRICED or prices.on_demand_price(name) > 0
-        assert hardware.NETWORK_GBPS[name] > 0
+        assert throughput.NETWORK_GBPS[name] > 0
         if inst.gpus:
             gpu = hardware.get_gpu(inst.gpu)
-            assert gpu.default_precision in gpu.peak_flops and inst.gpu in hardware.PUBLISHED_MFU
+            assert gpu.default_precision in gpu.peak_flops and inst.gpu in throughput.PUBLISHED_MFU
 
 
 # ---- bad input ----
@@ -510,7 +512,7 @@ def test_the_peak_learning_rate_is_within_2x_of_gpt3s_for_the_size_at_any_batch(
 
 def test_the_mfu_is_stated_with_its_source_and_a_measurement_replaces_the_published_one(monkeypatch):
     timing = planner.plan("gpt-1.3b", "ml.p5.48xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]
-    assert (timing["mfu"], timing["mfu_source"]) == (0.418, hardware.PUBLISHED_MFU["H100"][1])
+    assert (timing["mfu"], timing["mfu_source"]) == (0.418, throughput.PUBLISHED_MFU["H100"][1])
     assert "llm-foundry" in timing["mfu_source"]
     assert planner.plan("gpt-1.3b", "ml.p4d.24xlarge", 1, "mwms", global_batch=64)["chosen"]["time"]["mfu"] == 0.5
     monkeypatch.setitem(planner.MEASURED_MFU, "H100", {
@@ -524,7 +526,7 @@ def test_the_mfu_is_stated_with_its_source_and_a_measurement_replaces_the_publis
 
 
 def test_no_measured_mfu_is_committed_without_its_gpu():
-    assert set(planner.load_measured_mfu()) <= set(hardware.PUBLISHED_MFU) == set(hardware.GPUS)
+    assert set(planner.load_measured_mfu()) <= set(throughput.PUBLISHED_MFU) == set(hardware.GPUS)
 
 
 def test_ampere_and_newer_default_to_bf16():

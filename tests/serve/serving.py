@@ -28,7 +28,7 @@ def export_tiny(out_dir, seed=0):
     from controlplane.presets import get_preset
     from lm.serving.export import export_model
     from lm.models.gpt import build_model
-    from lm.data.tokenizer import save, train_bpe
+    from lm.tokenizer import save, train_bpe
 
     config = get_preset("tiny")
     os.makedirs(out_dir, exist_ok=True)

@@ -1,4 +1,5 @@
 """Shared by the tests of the SMDDP and SMP adapters (which run against fakes)."""
+from controlplane import request
 from controlplane import presets
 from lm.compat import tf
 
@@ -77,7 +78,6 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
     import subprocess
     import sys
 
-    from lm.spec import job
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(tests)
     log = os.path.join(out_dir, "calls.jsonl")
@@ -94,7 +94,7 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
     launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]
     args = [sys.executable] + launcher + ["lm.training.train", "--data-dir", data_dir,
             "--checkpoint-dir", os.path.join(out_dir, "ckpt"), "--export-dir", os.path.join(out_dir, "model")]
-    for name, value in job.encode_hyperparameters(values).items():
+    for name, value in request.encode_hyperparameters(values).items():
         args += ["--" + name, value]
     result = subprocess.run(args, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=600)

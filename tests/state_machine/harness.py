@@ -78,8 +78,8 @@ from moto.stepfunctions.parser.asl.utils import json_path
 
 import aws_rules
 import quota_tables
-from lm.spec import contract
-from lm.spec import job
+from controlplane import bucket_layout
+from controlplane import base_images
 from lmstack import local_lambda, local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
 from stacks import gate_code
@@ -103,7 +103,7 @@ class StandInSettings:
     name_prefix: str = "lmstack"
     region: str = REGION
     az_count: int = 2
-    runtimes: Tuple[str, ...] = tuple(job.RUNTIMES)
+    runtimes: Tuple[str, ...] = tuple(base_images.RUNTIMES)
     default_preset: str = "tiny"
     default_strategy: str = "single"
     default_instance_type: str = "ml.g5.2xlarge"
@@ -466,7 +466,7 @@ class Deployment:
         self.file_system = aws_rules.FileSystem(self.values["FileSystemId"])
         # What the stack's execution role may read (stacks.iam: the read-only prefixes, raw_data_prefixes).
         self.readable_prefixes = tuple("s3://%s/%s" % (self.values["ArtifactBucket"], prefix)
-                                       for prefix in contract.READ_ONLY_PREFIXES) + tuple(settings.raw_data_prefixes)
+                                       for prefix in bucket_layout.READ_ONLY_PREFIXES) + tuple(settings.raw_data_prefixes)
         for index, directory in enumerate((settings.dataset_directory,) if prepared is None else prepared):
             self.record_prepared(directory, "lmstack-prep-earlier-%d" % index)
 

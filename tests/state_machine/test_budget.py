@@ -5,8 +5,8 @@ deadline (hyperparameter stop_after_seconds) a start-up before MaxRuntime."""
 import pytest
 from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 
-from controlplane import budget, gate, prices
-from lm.spec import job
+from controlplane import budget
+from controlplane import gate, prices
 
 CONTEXT = gate.Context(gate.Deployment.of(StandInSettings()))
 # 20,000 steps of gpt-125m on two ml.p4d.24xlarge: about half an hour, about $40 on demand
@@ -51,7 +51,7 @@ def test_a_budget_above_the_estimate_caps_max_runtime_so_count_x_price_x_runtime
     assert 2 * P4D * cap / 3600 <= needed * 1.5 < 2 * P4D * (cap + 1) / 3600
     # the plan's training, its start-up, a step and the last save fit within the cap
     assert decision.plan["hours"] * 3600 + budget.stop_margin_seconds(decision.config, decision.plan) <= cap
-    assert decision.plan["stop_after_seconds"] == cap - job.JOB_STARTUP_SECONDS
+    assert decision.plan["stop_after_seconds"] == cap - budget.JOB_STARTUP_SECONDS
     assert decision.plan["budget"]["max_runtime_seconds"] == cap
     assert "capped from max_runtime_seconds 86400" in decision.notes[0]
     # a budget above what max_runtime_seconds allows changes nothing
@@ -118,5 +118,5 @@ def test_a_budget_above_the_estimate_caps_the_training_request(deployment):
     stopping = request["StoppingCondition"]
     cap = int(1.0 / prices.spot_cost(prices.on_demand_price("ml.g5.2xlarge")) * 3600)
     assert stopping == {"MaxRuntimeInSeconds": min(cap, 3600), "MaxWaitTimeInSeconds": 2 * min(cap, 3600)}
-    assert request["HyperParameters"]["stop_after_seconds"] == str(min(cap, 3600) - job.JOB_STARTUP_SECONDS)
+    assert request["HyperParameters"]["stop_after_seconds"] == str(min(cap, 3600) - budget.JOB_STARTUP_SECONDS)
     assert invalid_sagemaker_requests(run) == []

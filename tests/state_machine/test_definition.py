@@ -6,11 +6,11 @@ import pytest
 
 from state_machine.harness import StandInSettings
 
-from lm.spec import job
+from controlplane import base_images
 from stacks.state_machine import asl, build_stop_definition, build_training_definition
 
 SETTINGS = [StandInSettings(), StandInSettings(runtimes=("tfcurrent",), az_count=3, spot=True)] + [
-    StandInSettings(runtimes=(runtime,)) for runtime in job.RUNTIMES]
+    StandInSettings(runtimes=(runtime,)) for runtime in base_images.RUNTIMES]
 
 
 @pytest.mark.parametrize("build", [build_training_definition, build_stop_definition])

@@ -14,7 +14,7 @@ from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 
 from controlplane import containers, gate, inputs, rules
 from controlplane.presets import get_preset
-from lm.spec import conditions, fields
+from lm.spec import conditions
 from lmstack import start
 
 # moto accepts only its own (older) list of hosting instance types: of ours, ml.g4dn.12xlarge and ml.p3.*.
@@ -115,7 +115,7 @@ def test_the_gate_gives_the_deploy_stage_the_container_s_environment(container):
     context = gate.Context(gate.Deployment.of(StandInSettings()))
 
     def decided(preset, instance_type):
-        config = fields.with_defaults(inputs.schema(context.deployment), {"preset": preset, "deploy": {
+        config = inputs.with_defaults(inputs.schema(context.deployment), {"preset": preset, "deploy": {
             "enabled": True, "container": container, "instance_type": instance_type}})
         decision = gate.Decision(given={}, config=config, plan={})
         gate.check_serving(decision, context)

@@ -4,7 +4,8 @@ declares it gets past that check. lmstack.start's side: tests/start/test_start.p
 import pytest
 
 from lm.spec import conditions
-from lm.spec.families import FAMILIES, family_rules
+from lm.spec.families import FAMILIES
+from lm.spec.job import family_rules
 
 RNN = {"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}
 DEPLOY = {"enabled": True, "instance_type": "ml.g4dn.12xlarge"}

@@ -4,12 +4,13 @@ import pytest
 from state_machine.harness import StandInSettings, invalid_sagemaker_requests
 from state_machine.test_request import assert_equal_key_by_key, concrete_request
 
+from controlplane import bucket_layout
 from lm.spec import conditions
 from lm.spec import contract
 from lmstack import start
 from stacks.state_machine import jobs
 
-INIT_FROM = "s3://lmstack-artifacts/%sgpt2-random/" % contract.INIT_PREFIX
+INIT_FROM = "s3://lmstack-artifacts/%sgpt2-random/" % bucket_layout.INIT_PREFIX
 
 
 def _failure(run):

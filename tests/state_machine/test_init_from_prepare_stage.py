@@ -9,16 +9,16 @@ import pytest
 from state_machine.harness import invalid_sagemaker_requests
 from state_machine.test_request import assert_equal_key_by_key
 
+from controlplane import bucket_layout
 from lm.spec import conditions
-from lm.spec import fields
 from lm.spec import contract
 from controlplane import request
 from controlplane import inputs
 from stacks.state_machine import jobs, render, training
 
-INIT_FROM = "s3://lmstack-artifacts/%sgpt2-random/" % contract.INIT_PREFIX
-OTHER_INIT_FROM = "s3://lmstack-artifacts/%sgpt2-other/" % contract.INIT_PREFIX
-RAW = "s3://lmstack-artifacts/%spile/" % contract.RAW_PREFIX
+INIT_FROM = "s3://lmstack-artifacts/%sgpt2-random/" % bucket_layout.INIT_PREFIX
+OTHER_INIT_FROM = "s3://lmstack-artifacts/%sgpt2-other/" % bucket_layout.INIT_PREFIX
+RAW = "s3://lmstack-artifacts/%spile/" % bucket_layout.RAW_PREFIX
 
 
 def _failure(run):
@@ -28,7 +28,7 @@ def _failure(run):
 def _built(deployment, run, kind, execution_input):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
-    config = fields.with_defaults(inputs.schema(settings), execution_input)
+    config = inputs.with_defaults(inputs.schema(settings), execution_input)
     values = jobs.concrete_values(
         kind, settings, config, execution_name=run.arn.split(":")[-1], dataset_key=training.concrete_dataset_key(config),
         job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, hashlib.md5(run.arn.encode()).hexdigest()))
@@ -67,7 +67,7 @@ def test_the_prepare_job_gets_the_init_channel_as_the_builder_builds_it(make_dep
     # lm.data.prepare gets no tokenizer of its own to train or to read: it tokenizes with the init channel's.
     assert json.loads(prepare["HyperParameters"]["tokenizer"]) == ""
     assert json.loads(prepare["HyperParameters"]["train_tokenizer"]) is False
-    config = fields.with_defaults(inputs.schema(deployment.settings), execution_input)
+    config = inputs.with_defaults(inputs.schema(deployment.settings), execution_input)
     assert _tags(prepare)[request.DATASET_KEY_TAG] == training.concrete_dataset_key(config)
     assert invalid_sagemaker_requests(run) == []
 
@@ -93,7 +93,7 @@ def test_the_dataset_key_includes_init_from(make_deployment):
         "prep", "train"]
     keys = [_tags(run.calls("createTrainingJob")[0][2])[request.DATASET_KEY_TAG] for run in (first, other)]
     assert keys[0] != keys[1]
-    config = fields.with_defaults(inputs.schema(deployment.settings), {"prepare": prepare})
+    config = inputs.with_defaults(inputs.schema(deployment.settings), {"prepare": prepare})
     assert first.output["prepare"]["dataset_key"] != training.concrete_dataset_key(config)
 
 

@@ -13,7 +13,6 @@ import json
 import pytest
 from state_machine.harness import StandInSettings
 
-from lm.spec import fields
 from lm.spec import job
 from controlplane import request
 from controlplane import inputs
@@ -25,7 +24,7 @@ INSTANCE_TYPE = "ml.p4d.24xlarge"
 def concrete_request(deployment, run, kind, execution_input):
     """What the builder returns for this run's concrete values, placeholders filled as deployed."""
     settings = deployment.settings
-    config = fields.with_defaults(inputs.schema(settings), execution_input)
+    config = inputs.with_defaults(inputs.schema(settings), execution_input)
     run_id = hashlib.md5(run.arn.encode()).hexdigest()
     values = jobs.concrete_values(
         kind, settings, config, job_name="%s-%s-%s-1" % (settings.name_prefix, kind.token, run_id),

@@ -13,7 +13,6 @@ import pytest
 from state_machine.harness import SUCCESS, invalid_sagemaker_requests
 
 from lm.spec import conditions
-from lm.spec import fields
 from controlplane import request
 from controlplane import inputs
 from stacks.state_machine import jobs, render
@@ -81,7 +80,7 @@ def test_resume_from_that_names_no_checkpoint_prefix_of_this_stack_is_refused_be
 @pytest.mark.slow
 def test_resume_from_a_prefix_a_job_is_writing_to_is_refused(deployment):
     """Two jobs syncing one checkpoint prefix would overwrite each other's files."""
-    config = fields.with_defaults(inputs.schema(deployment.settings), {})
+    config = inputs.with_defaults(inputs.schema(deployment.settings), {})
     busy = jobs.concrete_values(jobs.TRAIN, deployment.settings, config, job_name="lmstack-train-busy-1",
                                 execution_name="still-running")
     deployment.jobs.scripts.insert(0, [("InProgress", "Training", {})])

@@ -12,10 +12,10 @@ import re
 import pytest
 from state_machine import harness
 
-from controlplane import planner
+from controlplane import gate, planner
 from controlplane import rules
 from lm.spec import conditions
-from lm.spec import fields, job
+from lm.spec import job
 from lmstack import start
 from controlplane import inputs
 from stacks import settings
@@ -98,7 +98,7 @@ def test_start_refuses_what_the_state_machine_refuses_with_its_words(deployment)
     with pytest.raises(start.StartError) as error:
         start.validate_input(execution_input, Settings())
     assert (run.status, run.description.get("error"), run.description.get("cause")) == (
-        "FAILED", conditions.PLAN_REJECTED, str(error.value))
+        "FAILED", gate.PLAN_REJECTED, str(error.value))
     assert str(error.value).startswith("lmstack.plan: single on 1 x ml.g5.2xlarge: needs ")
     assert deployment.jobs.created == []
 
@@ -129,7 +129,7 @@ def test_names_the_state_machine_builds_fit_for_the_longest_prefix():
     assert len(prefix) + 1 + rules.JOB_NAME_HASH_LENGTH <= rules.SAGEMAKER_NAME_MAX  # model, endpoint config
     endpoint = rules.name_rules(prefix)[0]
     default = inputs.schema(Settings(name_prefix=prefix))
-    assert rules.name_problem(endpoint, fields.defaults(default)["deploy"]["endpoint_name"]) is None
+    assert rules.name_problem(endpoint, inputs.defaults(default)["deploy"]["endpoint_name"]) is None
 
 
 def test_a_bad_name_is_refused_with_the_same_message_by_validate_and_start(deployment):

@@ -6,6 +6,7 @@ import pytest
 
 from state_machine.harness import COMPLETED_EXTRA, SUCCESS, StandInSettings, invalid_sagemaker_requests
 
+from controlplane import metrics as log_metrics
 from controlplane import history
 from controlplane.presets import get_preset
 from stacks.settings import Settings
@@ -46,7 +47,7 @@ def test_success_path_outputs_and_requests(deployment):
     assert hyperparameters["sagemaker_job_name"] == json.dumps(name)
     assert hyperparameters["sagemaker_program"] == '"train.py"'
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith("/lmstack:tfcurrent")
-    assert request["AlgorithmSpecification"]["MetricDefinitions"] == jobs.job.METRIC_DEFINITIONS
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == log_metrics.METRIC_DEFINITIONS
     assert request["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"] == {
         "FileSystemId": "fs-0123456789abcdef0", "FileSystemAccessMode": "ro", "FileSystemType": "EFS",
         "DirectoryPath": "/datasets/sample"}

@@ -198,7 +198,7 @@ def test_hosting_types_are_the_known_types_the_endpoint_api_accepts():
     """CreateEndpointConfig takes ProductionVariantInstanceType (botocore's service model), not the training list."""
     import botocore.session
 
-    from lm.spec.hardware import HOSTING_INSTANCE_TYPES
+    from controlplane.containers import HOSTING_INSTANCE_TYPES
     enum = botocore.session.get_session().get_service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum
     assert list(HOSTING_INSTANCE_TYPES) == [name for name in INSTANCES if name in enum]
     assert "ml.p3dn.24xlarge" in INSTANCES and "ml.p3dn.24xlarge" not in HOSTING_INSTANCE_TYPES

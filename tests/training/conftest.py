@@ -40,7 +40,7 @@ def write_dataset(directory, tokens, seq_len, vocab_size, tokenizer_file, val_re
 def text_dataset(tmp_path_factory):
     from pydoc_data.topics import topics
 
-    from lm.data import tokenizer as lm_tokenizer
+    from lm import tokenizer as lm_tokenizer
 
     directory = str(tmp_path_factory.mktemp("text_dataset"))
     texts = [topics[name] for name in sorted(topics)]

@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+from controlplane import request
+from controlplane import metrics as log_metrics
 from controlplane import presets
 from lm.spec import job
 
@@ -33,7 +35,7 @@ def cli_args(data_dir, tmp, **hyperparameters):
     args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(tmp, "ckpt"),
             "--export-dir", os.path.join(tmp, "model")]
     for name, value in values.items():
-        args += ["--" + name, job.encode_hyperparameters({name: value})[name]]
+        args += ["--" + name, request.encode_hyperparameters({name: value})[name]]
     return args
 
 
@@ -71,12 +73,12 @@ def losses(output):
     found = {}
     for line in lines(output):
         if line.startswith(job.TRAIN_LOG_PREFIX):
-            metrics = job.parse_metrics(line)
+            metrics = log_metrics.parse_metrics(line)
             step = int(line.split("step=")[1].split()[0])
             found[step] = metrics["train:loss"]
     return found
 
 
 def val_losses(output):
-    return [job.parse_metrics(line)["validation:loss"] for line in lines(output)
+    return [log_metrics.parse_metrics(line)["validation:loss"] for line in lines(output)
             if line.startswith(job.EVAL_LOG_PREFIX)]

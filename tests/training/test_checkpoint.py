@@ -1,4 +1,4 @@
-"""lm.training.checkpoint: atomic files, newest complete one wins, mismatches and damage are named, the
+"""lm.checkpoint: atomic files, newest complete one wins, mismatches and damage are named, the
 background writer is paced while no core is idle and on disk after wait()."""
 import os
 import signal
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from controlplane import planner
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.compat import tf
 
 # The SMP image's runtime uses these too: tests/tf26 runs them on its framework.
@@ -89,7 +89,7 @@ KILLED_WRITER = """
 import os, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[2])
-from lm.training import checkpoint
+from lm import checkpoint
 
 
 checkpoint.CHUNK_BYTES = 4096

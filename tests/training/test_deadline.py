@@ -9,7 +9,8 @@ import itertools
 import os
 
 from lm.spec import job
-from lm.training import checkpoint, train
+from lm import checkpoint
+from lm.training import train
 
 from . import helpers
 

@@ -2,8 +2,8 @@
 import io
 import subprocess
 
+from controlplane import metrics as log_metrics
 from lm.training import gpu_usage
-from lm.spec import job
 from stacks.monitoring import LOW_GPU_UTILIZATION_PERCENT
 
 
@@ -16,7 +16,7 @@ def test_eight_gpus_at_ten_percent_read_ten_per_gpu_and_fire_the_alarm():
     assert gpu_usage.report(out, reader=lambda: gpu_usage.read(_nvidia_smi("10\n" * 8)))
     line = out.getvalue().strip()
     assert line == "[gpu] utilization_per_gpu=10.0 gpus=8"
-    assert job.parse_metrics(line) == {"gpu:utilization_per_gpu": 10.0}
+    assert log_metrics.parse_metrics(line) == {"gpu:utilization_per_gpu": 10.0}
     assert 10.0 < LOW_GPU_UTILIZATION_PERCENT < 10 * 8  # SageMaker's summed GPUUtilization would read 80
 
 

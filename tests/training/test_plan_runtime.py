@@ -183,8 +183,8 @@ def test_lmstack_start_refuses_recomputation_with_smp_from_the_rule_table():
 
 def test_the_strategies_whose_checkpoints_are_background_snapshots(tmp_path):
     """controlplane.planner charges CHECKPOINT_SNAPSHOT_BYTES a parameter exactly to the strategies whose
-    checkpoints are lm.training.checkpoint's background snapshots."""
-    from lm.training import checkpoint
+    checkpoints are lm.checkpoint's background snapshots."""
+    from lm import checkpoint
     from lm import distributed
 
     for name in job.STRATEGIES:

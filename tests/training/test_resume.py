@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.spec import shards
 
 from . import helpers

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
+from controlplane import metrics as log_metrics
 from lm.spec import contract
-from lm.spec import job
 from controlplane import presets, request
 
 from . import helpers
@@ -60,7 +60,7 @@ def test_toolkit_runs_train_py_and_the_model_is_written(text_dataset, tmp_path):
     assert os.path.isfile(os.path.join(root, "model", "model.json")), result.stdout
     assert "Reporting training SUCCESS" in result.stdout
     assert os.listdir(os.path.join(root, "checkpoints")) == ["ckpt-00000004.npz"]
-    metrics = [job.parse_metrics(line) for line in result.stdout.splitlines()]
+    metrics = [log_metrics.parse_metrics(line) for line in result.stdout.splitlines()]
     assert [m["train:loss"] for m in metrics if "train:loss" in m]
     final = [m["validation:loss"] for m in metrics if "validation:loss" in m]
     assert len(final) == 1 and final[0] > 0

@@ -57,7 +57,7 @@ from lm.spec import contract
 from lm.spec import job
 from lm.data import pile
 from lm.spec import shards
-from lm.data import tokenizer as tokenizers_lib
+from lm import tokenizer as tokenizers_lib
 
 TOKENIZER_FILE = "tokenizer.json"
 PART_PATTERN = re.compile(r"^manifest-part-(\d+)-of-(\d+)\.json$")

@@ -47,7 +47,7 @@ What an adapter must do (override only what differs from the single-device defau
   equal rank 0's (Horovod: `hvd.broadcast_variables`). Called once, after the first step, when
   the optimizer's variables exist. A no-op where variables are mirrored by construction.
 - `checkpoints(directory)`: where and how this strategy's checkpoints are kept (`Checkpoints`:
-  lm.training.checkpoint's .npz files, written by the ranks with `writes_checkpoints`; SMP: its own).
+  lm.checkpoint's .npz files, written by the ranks with `writes_checkpoints`; SMP: its own).
 - `choose_checkpoint(newest_step)`: the step every rank resumes from: rank 0's newest, sent to
   every rank with the library's collective (`broadcast_step`). Ranks on different hosts see
   different checkpoint directories (SageMaker syncs each host's with S3), so no rank picks its own.
@@ -59,7 +59,7 @@ What an adapter must do (override only what differs from the single-device defau
 """
 import contextlib
 
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.compat import tf
 
 # Steps travel as float32 through collectives that reduce floats: exact below 2**24.
@@ -242,7 +242,7 @@ def decode_step(value):
 
 
 class Checkpoints:
-    """A strategy's checkpoints in one directory: lm.training.checkpoint's .npz files (`Checkpointer`),
+    """A strategy's checkpoints in one directory: lm.checkpoint's .npz files (`Checkpointer`),
     written by the ranks with `writes_checkpoints`, one file per step.
 
     Training calls `save` on every rank; `newest_step`, `has`, `where`, `read_meta` and `restore`

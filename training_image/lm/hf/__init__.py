@@ -30,7 +30,7 @@ import os
 import shutil
 
 from lm import models
-from lm.data.tokenizer import EOD_TOKEN, eod_id
+from lm.tokenizer import EOD_TOKEN, eod_id
 from lm.hf import gpt2, llama
 from lm.hf.files import (DEFAULT_MAX_SHARD_SIZE, EXPORT_DTYPES, HFError, assign, check_dtype, checkpoint_tensors,
                          parse_size, read_safetensors, write_checkpoint, write_safetensors)

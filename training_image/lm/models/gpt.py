@@ -225,7 +225,7 @@ class _GPT:
         self.head = None if c.tie_embeddings else classes.keras.layers.Dense(
             c.padded_vocab_size, use_bias=False, kernel_initializer=normal(INIT_STDDEV), name="head")
 
-    # A callable giving the [2] int64 seed of this step's dropout masks (lm.training.checkpoint.DropoutKey,
+    # A callable giving the [2] int64 seed of this step's dropout masks (lm.checkpoint.DropoutKey,
     # set by lm.training.train: a resumed run then draws the masks an uninterrupted one draws); None draws
     # them from TensorFlow's global generator.
     dropout_key = None

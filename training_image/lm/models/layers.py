@@ -32,7 +32,7 @@ def dropout(x, rate, seed):
 
 def dropout_seeds(count, rate, key, training):
     """`count` [2] int32 seeds for one training step's dropout masks (Nones when not training or
-    `rate` is 0): drawn from `key()`, the step's [2] int64 seed (lm.training.checkpoint.DropoutKey),
+    `rate` is 0): drawn from `key()`, the step's [2] int64 seed (lm.checkpoint.DropoutKey),
     so a resumed run draws the masks an uninterrupted one draws; from TensorFlow's global generator
     when `key` is None."""
     if not training or not rate:

@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from lm.compat import tf
-from lm.data.tokenizer import EOD_TOKEN
+from lm.tokenizer import EOD_TOKEN
 from lm.spec.families import get_family
 
 __all__ = ["Generator", "generate_tokens", "sample"]

@@ -29,10 +29,11 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from lm.serving.wsgi import LIMIT_VARIABLES, Limits, ServingState, make_app, positive_int_env
+from lm.spec import contract
 
 log = logging.getLogger("lm.serving.server")
 
-DEFAULT_MODEL_DIR = "/opt/ml/model"
+DEFAULT_MODEL_DIR = contract.MODEL_DIR  # where SageMaker hosting unpacks the endpoint's model.tar.gz
 DEFAULT_PORT = 8080
 DEFAULT_WORKERS = 1
 DEFAULT_TIMEOUT = 60

@@ -5,7 +5,8 @@ dotted paths of the input (`"strategy"`, `"deploy.enabled"`); `holds(when, confi
 in Python, and the state machine generator (`stacks.state_machine.inputs`) turns the same
 condition into a Choice rule and a Fail state. A message may hold `{value}`: the value at the
 rule's `subject` path. The rules themselves are written where their facts live: the job's in
-`lm.spec.job`, the families' in `lm.spec.families`, the deployment's in `controlplane.rules`.
+`lm.spec.job` (with what each family lacks, from its declared capabilities), the deployment's in
+`controlplane.rules`.
 
 Pure Python 3.8, no TensorFlow: imported at synth time.
 """
@@ -36,8 +37,7 @@ class All(collections.namedtuple("All", "conditions")):
     pass
 
 
-INVALID = "InvalidInput"
-PLAN_REJECTED = "PlanRejected"
+INVALID = "InvalidInput"  # the error of an execution a rule refuses (the gate's others: controlplane.gate)
 
 
 class Rule(collections.namedtuple("Rule", "name when message subject error")):

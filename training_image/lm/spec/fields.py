@@ -5,12 +5,11 @@ The leaf of the specification: the hyperparameter tables (`lm.spec.job`), the ex
 deployment settings are made of `Field`s; the same `*_message(field)` texts are used by
 Python and by the state machine's Choice states.
 
-- `check(field, value, label)` raises ValueError with the message of the first problem;
-- `check_object(fields, value)` checks a whole (nested) input object.
+`check(field, value, label)` raises ValueError with the message of the first problem; a whole
+(nested) execution input is checked by the control plane (`controlplane.inputs.check_object`).
 
 Pure Python 3.8, no TensorFlow: imported at synth time.
 """
-import collections
 import dataclasses
 from typing import Any, Optional, Tuple
 
@@ -64,10 +63,6 @@ def range_message(spec):
     return "must be between %s and %s" % (spec.minimum, spec.maximum)
 
 
-def unknown_message(label, allowed):
-    return "%s has an unknown field; allowed: %s" % (label, ", ".join(allowed))
-
-
 def problem(spec, value):
     """The message of the first problem of `value` for `spec` (objects: only their type), or None."""
     if spec.type is object or (value is None and spec.nullable):
@@ -100,35 +95,3 @@ def check(spec, value, label):
     if spec.type in (int, float) and value is not None:
         return spec.type(value)
     return value
-
-
-def check_object(fields, value, prefix=""):
-    """Check a whole (nested) input object against `fields`: unknown names and every value."""
-    known = collections.OrderedDict((spec.name, spec) for spec in fields)
-    unknown = [name for name in value if name not in known]
-    if unknown:
-        raise ValueError("%s; got %s" % (unknown_message(prefix[:-1] or "the input", known), ", ".join(
-            prefix + name for name in unknown)))
-    for name, item in value.items():
-        spec = known[name]
-        check(spec, item, prefix + name)
-        if spec.type is dict:
-            check_object(spec.fields, item, prefix + name + ".")
-
-
-def defaults(fields):
-    """The input every field's default makes."""
-    return collections.OrderedDict(
-        (spec.name, defaults(spec.fields) if spec.type is dict else spec.default) for spec in fields)
-
-
-def with_defaults(fields, given):
-    """A checked input merged over the defaults (nested objects field by field)."""
-    def merge(base, overrides):
-        for key, value in overrides.items():
-            if isinstance(base.get(key), dict):
-                merge(base[key], value)
-            else:
-                base[key] = value
-        return base
-    return merge(defaults(fields), given)

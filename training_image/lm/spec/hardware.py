@@ -2,7 +2,9 @@
 and their GPUs (peak FLOP/s per precision, the precision "auto" means, the CUDA they need).
 
 Read by the planner (`controlplane.planner`), the CDK app's input validation and the runtime
-(`lm.training.train`: MFU and the "auto" precision). Every number here is a published figure or
+(`lm.training.train`: MFU and the "auto" precision). What only the control plane reads is there: which
+types can host an endpoint (`controlplane.containers`), the network between hosts and the MFU the
+planner assumes (`controlplane.throughput`). Every number here is a published figure or
 a stated assumption; change it here and nowhere else. Prices are the control plane's
 (`controlplane.prices`). Pure Python 3.8, no TensorFlow.
 """
@@ -54,33 +56,12 @@ _ROWS = [
 
 INSTANCES = collections.OrderedDict((row[0], Instance(*row)) for row in _ROWS)
 
-# Types SageMaker trains on but cannot host: CreateEndpointConfig's ProductionVariantInstanceType
-# (botocore's sagemaker service model) has no such value, so an endpoint on one fails only after
-# training. tests/test_instances.py checks this split against that enum.
-TRAINING_ONLY = ("ml.p3dn.24xlarge",)
-HOSTING_INSTANCE_TYPES = tuple(name for name in INSTANCES if name not in TRAINING_ONLY)
-
 
 def get_instance(name):
     try:
         return INSTANCES[name]
     except KeyError:
         raise ValueError("unknown instance type %r; allowed: %s" % (name, ", ".join(INSTANCES)))
-
-# Network bandwidth between hosts, Gbit/s (the EC2 instance type pages; "up to" figures taken
-# at their burst value). The planner uses it for the data-parallel all-reduce time.
-NETWORK_GBPS = {
-    "ml.m5.xlarge": 10, "ml.m5.4xlarge": 10, "ml.c5.18xlarge": 25,
-    "ml.g4dn.12xlarge": 50,
-    "ml.g5.xlarge": 10, "ml.g5.2xlarge": 10, "ml.g5.12xlarge": 40, "ml.g5.24xlarge": 50, "ml.g5.48xlarge": 100,
-    "ml.p3.2xlarge": 10, "ml.p3.8xlarge": 10, "ml.p3.16xlarge": 25, "ml.p3dn.24xlarge": 100,
-    "ml.p4d.24xlarge": 400, "ml.p4de.24xlarge": 400, "ml.p5.48xlarge": 3200,
-    "ml.p5.4xlarge": 100, "ml.p5e.48xlarge": 3200, "ml.p5en.48xlarge": 3200, "ml.p6-b200.48xlarge": 3200,
-    "ml.g6.xlarge": 10, "ml.g6.2xlarge": 10, "ml.g6.4xlarge": 25, "ml.g6.8xlarge": 25, "ml.g6.16xlarge": 25,
-    "ml.g6.12xlarge": 40, "ml.g6.24xlarge": 50, "ml.g6.48xlarge": 100,
-    "ml.g6e.xlarge": 20, "ml.g6e.2xlarge": 20, "ml.g6e.4xlarge": 20, "ml.g6e.8xlarge": 25, "ml.g6e.16xlarge": 35,
-    "ml.g6e.12xlarge": 100, "ml.g6e.24xlarge": 200, "ml.g6e.48xlarge": 400,
-}
 
 
 # Peak dense (no structured sparsity) tensor FLOP/s per precision, from NVIDIA's data sheets:
@@ -113,22 +94,6 @@ GPUS = collections.OrderedDict((gpu.name, gpu) for gpu in [
 ])
 # The default precision per GPU is the one `lm.training.train --precision auto` picks (lm.spec.job's help text).
 
-# The model FLOP utilization (MFU) the planner assumes per GPU where lmstack has no measurement of
-# its own (bench/gpu.py's replace these: controlplane.planner.assumed_mfu): (fraction, source).
-# Published runs of tuned PyTorch stacks (MFU in their papers' 6N + attention convention, the
-# convention of lm.spec.families.flops_per_token); a TensorFlow GPT usually gets less.
-PUBLISHED_MFU = collections.OrderedDict([
-    ("V100", (0.30, "Megatron-LM (Shoeybi et al. 2019): 39 of 125 TFLOP/s per V100, 30 %")),
-    ("A100", (0.50, "Megatron-LM (Narayanan et al. 2021): 44-52 % for 1.7B-1T on A100; llm-foundry MPT "
-                    "760M/1B bf16 on 8 x A100-80GB: 56.9/59.9 %")),
-    ("H100", (0.418, "llm-foundry MPT 1B bf16 on H100: 41.8 %; 760M: 34.9 %")),
-    ("H200", (0.418, "assumed equal to H100 (the same tensor cores): llm-foundry MPT 1B, 41.8 %")),
-    ("B200", (0.418, "assumed equal to H100 (no published run we know of): llm-foundry MPT 1B, 41.8 %")),
-    ("T4", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
-    ("A10G", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
-    ("L4", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
-    ("L40S", (0.30, "assumed equal to V100 (no published LLM training MFU we know of): Megatron-LM 2019, 30 %")),
-])
 
 
 def get_gpu(name):

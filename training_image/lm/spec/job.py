@@ -1,9 +1,11 @@
 """The tables the CDK app and the training image share: what a SageMaker job may be.
 
-The strategies and the image variant each needs, the hyperparameters `lm.training.train` and
-`lm.data.prepare` accept (name, type, bounds), the SMP v1 parameters, the metric log lines and
-the regexes that read them. The request itself is built by `controlplane.request`; the names both
-sides of a job must spell the same are in `lm.spec.contract`. The CDK app generates its state
+The strategies and the instance types their libraries run on, the hyperparameters `lm.training.train`
+and `lm.data.prepare` accept (name, type, bounds), the SMP v1 parameters' check, the metric log lines
+and the rules every job obeys. The request itself is built by `controlplane.request`; the names both
+sides of a job must spell the same are in `lm.spec.contract`. What only the control plane reads (the
+image variants, the regexes SageMaker reads the log with, the job's start-up allowance) is in
+`controlplane`: editing it rebuilds no image. The CDK app generates its state
 machine from these tables; `lm.training.train` and `lm.data.prepare` build their argument parsers from them.
 
 Pure Python 3.8, no TensorFlow: imported at synth time.
@@ -11,59 +13,24 @@ Pure Python 3.8, no TensorFlow: imported at synth time.
 import collections
 import json
 import math
-import re
 
 from lm.spec import contract
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken, rule
-from lm.spec.families import FAMILIES, config_from_dict, family_rules
+from lm.spec.families import FAMILIES, capability_message, config_from_dict
 from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
-JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
-DLC_ACCOUNT = "763104351884"
-DLC_REPOSITORY = "tensorflow-training"
-
-# Image variants (facts page: which TF DLC carries which library). Key -> base image tag.
-# tfcurrent: the TF 2.21 training DLC (released 2026-07-10, supported to 2027-07-10; tag from
-# the AWS Deep Learning Containers release announcement): Amazon Linux 2023, CUDA 12.9, Keras 3
-# only (no tf_keras, no Horovod), so the image adds tf_keras (training_image/Dockerfile).
-# tf26 and tf211 are out of DLC support: they are kept only because SMP v1, SMDDP and Horovod
-# for TensorFlow exist nowhere newer (docs/limits.md, "Support matrix": each image's support window).
-RUNTIMES = collections.OrderedDict([
-    ("tf26", "2.6.0-gpu-py38-cu112-ubuntu20.04"),
-    ("tf211", "2.11.0-gpu-py39-cu112-ubuntu20.04-sagemaker"),
-    ("tfcurrent", "2.21.0-gpu-py312-cu129-amzn2023-sagemaker"),
-])
-STRATEGY_RUNTIME = {"smp": "tf26", "smddp": "tf211", "horovod": "tf211", "mwms": "tfcurrent", "single": "tfcurrent"}
-SERVING_RUNTIME = "tfcurrent"
 
 SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
 SMP_INSTANCE_TYPES = ("ml.g4dn.12xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
 STRATEGY_INSTANCE_TYPES = {"smddp": SMDDP_INSTANCE_TYPES, "smp": SMP_INSTANCE_TYPES}
 
-SMP_MPI_OPTIONS = "--mca btl_vader_single_copy_mechanism none"
-SMP_DEFAULTS = collections.OrderedDict([
-    ("partitions", 2), ("microbatches", 4), ("pipeline", "interleaved"), ("optimize", "speed"), ("horovod", True),
-    # The placement lm.distributed.smp makes with smp.partition, which only manual partitioning keeps.
-    ("auto_partition", False), ("default_partition", 0),
-])
 SMP_CHOICES = {"pipeline": ("simple", "interleaved"), "optimize": ("speed", "memory"),
                "placement_strategy": ("spread", "cluster")}
 
 
-def base_image_uri(runtime, region):
-    return "%s.dkr.ecr.%s.amazonaws.com/%s:%s" % (DLC_ACCOUNT, region, DLC_REPOSITORY, RUNTIMES[runtime])
-
-
 # SageMaker's cap on StoppingCondition.MaxRuntimeInSeconds (28 days).
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
-# The job's own stop before MaxRuntimeInSeconds (hyperparameter stop_after_seconds): SageMaker stops a job there
-# with SIGTERM and kills it about 120 s later, and its training toolkit does not forward SIGTERM to MPI
-# workers, so the job stops itself first, with a checkpoint.
-# MaxRuntime counts from the instances' start (billing starts there too: DescribeTrainingJob TrainingStartTime):
-# the image pull and the toolkit come before the training process's clock starts. An allowance, not measured
-# here (no account): a DLC image is several GB.
-JOB_STARTUP_SECONDS = 600
 # How fast a checkpoint is written to /opt/ml/checkpoints, an assumption: the job's ML storage volume is EBS,
 # and gp2's throughput for a 100 GB volume (controlplane.request.VOLUME_SIZE_GB) is at most 128 MiB/s.
 CHECKPOINT_WRITE_BYTES_PER_SECOND = 100 * 10 ** 6
@@ -73,11 +40,6 @@ SAVE_OVERHEAD_SECONDS = 30  # the snapshot, the file's rename and the ranks' bar
 def save_seconds(state_bytes):
     """How long a save of `state_bytes` of weights and optimizer state may take (the job's deadline allows it)."""
     return SAVE_OVERHEAD_SECONDS + int(math.ceil(state_bytes / float(CHECKPOINT_WRITE_BYTES_PER_SECOND)))
-
-
-def stop_after_seconds(max_runtime_seconds):
-    """The deadline a job with this MaxRuntimeInSeconds is given (0: none, when the start-up takes it all)."""
-    return max(0, max_runtime_seconds - JOB_STARTUP_SECONDS)
 
 
 def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help="", **options):
@@ -119,7 +81,7 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
         help="minutes of training between checkpoints, what protects a spot run (0 = off)"),
     _hp("allow_new_data", bool, False,
         help="resume a checkpoint on a dataset other than the one it was trained on"),
-    # Filled by the control plane, never given in an execution input (`stop_after_seconds` below).
+    # Filled by the control plane, never given in an execution input (`controlplane.budget.stop_after_seconds`).
     _hp("stop_after_seconds", int, 0, 0, MAX_RUNTIME_SECONDS,
         help="the job's deadline, in seconds from its start: stop training with a checkpoint after the last step "
              "that can finish and be saved before it, and end the job failed, saying so (0 = none)"),
@@ -154,11 +116,6 @@ def check_model_config(family, values):
         raise ValueError("hyperparameters.model_config is not a configuration of model %s: %s" % (family, error))
 
 
-def encode_hyperparameters(values):
-    """As the SDK's `EstimatorBase._json_encode_hyperparameters`: each value `json.dumps`-ed."""
-    return collections.OrderedDict((str(key), json.dumps(value)) for key, value in values.items())
-
-
 def decode_hyperparameter(raw):
     """As the container toolkit: `json.loads`, falling back to the raw string."""
     try:
@@ -172,11 +129,10 @@ def processes_per_host(strategy, gpus_per_host):
     return max(1, gpus_per_host) if strategy in ("horovod", "smp") else 1
 
 
-# ---- metrics: the log lines `lm.training.train` prints and the regexes SageMaker reads them with ----
+# ---- metrics: the log lines `lm.training.train` prints (SageMaker reads them with controlplane.metrics) ----
 
 TRAIN_LOG_PREFIX = "[train]"
 EVAL_LOG_PREFIX = "[eval]"
-_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 
 def format_train_log(step, loss, learning_rate, tokens_per_second, mfu, step_time):
@@ -187,29 +143,6 @@ def format_train_log(step, loss, learning_rate, tokens_per_second, mfu, step_tim
 def format_eval_log(step, val_loss):
     import math
     return "%s step=%d val_loss=%.4f val_ppl=%.3f" % (EVAL_LOG_PREFIX, step, val_loss, math.exp(min(val_loss, 50.0)))
-
-
-METRIC_DEFINITIONS = [
-    {"Name": "train:loss", "Regex": r"\[train\].* loss=" + _NUMBER},
-    {"Name": "train:learning_rate", "Regex": r"\[train\].* lr=" + _NUMBER},
-    {"Name": "train:tokens_per_second", "Regex": r"\[train\].* tokens_per_s=" + _NUMBER},
-    {"Name": "train:mfu", "Regex": r"\[train\].* mfu=" + _NUMBER},
-    {"Name": "train:step_time", "Regex": r"\[train\].* step_time=" + _NUMBER},
-    {"Name": "validation:loss", "Regex": r"\[eval\].* val_loss=" + _NUMBER},
-    {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
-    # lm.training.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
-    {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
-]
-
-
-def parse_metrics(line):
-    """What SageMaker would extract from one log line: {metric name: value}."""
-    found = {}
-    for definition in METRIC_DEFINITIONS:
-        match = re.search(definition["Regex"], line)
-        if match:
-            found[definition["Name"]] = float(match.group(1))
-    return found
 
 
 def validate_mp_parameters(values):
@@ -253,20 +186,38 @@ PREPARE_HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("shard_index", int, -1, -1, 4095, help="this instance's share of the input files (-1 = from SM_HOSTS)"),
     _hp("num_shards", int, 0, 0, 4096, help="instances sharing the input files (0 = len(SM_HOSTS))"),
 ])
-# The prepare settings that decide the bytes of the dataset (the tokenizer and how the token stream is
-# cut and split); the others decide only how fast it is made. The state machine's dataset key holds them.
-PREPARE_OUTPUT_HYPERPARAMETERS = ("tokenizer", "train_tokenizer", "vocab_size", "tokenizer_sample_bytes",
-                                  "eod_token", "seq_len", "shard_size", "val_fraction")
 PREPARE_INPUT_CHANNEL = contract.RAW_CHANNEL  # raw Pile files on EFS, read-only
 PREPARE_OUTPUT_CHANNEL = contract.DATASET_CHANNEL  # the EFS dataset directory, mounted rw
-PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the job needs no GPU and no TensorFlow
-# Tokenizing is CPU-bound; 72 vCPUs per instance. The whole Pile (30 files) in about an hour
-# takes PREPARE_INSTANCE_COUNT of them (the estimate is in lm.data.prepare's docstring).
-PREPARE_INSTANCE_TYPE = "ml.c5.18xlarge"
-PREPARE_INSTANCE_COUNT = 5
 
 
 # ---- what a job refuses, whoever asks: lm.training.train, the Validate stage, lmstack.start, the planner ----
+
+MODEL_FIELD = "hyperparameters.model"
+# capability (lm.spec.families.CAPABILITIES) -> (what an input asks that needs it, the condition on the
+# input that asks it). A capability without an entry (kv_cache) is not asked by an input: its consumer
+# reads the declaration.
+ASKED_BY = collections.OrderedDict([
+    ("smp", ("strategy smp", Is(STRATEGY_FIELD, "smp"))),
+    ("recompute", ("hyperparameters.recompute true", Is("hyperparameters.recompute", True))),
+    ("hf_export", ("hyperparameters.export_hf true", Is("hyperparameters.export_hf", True))),
+    ("hf_import", ("init_from (a Hugging Face checkpoint)", Not(Is("init_from", None)))),
+    ("tgi", ("deploy.container tgi", All((Is("deploy.enabled", True), Is("deploy.container", "tgi"))))),
+    ("lmi", ("deploy.container lmi", All((Is("deploy.enabled", True), Is("deploy.container", "lmi"))))),
+])
+
+
+def family_rules():
+    """One rule per family and capability it lacks that an input can ask for. Rules reading a
+    path an input does not have are skipped (`conditions.broken`): lm.training.train's
+    hyperparameters have no deploy or init_from, so it checks init_from itself."""
+    found = []
+    for name, family in FAMILIES.items():
+        for capability, (asked, when) in ASKED_BY.items():
+            if not family.supports(capability):
+                found.append(rule("family.%s.%s" % (name, capability), All((Is(MODEL_FIELD, name), when)),
+                                  capability_message(name, asked, capability)))
+    return found
+
 
 def smp_recompute_rule():
     """SMP with activation recomputation cannot train: the ranks other than the one that traces the

@@ -5,7 +5,7 @@ is summed over the host's GPUs: 0-800 % on an 8-GPU host. One alarm threshold th
 the only GPU of an ml.g5.2xlarge but 2.5 % per GPU of an ml.p4d.24xlarge, and a host with seven
 idle GPUs out of eight still reads "busy". So the first process on each host prints the mean over
 its GPUs every INTERVAL_SECONDS (`[gpu] utilization_per_gpu=... gpus=...`), a line the job's
-metric definition `gpu:utilization_per_gpu` (`lm.spec.job.METRIC_DEFINITIONS`) turns into a per-host
+metric definition `gpu:utilization_per_gpu` (`controlplane.metrics.METRIC_DEFINITIONS`) turns into a per-host
 metric, the same 0-100 scale on every instance type.
 
 Pure Python 3.8, no TensorFlow; reads `nvidia-smi`, which the GPU images carry. A host without it

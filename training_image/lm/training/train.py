@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from lm.spec import hardware
-from lm.training import checkpoint
+from lm import checkpoint
 from lm.spec import contract
 from lm.data import dataset
 from lm.training import gpu_usage
@@ -61,7 +61,7 @@ SDK_PASSTHROUGH = ("model_dir", "mp_parameters")
 # GPUs newer than controlplane.prices' table, mapped to the row with the same peak figures.
 GPU_ALIASES = {"H200": "H100"}
 # The job's clock (stop_after_seconds) counts from this process's start; the control plane allows for the
-# job's start-up before it (lm.spec.job.JOB_STARTUP_SECONDS).
+# job's start-up before it (controlplane.budget.JOB_STARTUP_SECONDS).
 PROCESS_START = time.monotonic()
 CLOCK = time.monotonic
 # What SageMaker names the job in its container (the training toolkit reads it: sagemaker_training params.py,

@@ -3,9 +3,10 @@
 A family is one entry of FAMILIES; its config lives in `lm.spec.families.<family>` (TF-free,
 read at synth time by the control plane) and its Keras model in `lm.models.<family>` (imported
 only when a model is built). What a family can do is declared, not assumed: its `capabilities`
-are names of CAPABILITIES, and `family_rules()` turns what a family lacks into the rules every
-consumer reads (`lm.spec.job.job_rules`: the Validate stage, `lmstack.start`, the planner,
+are names of CAPABILITIES, and `lm.spec.job.family_rules()` turns what a family lacks into the rules
+every consumer reads (`lm.spec.job.job_rules`: the Validate stage, `lmstack.start`, the planner,
 `lm.training.train`), each refusing before any job starts, naming the family and the capability.
+This package imports no other part of `lm.spec`: the job's tables read it, not the reverse.
 The presets, named configurations, are data of the control plane (`controlplane.presets`): a job is
 given its configuration (the hyperparameter `model_config`).
 
@@ -13,14 +14,13 @@ Imports nothing heavy: the CDK app and the planner use it at synth time, without
 """
 import collections
 
-from lm.spec.conditions import STRATEGY_FIELD, All, Is, Not, rule
 from lm.spec.families.base import ModelConfig, padded_vocab_size, peak_learning_rate
 from lm.spec.families.gpt import GPTConfig
 from lm.spec.families.llama import LlamaConfig
 from lm.spec.families.rnn import RNNConfig
 
 __all__ = ["CAPABILITIES", "FAMILIES", "GPTConfig", "LlamaConfig", "ModelConfig", "ModelFamily", "RNNConfig", "config_from_dict",
-           "families_with", "family_rules", "flops_per_token", "get_family", "non_embedding_parameter_count",
+           "families_with", "flops_per_token", "get_family",
            "padded_vocab_size", "parameter_count", "peak_learning_rate"]
 
 
@@ -98,10 +98,6 @@ def parameter_count(config):
     return config.parameter_count()
 
 
-def non_embedding_parameter_count(config):
-    return config.non_embedding_parameter_count()
-
-
 def flops_per_token(config, seq_len=None):
     """Training FLOPs per token at `seq_len`: 6 x (the blocks' matmul weights + the output projection)
     + 12 x n_layer x seq_len x attention width (`ModelConfig.flops_per_token`). The one count behind
@@ -119,29 +115,3 @@ def capability_message(family, asked, capability):
     return "model %s cannot use %s (capability %s: %s); %s" % (
         family, asked, capability, CAPABILITIES[capability],
         "families with it: %s" % ", ".join(having) if having else "no family has it")
-
-
-MODEL_FIELD = "hyperparameters.model"
-# capability -> (what an input asks that needs it, the condition on the input that asks it). A
-# capability without an entry (kv_cache) is not asked by an input: its consumer reads the declaration.
-ASKED_BY = collections.OrderedDict([
-    ("smp", ("strategy smp", Is(STRATEGY_FIELD, "smp"))),
-    ("recompute", ("hyperparameters.recompute true", Is("hyperparameters.recompute", True))),
-    ("hf_export", ("hyperparameters.export_hf true", Is("hyperparameters.export_hf", True))),
-    ("hf_import", ("init_from (a Hugging Face checkpoint)", Not(Is("init_from", None)))),
-    ("tgi", ("deploy.container tgi", All((Is("deploy.enabled", True), Is("deploy.container", "tgi"))))),
-    ("lmi", ("deploy.container lmi", All((Is("deploy.enabled", True), Is("deploy.container", "lmi"))))),
-])
-
-
-def family_rules():
-    """One rule per family and capability it lacks that an input can ask for. Rules reading a
-    path an input does not have are skipped (`conditions.broken`): lm.training.train's
-    hyperparameters have no deploy or init_from, so it checks init_from itself."""
-    found = []
-    for name, family in FAMILIES.items():
-        for capability, (asked, when) in ASKED_BY.items():
-            if not family.supports(capability):
-                found.append(rule("family.%s.%s" % (name, capability), All((Is(MODEL_FIELD, name), when)),
-                                  capability_message(name, asked, capability)))
-    return found

@@ -9,7 +9,6 @@ import dataclasses
 from lm.spec.families.base import PAD_VOCAB_TO, ModelConfig, check_positive_ints
 
 LLAMA2_VOCAB_SIZE = 32000
-LLAMA3_VOCAB_SIZE = 128256
 ROPE_TYPES = ("llama3",)  # the rope_scaling types lm.models.llama computes
 
 

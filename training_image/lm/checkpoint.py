@@ -2,6 +2,9 @@
 
     <dir>/ckpt-<step, 8 digits><tag>.npz
 
+A module of `lm` itself, below its subpackages: the training loop (`lm.training.train`) and the
+strategies that decide which ranks write (`lm.distributed.base.Checkpoints`) both read it.
+
 Every state variable as a NumPy array, plus a little metadata. Written under a temporary
 name and renamed, so a file with the final name is always complete and the newest one is
 safe to resume from. The variables are saved in a fixed order (model weights, optimizer

@@ -1,4 +1,8 @@
-"""Byte-level BPE tokenizers (HF `tokenizers`): train one like GPT-NeoX did, or load a file."""
+"""Byte-level BPE tokenizers (HF `tokenizers`): train one like GPT-NeoX did, or load a file.
+
+A module of `lm` itself, below its subpackages: data preparation (`lm.data.prepare`), generation
+(`lm.serving.generate`) and the Hugging Face files (`lm.hf`) all read it.
+"""
 import os
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -1,0 +1,31 @@
+"""The metrics SageMaker reads from a training job's log: the request's MetricDefinitions, and the same
+regexes applied here (`parse_metrics`: the demo's report and the tests read a log as SageMaker would).
+
+The lines they read are the image's: `lm.spec.job.format_train_log` and `format_eval_log` ("[train]",
+"[eval]"), and `lm.training.gpu_usage` ("[gpu]"); the dashboard's metric names are these `Name`s.
+"""
+import re
+
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+
+METRIC_DEFINITIONS = [
+    {"Name": "train:loss", "Regex": r"\[train\].* loss=" + _NUMBER},
+    {"Name": "train:learning_rate", "Regex": r"\[train\].* lr=" + _NUMBER},
+    {"Name": "train:tokens_per_second", "Regex": r"\[train\].* tokens_per_s=" + _NUMBER},
+    {"Name": "train:mfu", "Regex": r"\[train\].* mfu=" + _NUMBER},
+    {"Name": "train:step_time", "Regex": r"\[train\].* step_time=" + _NUMBER},
+    {"Name": "validation:loss", "Regex": r"\[eval\].* val_loss=" + _NUMBER},
+    {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
+    # lm.training.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
+    {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
+]
+
+
+def parse_metrics(line):
+    """What SageMaker would extract from one log line: {metric name: value}."""
+    found = {}
+    for definition in METRIC_DEFINITIONS:
+        match = re.search(definition["Regex"], line)
+        if match:
+            found[definition["Name"]] = float(match.group(1))
+    return found
