@@ -187,7 +187,7 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     (["--hp", "max_steps"], "--hp expects key=value"),
     (["--hp", "preset=tiny"], "hyperparameters.preset"),
     (["--preset", "gpt-9000"], "preset must be one of"),
-    (["--preset", "rnn-tiny"], "not a preset of model gpt"),
+    (["--preset", "rnn-tiny", "--hp", "model=gpt"], "preset 'rnn-tiny' is not a preset of model gpt"),
     (["--strategy", "zero3"], "strategy must be one of"),
     (["--instance-type", "ml.x1.huge"], "instance_type must be one of"),
     (["--strategy", "smddp", "--instance-type", "ml.g5.2xlarge"], "strategy smddp runs only on instance_type"),
