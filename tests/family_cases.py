@@ -24,3 +24,26 @@ def having_message(capability):
     """How a refusal names the families that declare `capability` (`lm.spec.families.capability_message`)."""
     having = families_with(capability)
     return "families with it: %s" % ", ".join(having) if having else "no family has it"
+
+
+def lacking_cases(capabilities):
+    """[(smallest preset, family, capability)] for each of `capabilities` and each family that does not
+    declare it: what the refusals of a family's missing capabilities are tried on."""
+    return [(preset, family, capability) for capability in capabilities
+            for preset, family in tiny_presets() if not FAMILIES[family].supports(capability)]
+
+
+DEPLOY = {"enabled": True, "instance_type": "ml.g4dn.12xlarge"}
+# capability -> (the execution input of preset `p`, model `m` that asks it, what a refusal says was asked).
+# Where the capability's field does not need it, the input names no model: the preset implies it.
+ASKING = {
+    "smp": (lambda p, m: {"preset": p, "strategy": "smp", "instance_type": "ml.p3.16xlarge"}, "strategy smp"),
+    "recompute": (lambda p, m: {"preset": p, "hyperparameters": {"model": m, "recompute": True}},
+                  "hyperparameters.recompute true"),
+    "hf_export": (lambda p, m: {"preset": p, "hyperparameters": {"model": m, "export_hf": True}},
+                  "hyperparameters.export_hf true"),
+    "hf_import": (lambda p, m: {"preset": p, "init_from": "s3://lmstack-artifacts/init/gpt2/"},
+                  "init_from (a Hugging Face checkpoint)"),
+    "tgi": (lambda p, m: {"preset": p, "deploy": dict(DEPLOY, container="tgi")}, "deploy.container tgi"),
+    "lmi": (lambda p, m: {"preset": p, "deploy": dict(DEPLOY, container="lmi")}, "deploy.container lmi"),
+}

@@ -1,3 +1,4 @@
+import json
 import os
 import pkgutil
 
@@ -132,3 +133,23 @@ def test_an_inconsistent_declaration_is_refused(capabilities, hf_model_type, pro
     with pytest.raises(ValueError, match=problem):
         lm_config.check_declaration("x", lm_config.ModelFamily(lm_config.GPTConfig, "m:f", capabilities,
                                                                hf_model_type))
+
+
+def test_a_preset_implies_its_family_and_configuration_for_the_runtime():
+    """lm.training.train given only --preset builds that preset of its family (lm.spec.families.with_preset);
+    a model the preset is not of, or a preset that does not exist without a model_config, is refused."""
+    from lm.training import train
+    for preset, family in tiny_presets():
+        hyperparameters, _ = train.parse_args(["--dry-run", "--preset", preset])
+        assert hyperparameters.model == family
+        assert hyperparameters.model_config == presets.get_preset(preset).to_dict()
+    with pytest.raises(ValueError, match="hyperparameters.preset rnn-tiny is a preset of model rnn, not of "
+                                         "hyperparameters.model gpt; its presets: tiny, gpt-125m"):
+        train.parse_args(["--dry-run", "--preset", "rnn-tiny", "--model", "gpt"])
+    with pytest.raises(ValueError, match="hyperparameters.preset 'gpt-9000' is not a preset and no "
+                                         "hyperparameters.model_config is given; allowed: %s$" % ", ".join(presets.ALL_PRESETS)):
+        train.parse_args(["--dry-run", "--preset", "gpt-9000"])
+    # with a model_config the preset is only a label (a local run's own configuration)
+    hyperparameters, _ = train.parse_args(["--dry-run", "--preset", "mine", "--model", "rnn",
+                                           "--model_config", json.dumps(RNN_TINY.to_dict())])
+    assert hyperparameters.model_config == RNN_TINY.to_dict()

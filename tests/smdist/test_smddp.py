@@ -22,6 +22,7 @@ import pytest
 from lm.spec import job
 from lm.compat import tf
 from lm.distributed import get_strategy
+from family_cases import tiny_presets
 from smdist_helpers import run_train, train, write_random_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -256,7 +257,7 @@ def final_checkpoint(out_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, model", [("tiny", "gpt"), ("llama-tiny", "llama")])
+@pytest.mark.parametrize("preset, model", tiny_presets())
 def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, preset, model):
     dataset = write_random_dataset(str(tmp_path))
     rendezvous = str(tmp_path / "rendezvous")

@@ -117,9 +117,8 @@ def preset_family(name):
 
 def with_preset(hyperparameters):
     """The job's hyperparameters with what their `preset` implies: `model`, the preset's family, unless
-    given (a `model` that is not the preset's is refused by the rules: `controlplane.rules`, and by the
-    model_config check), and `model_config`, the preset's configuration, unless given. Without a
-    model_config, `preset` must name one of PRESETS; with one it is only a label."""
+    given, and `model_config`, the preset's configuration, unless given. Without a model_config,
+    `preset` must name one of PRESETS and a `model` must be its family; with one it is only a label."""
     values = dict(hyperparameters)
     name = values.get("preset") or ""
     if name not in PRESETS:
@@ -130,6 +129,10 @@ def with_preset(hyperparameters):
     config = PRESETS[name]
     values.setdefault("model", config.family)
     if values.get("model_config") is None:
+        if values["model"] != config.family:
+            raise ValueError("hyperparameters.preset %s is a preset of model %s, not of hyperparameters.model %s; "
+                             "its presets: %s" % (name, config.family, values["model"],
+                                                  ", ".join(FAMILY_PRESETS.get(values["model"], ()))))
         values["model_config"] = config.to_dict()
     return values
 
