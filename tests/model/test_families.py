@@ -153,3 +153,34 @@ def test_a_preset_implies_its_family_and_configuration_for_the_runtime():
     hyperparameters, _ = train.parse_args(["--dry-run", "--preset", "mine", "--model", "rnn",
                                            "--model_config", json.dumps(RNN_TINY.to_dict())])
     assert hyperparameters.model_config == RNN_TINY.to_dict()
+
+
+def _family_module(name, family=None, presets=None):
+    import types
+    module = types.ModuleType("lm.spec.families." + name)
+    if family is not None:
+        module.FAMILY = family
+    if presets is not None:
+        module.PRESETS = presets
+    return module
+
+
+def test_a_family_module_that_declares_it_wrongly_is_refused_naming_the_module():
+    """The registry's checks of what it finds (lm.spec.families._registry): each names the module and
+    what it must declare, so a fork's mistake stops the import, not a job."""
+    import collections
+    from lm.spec.families import gpt
+    registry = lm_config._registry
+    with pytest.raises(ValueError, match=r"lm.spec.families.helpers is a family module .* it must declare FAMILY = "):
+        registry([_family_module("helpers")])
+    with pytest.raises(ValueError, match=r"lm.spec.families.gpt2 declares the family 'gpt': a family's config has "
+                                         r"`family` = its module's name, 'gpt2'"):
+        registry([_family_module("gpt2", gpt.FAMILY)])
+    other = collections.OrderedDict([("rnn-like", RNN_TINY)])
+    with pytest.raises(ValueError, match=r"lm.spec.families.gpt.PRESETS \['rnn-like'\] are not configs of family gpt"):
+        registry([_family_module("gpt", gpt.FAMILY, other)])
+    twice = _family_module("rnn", lm_config.FAMILIES["rnn"], collections.OrderedDict([("tiny", RNN_TINY)]))
+    with pytest.raises(ValueError, match="preset tiny is declared by families gpt and rnn: preset names are unique"):
+        registry([gpt, twice])
+    families, family_presets, all_presets = registry([gpt])
+    assert list(families) == ["gpt"] and family_presets["gpt"] is gpt.PRESETS and list(all_presets) == list(gpt.PRESETS)

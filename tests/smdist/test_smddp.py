@@ -109,10 +109,11 @@ def test_more_ranks_than_one_without_a_rendezvous_refuse_to_reduce(fake_smdist, 
 
 def rank_environment(rank, size, rendezvous):
     environ = {name: value for name, value in os.environ.items() if not name.startswith(("FAKE_", "SM_"))}
-    # The repository root too: the rank script resolves its preset with controlplane.presets.
+    # The repository root too: the rank script resolves its preset with controlplane.presets; and tests/,
+    # where this module's family_cases is.
     environ.update(PYTHONPATH=os.pathsep.join([os.path.join(TESTS, "fakes"), os.path.join(os.path.dirname(TESTS),
                                                                                           "training_image"), HERE,
-                                               os.path.dirname(TESTS)]),
+                                               os.path.dirname(TESTS), TESTS]),
                    FAKE_SDP_RANK=str(rank), FAKE_SDP_SIZE=str(size), FAKE_SDP_RENDEZVOUS=rendezvous,
                    TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
                    TF_NUM_INTEROP_THREADS="2")
