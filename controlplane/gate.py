@@ -166,8 +166,12 @@ def check_fields(decision, context):
     try:
         check_object(fields, given)
         config = _typed(fields, with_defaults(fields, json.loads(json.dumps(given))))
+        # The preset implies its family: an input that names no model is of the preset's
+        # (a model the preset is not of is refused by controlplane.rules.preset_family_rules).
+        config["hyperparameters"]["model"] = given.get("hyperparameters", {}).get(
+            "model", presets.preset_family(config["preset"]))
         job.validate_hyperparameters(dict(given.get("hyperparameters", {}), preset=config["preset"],
-                                          strategy=config["strategy"]))
+                                          strategy=config["strategy"], model=config["hyperparameters"]["model"]))
     except ValueError as error:
         raise Refusal(str(error))
     decision.config = config

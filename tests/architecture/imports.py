@@ -178,8 +178,21 @@ def named_modules(path, modules):
     return found
 
 
+# A package whose __init__ imports every module of itself (the families registry, lm.spec.families)
+SCANS_ITS_MODULES = "pkgutil.iter_modules(__path__)"
+
+
+def scanned_modules(name, modules):
+    """The modules of package `name` when its __init__ imports them all by scanning, else none."""
+    path = modules[name]
+    if not path.endswith("__init__.py") or SCANS_ITS_MODULES not in open(path).read():
+        return set()
+    return {other for other in modules if other.rpartition(".")[0] == name}
+
+
 def reachable(entry_files, modules):
-    """Every project module the entry files import, directly, through other modules, or by name."""
+    """Every project module the entry files import, directly, through other modules, by name, or as a
+    module of a package that scans its own."""
     seen, todo = set(), [name for name, path in modules.items() if path in entry_files]
     for path in entry_files:
         todo.extend(imports_of(path, modules) | named_modules(path, modules))
@@ -190,5 +203,6 @@ def reachable(entry_files, modules):
         seen.add(name)
         parts = name.split(".")
         todo.extend(".".join(parts[:depth]) for depth in range(1, len(parts)))  # importing a module runs its packages
-        todo.extend(imports_of(modules[name], modules) | named_modules(modules[name], modules))
+        todo.extend(imports_of(modules[name], modules) | named_modules(modules[name], modules)
+                    | scanned_modules(name, modules))
     return seen

@@ -6,7 +6,8 @@ a reference to it from a file of the image (its modules and entry points); the c
 use is used instead. A reference is, in the file that makes it:
 `from lm.spec.job import X`, `job.X` after `from lm.spec import job` (or `import lm.spec.job as job`),
 `lm.spec.job.X` after `import lm.spec.job`, the bare name `X` inside its own module, and a registry's
-string "lm.models.gpt:build_model". A name a module imports from another (a re-export, as
+string "lm.models.gpt:build_model", and `getattr(module, "NAME")` in a package that imports all its
+own modules by scanning (`lm.spec.families`: each family module's FAMILY and PRESETS). A name a module imports from another (a re-export, as
 `lm.spec.families` does with `GPTConfig`) is followed to the module that defines it.
 
 Which definition makes a reference: the module-level definition around it, or None for a module's
@@ -122,6 +123,11 @@ class Index:
                 named = [(own_module, node.id)]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count(":") == 1:
                 named = [tuple(node.value.split(":"))]  # a registry's "lm.models.gpt:build_model"
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and own_module is not None):
+                # A package that scans its own modules reads each one's declarations by name
+                # (lm.spec.families: getattr(module, "FAMILY")): a reference to that name in every one.
+                named = [(module, node.args[1].value) for module in imports.scanned_modules(own_module, self.modules)]
             elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
                     isinstance(item, ast.Constant) and isinstance(item.value, str) for item in node.elts):
                 named = [tuple(item.value for item in node.elts)]  # ("lm.distributed.smp", "SMPStrategy")

@@ -15,6 +15,7 @@ from lm.compat import keras, tf
 from controlplane.presets import get_preset
 from lm.serving.generate import generate_tokens
 from lm.tokenizer import EOD_TOKEN, save, train_bpe
+from family_cases import having_message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HF_PYTHON = os.path.join(ROOT, ".venv-hf", "bin", "python")
@@ -107,7 +108,7 @@ def test_export_refuses_the_rnn_family(tmp_path, exported):
     other = str(tmp_path / "export")
     lm_export.export_model(models.build(config), config, os.path.join(exported[2], "tokenizer.json"), other)
     with pytest.raises(hf.HFError, match=r"model rnn cannot use the Hugging Face export \(capability hf_export: .*\); "
-                                         r"families with it: gpt, llama"):
+                                         + having_message("hf_export")):
         hf.export_hf(other, str(tmp_path / "hf"))
 
 

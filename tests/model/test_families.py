@@ -1,7 +1,12 @@
+import json
+import os
+import pkgutil
+
 import numpy as np
 import pytest
 
 from controlplane import presets
+from family_cases import having_message, tiny_presets
 from lm.spec import families as lm_config
 from lm.serving import generate as lm_generate
 from lm.spec import job
@@ -13,7 +18,10 @@ RNN_TINY = presets.get_preset("rnn-tiny")
 
 
 def test_the_registry_lists_the_families_and_the_job_reads_it():
-    assert list(lm_config.FAMILIES) == ["gpt", "rnn", "llama"]
+    """Every module of lm.spec.families but the shared one is a family, found with no registry edit."""
+    modules = {found.name for found in pkgutil.iter_modules([os.path.dirname(lm_config.__file__)])}
+    assert set(lm_config.FAMILIES) == modules - set(lm_config.SHARED_MODULES) >= {"gpt", "rnn", "llama"}
+    assert list(lm_config.FAMILIES)[0] == lm_config.DEFAULT_FAMILY == job.HYPERPARAMETERS["model"].default
     assert job.HYPERPARAMETERS["model"].choices == tuple(lm_config.FAMILIES)
     assert all(c.family == name for name, family in presets.FAMILY_PRESETS.items() for c in family.values())
 
@@ -39,7 +47,7 @@ def test_rnn_builds_with_the_counted_parameters(cell, tied):
     assert out.shape == (3, 7, config.padded_vocab_size) and out.dtype == tf.float32
 
 
-@pytest.mark.parametrize("preset", ["rnn-tiny", "llama-tiny"])
+@pytest.mark.parametrize("preset", [preset for preset, _ in tiny_presets()])
 def test_the_model_is_causal(preset):
     model = models.build(presets.get_preset(preset))
     x = np.arange(1, 11, dtype=np.int32)[np.newaxis]
@@ -84,7 +92,7 @@ def test_rnn_generation_falls_back_to_recomputation_and_ignores_padding():
 
 
 def test_family_errors_name_the_allowed_values():
-    with pytest.raises(ValueError, match="gpt, rnn"):
+    with pytest.raises(ValueError, match="allowed: %s$" % ", ".join(lm_config.FAMILIES)):
         models.config_from_dict("bert", {})
     with pytest.raises(ValueError, match="cell must be one of gru, lstm"):
         RNN_TINY.replace(cell="elman")
@@ -111,7 +119,7 @@ def test_a_family_declares_its_capabilities_in_its_one_entry():
     made = {found.name: found for found in job.family_rules()}
     assert [name for name in made if name.startswith("family.llama.")] == ["family.llama.smp"]
     assert made["family.llama.smp"].message.startswith("model llama cannot use strategy smp (capability smp: SMP v1")
-    assert made["family.rnn.tgi"].message.endswith("families with it: gpt, llama")
+    assert made["family.rnn.tgi"].message.endswith(having_message("tgi"))
     assert "family.llama.smp" in {found.name for found in job.job_rules()}
 
 
@@ -125,3 +133,54 @@ def test_an_inconsistent_declaration_is_refused(capabilities, hf_model_type, pro
     with pytest.raises(ValueError, match=problem):
         lm_config.check_declaration("x", lm_config.ModelFamily(lm_config.GPTConfig, "m:f", capabilities,
                                                                hf_model_type))
+
+
+def test_a_preset_implies_its_family_and_configuration_for_the_runtime():
+    """lm.training.train given only --preset builds that preset of its family (lm.spec.families.with_preset);
+    a model the preset is not of, or a preset that does not exist without a model_config, is refused."""
+    from lm.training import train
+    for preset, family in tiny_presets():
+        hyperparameters, _ = train.parse_args(["--dry-run", "--preset", preset])
+        assert hyperparameters.model == family
+        assert hyperparameters.model_config == presets.get_preset(preset).to_dict()
+    with pytest.raises(ValueError, match="hyperparameters.preset rnn-tiny is a preset of model rnn, not of "
+                                         "hyperparameters.model gpt; its presets: tiny, gpt-125m"):
+        train.parse_args(["--dry-run", "--preset", "rnn-tiny", "--model", "gpt"])
+    with pytest.raises(ValueError, match="hyperparameters.preset 'gpt-9000' is not a preset and no "
+                                         "hyperparameters.model_config is given; allowed: %s$" % ", ".join(presets.ALL_PRESETS)):
+        train.parse_args(["--dry-run", "--preset", "gpt-9000"])
+    # with a model_config the preset is only a label (a local run's own configuration)
+    hyperparameters, _ = train.parse_args(["--dry-run", "--preset", "mine", "--model", "rnn",
+                                           "--model_config", json.dumps(RNN_TINY.to_dict())])
+    assert hyperparameters.model_config == RNN_TINY.to_dict()
+
+
+def _family_module(name, family=None, presets=None):
+    import types
+    module = types.ModuleType("lm.spec.families." + name)
+    if family is not None:
+        module.FAMILY = family
+    if presets is not None:
+        module.PRESETS = presets
+    return module
+
+
+def test_a_family_module_that_declares_it_wrongly_is_refused_naming_the_module():
+    """The registry's checks of what it finds (lm.spec.families._registry): each names the module and
+    what it must declare, so a fork's mistake stops the import, not a job."""
+    import collections
+    from lm.spec.families import gpt
+    registry = lm_config._registry
+    with pytest.raises(ValueError, match=r"lm.spec.families.helpers is a family module .* it must declare FAMILY = "):
+        registry([_family_module("helpers")])
+    with pytest.raises(ValueError, match=r"lm.spec.families.gpt2 declares the family 'gpt': a family's config has "
+                                         r"`family` = its module's name, 'gpt2'"):
+        registry([_family_module("gpt2", gpt.FAMILY)])
+    other = collections.OrderedDict([("rnn-like", RNN_TINY)])
+    with pytest.raises(ValueError, match=r"lm.spec.families.gpt.PRESETS \['rnn-like'\] are not configs of family gpt"):
+        registry([_family_module("gpt", gpt.FAMILY, other)])
+    twice = _family_module("rnn", lm_config.FAMILIES["rnn"], collections.OrderedDict([("tiny", RNN_TINY)]))
+    with pytest.raises(ValueError, match="preset tiny is declared by families gpt and rnn: preset names are unique"):
+        registry([gpt, twice])
+    families, family_presets, all_presets = registry([gpt])
+    assert list(families) == ["gpt"] and family_presets["gpt"] is gpt.PRESETS and list(all_presets) == list(gpt.PRESETS)

@@ -53,8 +53,9 @@ def test_the_planner_interface_counts_what_one_block_holds_and_computes(preset):
 
 
 def test_the_presets_are_registered_and_the_tiny_one_has_the_demo_shape():
-    assert presets.FAMILY_PRESETS["llama"] is presets.LLAMA_PRESETS
-    assert set(presets.LLAMA_PRESETS) == set(PUBLISHED) | {"llama-tiny"}
+    from lm.spec.families import llama
+    assert presets.FAMILY_PRESETS["llama"] is llama.PRESETS  # the family module's presets, registered
+    assert set(llama.PRESETS) == set(PUBLISHED) | {"llama-tiny"}
     gpt_tiny = presets.get_preset("tiny")
     assert (TINY.vocab_size, TINY.block_size, TINY.padded_vocab_size) == (
         gpt_tiny.vocab_size, gpt_tiny.block_size, gpt_tiny.padded_vocab_size)

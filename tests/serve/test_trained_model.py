@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from controlplane import presets
+from family_cases import tiny_presets
 from serving import IMAGE, ROOT, Server
 
 TRAIN_HYPERPARAMETERS = {"preset": "tiny", "global_batch_size": 8, "max_steps": 10, "warmup_steps": 2,
@@ -26,7 +27,8 @@ def run(args, cwd):
     return result.stdout
 
 
-@pytest.fixture(scope="module", params=[("tiny", "gpt"), ("llama-tiny", "llama")], ids=["gpt", "llama"])
+# Every family whose Hugging Face export the tests below serve and compare (tests/family_cases.py).
+@pytest.fixture(scope="module", params=tiny_presets("hf_export"), ids=lambda case: case[1])
 def trained_model_dir(tmp_path_factory, request):
     preset, family = request.param
     work = str(tmp_path_factory.mktemp("trained"))

@@ -22,6 +22,7 @@ import pytest
 from lm.spec import job
 from lm.compat import tf
 from lm.distributed import get_strategy
+from family_cases import tiny_presets
 from smdist_helpers import run_train, train, write_random_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -108,10 +109,11 @@ def test_more_ranks_than_one_without_a_rendezvous_refuse_to_reduce(fake_smdist, 
 
 def rank_environment(rank, size, rendezvous):
     environ = {name: value for name, value in os.environ.items() if not name.startswith(("FAKE_", "SM_"))}
-    # The repository root too: the rank script resolves its preset with controlplane.presets.
+    # The repository root too: the rank script resolves its preset with controlplane.presets; and tests/,
+    # where this module's family_cases is.
     environ.update(PYTHONPATH=os.pathsep.join([os.path.join(TESTS, "fakes"), os.path.join(os.path.dirname(TESTS),
                                                                                           "training_image"), HERE,
-                                               os.path.dirname(TESTS)]),
+                                               os.path.dirname(TESTS), TESTS]),
                    FAKE_SDP_RANK=str(rank), FAKE_SDP_SIZE=str(size), FAKE_SDP_RENDEZVOUS=rendezvous,
                    TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
                    TF_NUM_INTEROP_THREADS="2")
@@ -256,7 +258,7 @@ def final_checkpoint(out_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, model", [("tiny", "gpt"), ("llama-tiny", "llama")])
+@pytest.mark.parametrize("preset, model", tiny_presets())
 def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, preset, model):
     dataset = write_random_dataset(str(tmp_path))
     rendezvous = str(tmp_path / "rendezvous")

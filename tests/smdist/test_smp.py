@@ -184,6 +184,39 @@ def test_microbatched_step_equals_the_full_batch_step(fake_smdist, monkeypatch):
 
 
 @pytest.mark.tf26
+def test_a_model_derived_from_gpt_becomes_a_distributed_model_of_its_own_code(fake_smdist, monkeypatch):
+    """A family derived from GPT (docs/fork.md: a block variant) gets its own DistributedModel: the adapter
+    makes it from the model class the family builds, not from GPT, on the library's Keras."""
+    import smdistributed.modelparallel.tensorflow as smp
+
+    from lm.compat import keras
+    from lm.models import gpt
+
+    class _ParallelBlock(gpt.BlockCode):
+        def residual(self, x, attention, seed):
+            return x + attention(self.ln_1(x)) + self.mlp_step(self.ln_2(x), seed)
+
+    class _Variant(gpt.GPTCode):
+        block_code = _ParallelBlock
+
+    variant = gpt.gpt_classes(keras, _Variant).GPT
+    _mp_parameters(monkeypatch, partitions=1)
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(lambda **options: gpt.build_model(GPT_PRESETS["tiny"], model_class=variant, **options))
+    assert isinstance(model, smp.DistributedModel) and type(model).code is _Variant
+    assert [type(block).code for block in model.blocks] == [_ParallelBlock, _ParallelBlock]
+    inputs, labels = token_batch(4)
+    plain = gpt.build_model(GPT_PRESETS["tiny"], model_class=variant)
+    plain.set_weights([weight.numpy() for weight in model.weights])
+    loss = smp.step(lambda tokens, targets: model(tokens, targets, training=False))(inputs, labels).reduce_mean()
+    assert float(loss) == pytest.approx(float(sequence_loss(labels, plain(inputs))), rel=1e-5)
+    # and it is not GPT's: the same weights in the sequential block give another loss
+    sequential = gpt.build_model(GPT_PRESETS["tiny"])
+    sequential.set_weights(plain.get_weights())
+    assert float(sequence_loss(labels, sequential(inputs))) != pytest.approx(float(sequence_loss(labels, plain(inputs))))
+
+
+@pytest.mark.tf26
 def test_the_model_is_built_the_way_the_library_builds_a_distributed_model(fake_smdist, monkeypatch):
     import smdistributed.modelparallel.tensorflow as smp
 

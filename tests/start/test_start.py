@@ -7,6 +7,7 @@ import time
 
 import pytest
 import quota_tables
+from family_cases import ASKING, having_message, lacking_cases
 from moto import mock_aws
 
 from lmstack import start
@@ -131,33 +132,20 @@ def test_the_plan_covers_every_family():
     assert not chosen["ok"] and chosen["reason"].startswith("model rnn cannot use strategy smp (capability smp:")
 
 
-# One input per capability rnn does not declare: lmstack.start refuses each before starting anything,
-# naming the family, the capability and the families that declare it (llama has every one but smp;
-# the state machine's Validate stage: tests/state_machine).
-RNN = {"preset": "rnn-tiny", "hyperparameters": {"model": "rnn"}}
-HAVING = {"smp": "gpt"}
-RNN_ASKS = [
-    (dict(RNN, strategy="smp", instance_type="ml.p3.16xlarge"), "strategy smp", "smp"),
-    (dict(RNN, hyperparameters={"model": "rnn", "recompute": True}), "hyperparameters.recompute true", "recompute"),
-    (dict(RNN, hyperparameters={"model": "rnn", "export_hf": True}), "hyperparameters.export_hf true", "hf_export"),
-    (dict(RNN, init_from="s3://lmstack-artifacts/init/gpt2/"), "init_from (a Hugging Face checkpoint)", "hf_import"),
-    (dict(RNN, deploy={"enabled": True, "container": "tgi", "instance_type": "ml.g4dn.12xlarge"}),
-     "deploy.container tgi", "tgi"),
-    (dict(RNN, deploy={"enabled": True, "container": "lmi", "instance_type": "ml.g4dn.12xlarge"}),
-     "deploy.container lmi", "lmi"),
-]
-
-
-@pytest.mark.parametrize("execution_input,asked,capability", RNN_ASKS)
-def test_start_refuses_what_the_family_does_not_declare(execution_input, asked, capability):
+# One input per capability a family does not declare, for every family of the registry on its smallest
+# preset (tests/family_cases.py): lmstack.start refuses each before starting anything, naming the family,
+# the capability and the families that declare it (the state machine's Validate stage: tests/state_machine).
+@pytest.mark.parametrize("preset,family,capability", lacking_cases(ASKING))
+def test_start_refuses_what_the_family_does_not_declare(preset, family, capability):
+    make, asked = ASKING[capability]
+    execution_input = make(preset, family)
     with pytest.raises(start.StartError) as raised:
         start.validate_input(execution_input, Settings())
-    assert str(raised.value).startswith("model rnn cannot use %s (capability %s: " % (asked, capability))
-    assert str(raised.value).endswith("; families with it: %s" % HAVING.get(capability, "gpt, llama"))
+    assert str(raised.value).startswith("model %s cannot use %s (capability %s: " % (family, asked, capability))
+    assert str(raised.value).endswith("; " + having_message(capability))
     # the same input for gpt passes that check (it declares every capability)
-    gpt = dict(execution_input, preset="tiny", hyperparameters=dict(execution_input["hyperparameters"], model="gpt"))
     try:
-        start.validate_input(gpt, Settings())
+        start.validate_input(make("tiny", "gpt"), Settings())
     except start.StartError as error:
         assert "capability" not in str(error), error
 
@@ -187,7 +175,7 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     (["--hp", "max_steps"], "--hp expects key=value"),
     (["--hp", "preset=tiny"], "hyperparameters.preset"),
     (["--preset", "gpt-9000"], "preset must be one of"),
-    (["--preset", "rnn-tiny"], "not a preset of model gpt"),
+    (["--preset", "rnn-tiny", "--hp", "model=gpt"], "preset 'rnn-tiny' is not a preset of model gpt"),
     (["--strategy", "zero3"], "strategy must be one of"),
     (["--instance-type", "ml.x1.huge"], "instance_type must be one of"),
     (["--strategy", "smddp", "--instance-type", "ml.g5.2xlarge"], "strategy smddp runs only on instance_type"),

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from lm.distributed.mwms import tf_config_from_sagemaker, worker_rank
+from family_cases import tiny_presets
 
 from . import helpers
 
 STEPS = {"max_steps": 5, "global_batch_size": 8}
-MODELS = {"tiny": "gpt", "llama-tiny": "llama"}  # preset -> its family: the tiny one of each transformer family
+MODELS = dict(tiny_presets())  # preset -> its family: the smallest preset of every family (tests/family_cases.py)
 DIGEST = re.compile(r"rank (\d+)/(\d+) weights sha256 ([0-9a-f]{64})")
 
 

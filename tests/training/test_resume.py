@@ -10,6 +10,7 @@ import pytest
 
 from lm import checkpoint
 from lm.spec import shards
+from family_cases import tiny_presets
 
 from . import helpers
 from .test_summaries import read_scalars
@@ -23,7 +24,9 @@ def checkpoint_arrays(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, model", [("tiny", "gpt"), ("llama-tiny", "llama")])
+# The families that recompute: recomputation redraws each dropout mask from the step's seed
+# (lm.models.layers.dropout), the same seed a resumed run draws (lm.training.checkpoint.DropoutKey).
+@pytest.mark.parametrize("preset, model", tiny_presets("recompute"))
 def test_resume_with_dropout_is_bit_exact(text_dataset, tmp_path, preset, model):
     # Fresh processes: a resumed run is a new process, whose global random generator starts over.
     run = dict(DROPOUT, preset=preset, model=model)

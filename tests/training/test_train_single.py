@@ -171,16 +171,20 @@ def test_a_configuration_of_another_family_is_an_error(text_dataset, tmp_path, c
     assert "hyperparameters.model_config is not a configuration of model gpt: unknown GPTConfig fields ['cell']" in output
 
 
-@pytest.mark.parametrize("model_config, message", [
-    (None, "hyperparameters.model_config is required: the configuration of model gpt as a JSON object"),
-    ({"n_layer": 2, "d_model": 64}, "hyperparameters.model_config is not a configuration of model gpt: "
-                                    "GPTConfig needs the fields ['n_head']"),
-    ({"n_layer": 2, "d_model": 66, "n_head": 4}, "GPTConfig.d_model (66) must be divisible by n_head (4)"),
-    ("tiny", "hyperparameters.model_config must be a JSON object"),
+@pytest.mark.parametrize("given, message", [
+    # without a model_config the preset's is built (lm.spec.families.with_preset): none, or no preset, is refused
+    ({"model_config": None, "preset": ""}, "hyperparameters.model_config is required: the configuration of model gpt "
+                                           "as a JSON object, or a hyperparameters.preset (one of tiny, "),
+    ({"model_config": None, "preset": "gpt-9000"}, "hyperparameters.preset 'gpt-9000' is not a preset and no "
+                                                   "hyperparameters.model_config is given; allowed: tiny, "),
+    ({"model_config": {"n_layer": 2, "d_model": 64}}, "hyperparameters.model_config is not a configuration of model "
+                                                      "gpt: GPTConfig needs the fields ['n_head']"),
+    ({"model_config": {"n_layer": 2, "d_model": 66, "n_head": 4}}, "GPTConfig.d_model (66) must be divisible by n_head (4)"),
+    ({"model_config": "tiny"}, "hyperparameters.model_config must be a JSON object"),
 ])
 def test_the_job_builds_only_a_valid_configuration_and_names_what_is_wrong(text_dataset, tmp_path, capsys,
-                                                                         model_config, message):
-    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), model_config=model_config)
+                                                                         given, message):
+    status, output = helpers.run_in_process(capsys, text_dataset, str(tmp_path), **given)
     assert status == 2
     assert message in output
 

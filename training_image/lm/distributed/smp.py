@@ -60,6 +60,7 @@ ships 1.4.0) does beyond it, and where it happens here:
 - XLA through `tf.config.optimizer.set_jit`: `jit_compile` on `smp.step` interferes with the
   pipeline.
 """
+import functools
 import json
 import os
 import re
@@ -140,8 +141,9 @@ def sequence_loss(labels, logits):
         labels=labels, logits=tf.cast(logits, tf.float32)))
 
 
-def distributed_gpt_class(smp):
-    """Our GPT as the one `smp.DistributedModel` of the job, the way the library requires it.
+def distributed_gpt_class(smp, model_class):
+    """`model_class` (our GPT, or the model of a family derived from it that declares smp) as the one
+    `smp.DistributedModel` of the job, the way the library requires it.
 
     `DistributedModel.__init__` makes a CPU tracing copy by calling the model's class again with
     the arguments its `__init__` was given (smdistributed/modelparallel/tensorflow/v2/model.py,
@@ -163,7 +165,8 @@ def distributed_gpt_class(smp):
     from lm.compat import keras_of
     from lm.models.gpt import gpt_classes
 
-    class DistributedGPT(gpt_classes(keras_of(smp.DistributedModel)).GPT, smp.DistributedModel):
+    # The same code (model_class.code: its class without a Keras) made on the library's Keras.
+    class DistributedGPT(gpt_classes(keras_of(smp.DistributedModel), model_class.code).GPT, smp.DistributedModel):
         """The GPT whose call takes (tokens, labels) and returns the mean token loss: "tensors
         returned from the call method will be broadcast across model-parallel devices"."""
 
@@ -272,7 +275,7 @@ class SMPStrategy(Strategy):
 
     def build_model(self, build_fn):
         """The DistributedGPT, partitioned: each rank holds (and later trains) only its variables."""
-        model = build_fn(build=False, model_class=distributed_gpt_class(self._smp))
+        model = build_fn(build=False, distribute=functools.partial(distributed_gpt_class, self._smp))
 
         @self._smp.step
         def partition_step(inputs, labels):

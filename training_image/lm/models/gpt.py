@@ -9,6 +9,11 @@ optional per-layer key/value cache (see `lm.serving.generate`).
 
 The classes are written once, without a Keras base, and made per Keras by `gpt_classes`: SMP v1's
 model is built on TensorFlow's bundled Keras, the others on `lm.compat.keras`.
+
+A variant of the block (a family derived from GPT) subclasses the code, not the model: `BlockCode`
+with its own `residual` (how x, its attention and its MLP combine; the key/value cache and attention
+are shared), a `GPTCode` subclass naming its `block_code` and `config_class`, and `gpt_classes(keras,
+that code)` makes its layers on either Keras, SMP's included (docs/fork.md, "Derive a family").
 """
 import contextlib
 import functools
@@ -20,7 +25,7 @@ from lm.models.layers import (INIT_STDDEV, causal_bias, decode_bias_and_position
                               empty_caches, matmul_last, normal, sub_seed, update_cache)
 from lm.spec.families import GPTConfig
 
-__all__ = ["GPT", "build_model", "gpt_classes"]
+__all__ = ["GPT", "BlockCode", "GPTCode", "build_model", "gpt_classes"]
 
 LAYER_NORM_EPSILON = 1e-5
 
@@ -153,7 +158,7 @@ class _MLP:
         return config
 
 
-class _Block:
+class BlockCode:
     """One transformer block: attention and MLP sublayers with residuals and LayerNorm,
     before each sublayer ("pre") or after each residual ("post", the seed)."""
 
@@ -186,19 +191,32 @@ class _Block:
         """The block on x [b, s, d]; with `cache` (keys, values [b, h, T, hd]) x sits at positions
         index..index+s-1 of it. Returns (output, (keys, values)): the updated cache, or this
         call's own keys and values when there is no cache."""
-        attention_in = self.ln_1(x) if self.norm == "pre" else x
-        q, k, v = self.attention.project_qkv(attention_in)
-        if cache is not None:
-            k, v = update_cache(cache[0], k, index), update_cache(cache[1], v, index)
-        attended = dropout(self.attention.attend(q, k, v, bias, sub_seed(seed, 1)), self.dropout_rate,
+        keys_values = []
+
+        def attention(h):
+            q, k, v = self.attention.project_qkv(h)
+            if cache is not None:
+                k, v = update_cache(cache[0], k, index), update_cache(cache[1], v, index)
+            keys_values.append((k, v))
+            return dropout(self.attention.attend(q, k, v, bias, sub_seed(seed, 1)), self.dropout_rate,
                            sub_seed(seed, 2))
+
+        return self.residual(x, attention, seed), keys_values[0]
+
+    def mlp_step(self, h, seed):
+        """The MLP on h with its dropout (the mask of `seed`'s sub-seed 3)."""
+        return dropout(self.mlp(h), self.dropout_rate, sub_seed(seed, 3))
+
+    def residual(self, x, attention, seed):
+        """The block's residual step: x, `attention(h)` (the attended and dropped-out output for input
+        h, called once; it reads and writes the cache) and the MLP (`mlp_step`) combined. Sequential:
+        LayerNorm before each sublayer ("pre") or after each residual ("post"). A block variant (a
+        parallel block: x + attention(ln_1(x)) + mlp(ln_2(x))) overrides this method only."""
         if self.norm == "pre":
-            h = x + attended
-            h = h + dropout(self.mlp(self.ln_2(h)), self.dropout_rate, sub_seed(seed, 3))
-        else:
-            h = self.ln_1(x + attended)
-            h = self.ln_2(h + dropout(self.mlp(h), self.dropout_rate, sub_seed(seed, 3)))
-        return h, (k, v)
+            h = x + attention(self.ln_1(x))
+            return h + self.mlp_step(self.ln_2(h), seed)
+        h = self.ln_1(x + attention(x))
+        return self.ln_2(h + self.mlp_step(h, seed))
 
     def get_config(self):
         config = super().get_config()
@@ -207,20 +225,27 @@ class _Block:
         return config
 
 
-class _GPT:
+class GPTCode:
     """The decoder. `recompute=True` recomputes each block's activations in the backward pass
     (tf.recompute_grad) to trade compute for memory."""
 
+    # What a derived family's model (a subclass of this code) declares: the config it is built from
+    # (its family's, a GPTConfig subclass) and the code of its blocks (a `BlockCode` subclass), which
+    # `gpt_classes` makes the model's `block_class` on the model's Keras.
+    config_class = GPTConfig
+    block_code = BlockCode
+
     def __init__(self, config, recompute=False, **kwargs):
         super().__init__(**kwargs)
-        self.model_config = config if isinstance(config, GPTConfig) else GPTConfig.from_dict(config)
+        config_class = self.config_class
+        self.model_config = config if isinstance(config, config_class) else config_class.from_dict(config)
         self.recompute = recompute
         c = self.model_config
         residual_stddev = INIT_STDDEV / math.sqrt(2 * c.n_layer)
         classes = self.classes
         self.embedding = classes.Embedding(c.padded_vocab_size, c.block_size, c.d_model, name="embedding")
-        self.blocks = [classes.Block(c.d_model, c.n_head, c.attention_head_dim, c.norm, c.activation, c.dropout,
-                                     residual_stddev, name="block_%d" % i) for i in range(c.n_layer)]
+        self.blocks = [self.block_class(c.d_model, c.n_head, c.attention_head_dim, c.norm, c.activation, c.dropout,
+                                        residual_stddev, name="block_%d" % i) for i in range(c.n_layer)]
         self.ln_f = classes.LayerNorm(name="ln_f")
         self.head = None if c.tie_embeddings else classes.keras.layers.Dense(
             c.padded_vocab_size, use_bias=False, kernel_initializer=normal(INIT_STDDEV), name="head")
@@ -288,22 +313,29 @@ class _GPT:
         return cls(**config)
 
 
-@functools.lru_cache(maxsize=None)
-def gpt_classes(keras):
-    """The GPT's layer and model classes on `keras`: one class tree (see `lm.compat.keras_of`).
+def gpt_classes(keras, model_code=GPTCode):
+    """The layer and model classes of `model_code` (the GPT's, or a subclass of its code) on `keras`:
+    one class tree (see `lm.compat.keras_of`).
 
     The classes above hold the code; each Keras gets classes of its own that put it under them, and
-    each reaches the others of its Keras as `self.classes`. This module's `GPT`, `Block`, ... are
-    those of `lm.compat.keras`; SMP v1's DistributedGPT is the GPT of the Keras its `DistributedModel`
-    derives from (`lm.distributed.smp`). Initial values come from `lm.models.layers.normal` whichever
-    Keras holds the layers, so both draw the same ones."""
+    each reaches the others of its Keras as `self.classes` (the model's blocks: `block_class`, made
+    from its `block_code`; each made class keeps its code as `code`). This module's `GPT`, `Block`, ...
+    are those of `lm.compat.keras`; SMP v1's DistributedGPT is the model of the Keras its
+    `DistributedModel` derives from (`lm.distributed.smp`). Initial values come from
+    `lm.models.layers.normal` whichever Keras holds the layers, so both draw the same ones."""
+    return _class_tree(keras, model_code)  # one tree per (Keras, code), however the code is passed
+
+
+@functools.lru_cache(maxsize=None)
+def _class_tree(keras, model_code):
     classes = types.SimpleNamespace(keras=keras)
-    for name, code, base in (("Embedding", _Embedding, keras.layers.Layer), ("LayerNorm", _LayerNorm, keras.layers.Layer),
+    for role, code, base in (("Embedding", _Embedding, keras.layers.Layer), ("LayerNorm", _LayerNorm, keras.layers.Layer),
                              ("CausalSelfAttention", _CausalSelfAttention, keras.layers.Layer),
-                             ("MLP", _MLP, keras.layers.Layer), ("Block", _Block, keras.layers.Layer),
-                             ("GPT", _GPT, keras.Model)):
-        setattr(classes, name, type(name, (code, base), {"__module__": __name__, "__doc__": code.__doc__,
-                                                          "classes": classes}))
+                             ("MLP", _MLP, keras.layers.Layer), ("Block", model_code.block_code, keras.layers.Layer),
+                             ("GPT", model_code, keras.Model)):
+        setattr(classes, role, type(code.__name__.lstrip("_"), (code, base), {
+            "__module__": code.__module__, "__doc__": code.__doc__, "classes": classes, "code": code}))
+    classes.GPT.block_class = classes.Block
     return classes
 
 
@@ -312,13 +344,16 @@ Embedding, LayerNorm, CausalSelfAttention, MLP, Block, GPT = (
     _ours.Embedding, _ours.LayerNorm, _ours.CausalSelfAttention, _ours.MLP, _ours.Block, _ours.GPT)
 
 
-def build_model(config, recompute=False, build=True, model_class=GPT):
-    """The GPT for `config` with its weights created (call it on int32 tokens [batch, seq]).
+def build_model(config, recompute=False, build=True, model_class=GPT, distribute=None):
+    """The GPT (or `model_class`, a derived family's model) for `config` with its weights created
+    (call it on int32 tokens [batch, seq]), named after its family.
 
-    `build=False` leaves the weights to its first call. `model_class`: a subclass of GPT (SMP v1's
-    DistributedGPT, lm.distributed.smp), constructed from plain arguments: the config as a dict,
-    `recompute` and the name, which that library passes again to build its tracing copy."""
-    model = model_class(config.to_dict(), recompute=recompute, name="gpt")
+    `build=False` leaves the weights to its first call. `distribute`: a function making the class to
+    construct from `model_class` (SMP v1's DistributedGPT, `lm.distributed.smp.distributed_gpt_class`),
+    constructed from plain arguments: the config as a dict, `recompute` and the name, which that
+    library passes again to build its tracing copy."""
+    made = model_class if distribute is None else distribute(model_class)
+    model = made(config.to_dict(), recompute=recompute, name=config.family)
     if build:
         model(tf.zeros([1, 1], tf.int32))
     return model

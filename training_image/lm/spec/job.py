@@ -16,7 +16,7 @@ import math
 
 from lm.spec import contract
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, Above, All, Is, Not, OneOf, broken, rule
-from lm.spec.families import FAMILIES, capability_message, config_from_dict
+from lm.spec.families import DEFAULT_FAMILY, FAMILIES, capability_message, config_from_dict
 from lm.spec.fields import check, field
 
 STRATEGIES = ("single", "mwms", "horovod", "smddp", "smp")
@@ -48,10 +48,12 @@ def _hp(name, type_, default, minimum=None, maximum=None, choices=None, help="",
 
 # What `lm.training.train` accepts. The state machine's input validation is generated from this table.
 HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
-    _hp("model", str, "gpt", choices=tuple(FAMILIES), help="model family (see lm.models)"),
-    _hp("preset", str, "", help="the name of the model configuration, for logs and MLflow (the preset it was resolved from)"),
+    _hp("model", str, DEFAULT_FAMILY, choices=tuple(FAMILIES),
+        help="model family (see lm.models); a preset's own when a preset is given and no model"),
+    _hp("preset", str, "", help="the name of the model configuration (a preset of lm.spec.families): its configuration "
+        "when model_config is not given, and the label of logs and MLflow"),
     # Filled by the control plane, never given in an execution input: the preset's configuration
-    # (controlplane.presets), so a new preset rebuilds no image.
+    # (controlplane.presets), so the job runs the configuration it is sent, whatever presets its image holds.
     _hp("model_config", dict, None, nullable=True,
         help="the model's configuration: the fields of the model family's config (lm.spec.families), as a JSON object"),
     _hp("strategy", str, "single", choices=STRATEGIES, help="distribution strategy"),

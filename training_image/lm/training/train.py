@@ -3,7 +3,8 @@
 Hyperparameters are the ones in `lm.spec.job.HYPERPARAMETERS`, given as `--name value` with
 JSON-decoded values, as the SageMaker training toolkit passes them (`--max_steps 100`,
 `--scale_lr false`, `--model_config '{"n_layer": 2, ...}'`). The model is built from `model_config`, the
-configuration the control plane resolved from a preset (`controlplane.presets`); `preset` only names it. Paths come from the SageMaker environment
+configuration the control plane resolved from a preset (`controlplane.presets`), where `preset` only names it;
+without one, from the preset itself (`lm.spec.families.with_preset`). Paths come from the SageMaker environment
 (SM_CHANNEL_TRAIN, SM_MODEL_DIR, /opt/ml/checkpoints) or from `--data-dir`, `--export-dir`,
 `--checkpoint-dir` on a laptop. A bad value exits non-zero with one readable line on stderr
 and in SageMaker's failure file.
@@ -46,7 +47,7 @@ from lm.spec import shards
 from lm.training import summaries
 from lm.training import tracking
 from lm.spec import conditions
-from lm.spec.families import flops_per_token, parameter_count, peak_learning_rate
+from lm.spec.families import PRESETS, flops_per_token, parameter_count, peak_learning_rate, with_preset
 
 # SageMaker syncs this directory with CheckpointConfig.S3Uri (under SAGEMAKER_BASE_DIR when
 # that is set, as in a local /opt/ml tree).
@@ -157,11 +158,10 @@ def parse_args(argv=None):
                          % (", ".join(names), ", ".join(job.HYPERPARAMETERS)))
     given = {name: decode_cli_value(job.HYPERPARAMETERS[name], getattr(args, name))
              for name in job.HYPERPARAMETERS if getattr(args, name) is not None}
-    hyperparameters = Hyperparameters.from_values(given)
+    hyperparameters = Hyperparameters.from_values(with_preset(given))
     if hyperparameters.model_config is None:
-        raise UsageError("hyperparameters.model_config is required: the configuration of model %s as a JSON object "
-                         "(the control plane resolves a preset into it: controlplane.presets.resolve)"
-                         % hyperparameters.model)
+        raise UsageError("hyperparameters.model_config is required: the configuration of model %s as a JSON object, "
+                         "or a hyperparameters.preset (one of %s)" % (hyperparameters.model, ", ".join(PRESETS)))
     check_job_rules(hyperparameters, args)
     if not args.data_dir and not args.dry_run:
         raise UsageError("no dataset: pass --data-dir or set SM_CHANNEL_TRAIN")

@@ -1,12 +1,47 @@
-"""What every family's config shares, and the learning-rate default every family starts from.
+"""What every family shares: the capabilities it may declare, its declaration (`ModelFamily`), its
+config's base class, and the learning-rate default every family starts from.
+
+A family module (`lm.spec.families.<family>`) imports from here, never from the registry
+(`lm.spec.families`), which imports the family modules.
 
 Imports nothing heavy: the CDK app and the planner use it at synth time, without TensorFlow.
 """
+import collections
 import dataclasses
 import math
 
 GPT3_VOCAB_SIZE = 50257
 PAD_VOCAB_TO = 128
+
+
+# What a family may declare: name -> what it means. A consumer of a capability reads the
+# declaration (`ModelFamily.supports`), never the family's name.
+CAPABILITIES = collections.OrderedDict([
+    ("smp", "SMP v1 placement: the model can be an smp.DistributedModel (lm.distributed.smp)"),
+    ("recompute", "activation recomputation in the backward pass (hyperparameters.recompute)"),
+    ("kv_cache", "incremental decoding with a key/value cache (lm.serving.generate, our server); "
+                 "without it generation recomputes the whole sequence at every token"),
+    ("hf_export", "writes the Hugging Face layout (hyperparameters.export_hf, python -m lm.hf --format hf)"),
+    ("hf_import", "reads the Hugging Face layout (init_from, python -m lm.hf --from-hf)"),
+    ("tgi", "served by Hugging Face TGI from its Hugging Face export (deploy.container tgi)"),
+    ("lmi", "served by AWS LMI (vLLM) from its Hugging Face export (deploy.container lmi)"),
+])
+
+
+class ModelFamily(collections.namedtuple("ModelFamily", "config_class builder capabilities hf_model_type")):
+    """A model family's declaration, the `FAMILY` of its module: its config dataclass (whose `family`
+    default is the family's name), "module:function" building its Keras model (imported only when a
+    model is built, so this needs no TensorFlow), the names of the CAPABILITIES it has, and the
+    Hugging Face config.json `model_type` of its layout (None without hf_export and hf_import)."""
+
+    @property
+    def name(self):
+        return self.config_class.family
+
+    def supports(self, capability):
+        if capability not in CAPABILITIES:
+            raise ValueError("unknown capability %r; allowed: %s" % (capability, ", ".join(CAPABILITIES)))
+        return capability in self.capabilities
 
 
 def padded_vocab_size(vocab_size, multiple=PAD_VOCAB_TO):
@@ -91,9 +126,15 @@ class ModelConfig:
             raise ValueError("%s needs the fields %s" % (cls.__name__, missing))
         return cls(**values)
 
-    def _check_common(self, family):
-        if self.family != family:
-            raise ValueError("%s.family must be %r, got %r" % (type(self).__name__, family, self.family))
+    # The family this config is of: a dataclass field whose default is the family's name (a derived
+    # family's config redeclares it, `family: str = "gptj"`); `check_common` holds every config to it.
+    family = None
+
+    def check_common(self):
+        """The checks every config's __post_init__ runs: its `family` is its class's, dropout in [0, 1)."""
+        declared = type(self).family
+        if self.family != declared:
+            raise ValueError("%s.family must be %r, got %r" % (type(self).__name__, declared, self.family))
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError("%s.dropout must be in [0, 1), got %r" % (type(self).__name__, self.dropout))
 

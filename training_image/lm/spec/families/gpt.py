@@ -1,10 +1,12 @@
-"""The GPT family's configuration (GPT-2/3 architecture) and its arithmetic (presets: `controlplane.presets`).
+"""The GPT family (GPT-2/3 architecture): its configuration and arithmetic, its declaration and its presets.
 
 The model is `lm.models.gpt`. Pure Python 3.8, no TensorFlow: imported at synth time.
 """
+import collections
 import dataclasses
 
-from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, check_positive_ints
+from lm.spec.families.base import (CAPABILITIES, GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, ModelFamily,
+                                   check_positive_ints)
 
 # u-sized activation elements one pre-LN GELU block keeps, op by op ("graph") and under XLA
 # (`GPTConfig.block_activation_bytes`; measured against TF's allocator in tests/plan).
@@ -31,14 +33,14 @@ class GPTConfig(ModelConfig):
 
     def __post_init__(self):
         check_positive_ints(self, ("n_layer", "d_model", "n_head", "block_size", "vocab_size", "pad_vocab_to"))
-        self._check_common("gpt")
+        self.check_common()
         if self.head_dim is None and self.d_model % self.n_head:
             raise ValueError(
-                "GPTConfig.d_model (%d) must be divisible by n_head (%d)" % (self.d_model, self.n_head))
+                "%s.d_model (%d) must be divisible by n_head (%d)" % (type(self).__name__, self.d_model, self.n_head))
         if self.norm not in ("pre", "post"):
-            raise ValueError("GPTConfig.norm must be one of 'pre', 'post', got %r" % (self.norm,))
+            raise ValueError("%s.norm must be one of 'pre', 'post', got %r" % (type(self).__name__, self.norm))
         if self.activation not in ("gelu", "relu"):
-            raise ValueError("GPTConfig.activation must be one of 'gelu', 'relu', got %r" % (self.activation,))
+            raise ValueError("%s.activation must be one of 'gelu', 'relu', got %r" % (type(self).__name__, self.activation))
         if self.head_dim is not None:
             check_positive_ints(self, ("head_dim",))
 
@@ -97,3 +99,20 @@ class GPTConfig(ModelConfig):
         if self.dropout:
             total += compute_bytes * w + w + 2 * u
         return total
+
+
+# Every capability: its SMP class is lm.distributed.smp's, its Hugging Face layout GPT-2's (lm.hf).
+FAMILY = ModelFamily(GPTConfig, "lm.models.gpt:build_model", tuple(CAPABILITIES), "gpt2")
+
+# GPT-3 paper (Brown et al. 2020, "Language Models are Few-Shot Learners"), Table 2.1 (n_layers,
+# d_model, n_heads); context 2048 for all. `tiny` is the demo's model (the sample corpus trains it).
+PRESETS = collections.OrderedDict([
+    ("tiny", GPTConfig(n_layer=2, d_model=64, n_head=4, block_size=128, vocab_size=512, pad_vocab_to=64)),
+    ("gpt-125m", GPTConfig(n_layer=12, d_model=768, n_head=12)),
+    ("gpt-350m", GPTConfig(n_layer=24, d_model=1024, n_head=16)),
+    ("gpt-760m", GPTConfig(n_layer=24, d_model=1536, n_head=16)),
+    ("gpt-1.3b", GPTConfig(n_layer=24, d_model=2048, n_head=16)),
+    ("gpt-2.7b", GPTConfig(n_layer=32, d_model=2560, n_head=32)),
+    ("gpt-6.7b", GPTConfig(n_layer=32, d_model=4096, n_head=32)),
+    ("gpt-13b", GPTConfig(n_layer=40, d_model=5120, n_head=40)),
+])

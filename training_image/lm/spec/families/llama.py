@@ -1,14 +1,16 @@
-"""The Llama family's configuration (Llama 2 / 3 architecture) and its arithmetic (presets: `controlplane.presets`).
+"""The Llama family (Llama 2 / 3 architecture): its configuration and arithmetic, its declaration and its presets.
 
 RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention, no biases, an output head
 of its own unless `tie_embeddings`. The model is `lm.models.llama`. Pure Python 3.8, no TensorFlow:
 imported at synth time.
 """
+import collections
 import dataclasses
 
-from lm.spec.families.base import PAD_VOCAB_TO, ModelConfig, check_positive_ints
+from lm.spec.families.base import PAD_VOCAB_TO, ModelConfig, ModelFamily, check_positive_ints
 
 LLAMA2_VOCAB_SIZE = 32000
+LLAMA3_VOCAB_SIZE = 128256  # the Llama 3 presets' vocabulary (Llama 3's tokenizer)
 ROPE_TYPES = ("llama3",)  # the rope_scaling types lm.models.llama computes
 
 
@@ -92,7 +94,7 @@ class LlamaConfig(ModelConfig):
     def __post_init__(self):
         check_positive_ints(self, ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "block_size", "vocab_size",
                                    "pad_vocab_to"))
-        self._check_common("llama")
+        self.check_common()
         if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
             raise ValueError("LlamaConfig.d_model (%d) must be n_head (%d) times an even head size (rotary "
                              "embeddings rotate pairs of dimensions)" % (self.d_model, self.n_head))
@@ -160,3 +162,38 @@ class LlamaConfig(ModelConfig):
         if self.dropout:
             total += compute_bytes * w + w + 2 * u
         return total
+
+
+# Everything but SMP (lm.distributed.smp places GPT blocks only).
+FAMILY = ModelFamily(LlamaConfig, "lm.models.llama:build_model",
+                     ("recompute", "kv_cache", "hf_export", "hf_import", "tgi", "lmi"), "llama")
+
+
+def llama3(**shape):
+    """A Llama 3 shape: its 128256-token vocabulary, 8192 positions, rope_theta 500000."""
+    return LlamaConfig(block_size=8192, vocab_size=LLAMA3_VOCAB_SIZE, rope_theta=500000.0, **shape)
+
+
+# Llama 3.2's rope scaling (config.json of meta-llama/Llama-3.2-1B and -3B: rope_type llama3).
+LLAMA_3_2_ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+# The released models' shapes, from their config.json on the Hugging Face Hub (meta-llama/Llama-3.2-1B,
+# Llama-3.2-3B, Llama-2-7b-hf, Meta-Llama-3-8B, Llama-2-13b-hf); tests/model/test_llama.py checks the
+# parameter counts against the totals of the Hub's safetensors. Llama 3.2's presets carry its rope
+# scaling, so their positions rotate as the released models' do; they train and serve 8192 positions
+# (block_size), not the 131072 of its config.json, which the planner, the dataset and the serving
+# memory estimates would otherwise take as the sequence length (an imported Llama 3.2 checkpoint
+# keeps its 131072).
+PRESETS = collections.OrderedDict([
+    # The demo's shape (`tiny`: vocabulary 512, context 128), two query heads per key/value head.
+    ("llama-tiny", LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=176, block_size=128,
+                               vocab_size=512, pad_vocab_to=64)),
+    ("llama3.2-1b", llama3(n_layer=16, d_model=2048, n_head=32, n_kv_head=8, d_ff=8192, tie_embeddings=True,
+                           rope_scaling=LLAMA_3_2_ROPE_SCALING)),
+    ("llama3.2-3b", llama3(n_layer=28, d_model=3072, n_head=24, n_kv_head=8, d_ff=8192, tie_embeddings=True,
+                           rope_scaling=LLAMA_3_2_ROPE_SCALING)),
+    ("llama2-7b", LlamaConfig(n_layer=32, d_model=4096, n_head=32, n_kv_head=32, d_ff=11008)),
+    ("llama3-8b", llama3(n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336)),
+    ("llama2-13b", LlamaConfig(n_layer=40, d_model=5120, n_head=40, n_kv_head=40, d_ff=13824)),
+])

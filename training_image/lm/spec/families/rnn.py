@@ -1,10 +1,12 @@
-"""The RNN family's configuration (GRU or LSTM layers): the smallest example of a family.
+"""The RNN family (GRU or LSTM layers), the smallest example of a family: its configuration, declaration
+and presets.
 
 The model is `lm.models.rnn`. Pure Python 3.8, no TensorFlow: imported at synth time.
 """
+import collections
 import dataclasses
 
-from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, check_positive_ints
+from lm.spec.families.base import GPT3_VOCAB_SIZE, PAD_VOCAB_TO, ModelConfig, ModelFamily, check_positive_ints
 
 
 RNN_CELL_GATES = {"gru": (3, 2), "lstm": (4, 1)}  # cell -> (gates, bias vectors per gate)
@@ -34,7 +36,7 @@ class RNNConfig(ModelConfig):
 
     def __post_init__(self):
         check_positive_ints(self, ("n_layer", "d_model", "block_size", "vocab_size", "pad_vocab_to"))
-        self._check_common("rnn")
+        self.check_common()
         if self.cell not in RNN_CELL_GATES:
             raise ValueError("RNNConfig.cell must be one of %s, got %r" % (", ".join(RNN_CELL_GATES), self.cell))
 
@@ -64,3 +66,13 @@ class RNNConfig(ModelConfig):
         if self.dropout:
             total += compute_bytes * u + u
         return total
+
+
+# No key/value cache (generation recomputes), no recompute_grad, no Hugging Face layout, no SMP class.
+FAMILY = ModelFamily(RNNConfig, "lm.models.rnn:build_model", (), None)
+
+# One the demo's dataset trains, one with a GPT-2-sized vocabulary.
+PRESETS = collections.OrderedDict([
+    ("rnn-tiny", RNNConfig(n_layer=1, d_model=64, block_size=128, vocab_size=512, pad_vocab_to=64)),
+    ("rnn-small", RNNConfig(n_layer=2, d_model=1024)),
+])
