@@ -18,7 +18,7 @@ __all__ = ["ALL_PRESETS", "FAMILY_PRESETS", "GPT_PRESETS", "get_preset", "model_
            "train_arguments"]
 
 ALL_PRESETS = PRESETS  # every family's presets, preset name -> config (the registry's table itself)
-GPT_PRESETS = FAMILY_PRESETS["gpt"]  # the default family's: the deployment's default_preset is one (stacks.settings)
+GPT_PRESETS = FAMILY_PRESETS["gpt"]  # the default family's (lm.spec.families.DEFAULT_FAMILY)
 
 
 def get_preset(name, family=None):

@@ -17,7 +17,7 @@ from lm.spec import conditions
 from lm.spec.fields import check as check_field
 from controlplane import rules
 from controlplane.inputs import MAX_INSTANCE_COUNT, MAX_RUNTIME_SECONDS, input_hyperparameters
-from controlplane.presets import GPT_PRESETS
+from controlplane.presets import ALL_PRESETS
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import STRATEGIES
 from controlplane.base_images import PREPARE_RUNTIME, RUNTIMES, SERVING_RUNTIME, STRATEGY_RUNTIME
@@ -299,7 +299,7 @@ def _check(settings):
     yield _check_range("default_instance_count", s.default_instance_count, 1, MAX_INSTANCE_COUNT)
     yield _check_choice("default_strategy", s.default_strategy, STRATEGIES)
     yield from _check_strategy_fit(s)
-    yield _check_choice("default_preset", s.default_preset, tuple(GPT_PRESETS))
+    yield _check_choice("default_preset", s.default_preset, tuple(ALL_PRESETS))
     yield _check_range("default_max_runtime_seconds", s.default_max_runtime_seconds, 1, MAX_RUNTIME_SECONDS)
     yield from _check_default_hyperparameters(s)
     if s.notification_email is not None:

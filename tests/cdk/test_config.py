@@ -6,6 +6,8 @@ import pathlib
 import pytest
 
 from controlplane import gate
+from family_cases import tiny_presets
+from lm.spec import families
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import SMDDP_INSTANCE_TYPES, STRATEGIES
 from controlplane.base_images import RUNTIMES
@@ -35,6 +37,16 @@ def test_the_empty_input_of_the_shipped_cdk_json_is_a_run_the_gate_accepts():
     # without them the runtime's own default batch, 64 sequences, does not fit there
     with pytest.raises(gate.Refusal, match="single on 1 x ml.g5.2xlarge: needs"):
         gate.decide({}, gate.Context(gate.Deployment.of(dataclasses.replace(settings, default_hyperparameters=()))))
+
+
+@pytest.mark.parametrize("preset, family", tiny_presets())
+def test_the_default_preset_may_be_of_any_family_and_the_empty_input_runs_it(preset, family):
+    """A fork's family is a deployment's default too: `{}` is a run of the default preset's family, and a default
+    hyperparameter the family cannot use gives way (rnn declares no recompute)."""
+    settings = dataclasses.replace(Settings(), default_preset=preset)
+    decision = gate.decide({}, gate.Context(gate.Deployment.of(settings)))
+    assert (decision.config["preset"], decision.config["hyperparameters"]["model"]) == (preset, family)
+    assert decision.config["hyperparameters"]["recompute"] is families.get_family(family).supports("recompute")
 
 
 def test_default_hyperparameters_from_the_command_line_are_a_json_object():
