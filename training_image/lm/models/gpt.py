@@ -326,6 +326,13 @@ def gpt_classes(keras, model_code=GPTCode):
     return _class_tree(keras, model_code)  # one tree per (Keras, code), however the code is passed
 
 
+def _made_name(code):
+    """The name of a class made from `code`: "Block" from BlockCode, "Embedding" from _Embedding,
+    "ParallelBlock" from a variant's _ParallelBlock."""
+    name = code.__name__.lstrip("_")
+    return name[:-len("Code")] if name.endswith("Code") else name
+
+
 @functools.lru_cache(maxsize=None)
 def _class_tree(keras, model_code):
     classes = types.SimpleNamespace(keras=keras)
@@ -333,7 +340,7 @@ def _class_tree(keras, model_code):
                              ("CausalSelfAttention", _CausalSelfAttention, keras.layers.Layer),
                              ("MLP", _MLP, keras.layers.Layer), ("Block", model_code.block_code, keras.layers.Layer),
                              ("GPT", model_code, keras.Model)):
-        setattr(classes, role, type(code.__name__.lstrip("_"), (code, base), {
+        setattr(classes, role, type(_made_name(code), (code, base), {
             "__module__": code.__module__, "__doc__": code.__doc__, "classes": classes, "code": code}))
     classes.GPT.block_class = classes.Block
     return classes
