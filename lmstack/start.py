@@ -33,7 +33,7 @@ import uuid
 from botocore.exceptions import BotoCoreError, ClientError
 
 from controlplane import bucket_layout
-from controlplane import gate, inputs, request, rules
+from controlplane import aws_clients, gate, inputs, request, rules
 from controlplane.presets import ALL_PRESETS
 from lm.data.pile import INPUT_SUFFIXES
 from lm.spec.job import STRATEGIES
@@ -363,7 +363,9 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
-        decision = validate_input(execution_input, settings, clients=session.client)  # the account's quotas too
+        # the account's quotas too, each call ending within the time the gate's function gives it
+        decision = validate_input(execution_input, settings, clients=lambda service: session.client(
+            service, config=aws_clients.config(gate.AWS_CALL_SECONDS)))
         write_notes(decision, out)
         cloudformation = session.client("cloudformation")
         stack_name = args.stack_name or settings.name_prefix
