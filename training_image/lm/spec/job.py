@@ -60,7 +60,8 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("global_batch_size", int, 64, 1, 65536, help="sequences per optimizer step, all replicas together"),
     _hp("max_steps", int, 1000, 1, 10000000, help="optimizer steps"),
     _hp("learning_rate", float, 0.0, 0.0, 1.0,
-        help="peak learning rate at GPT-3's batch for the model's size (0 = GPT-3's rate, Table 2.1; lm.spec.families)"),
+        help="peak learning rate (0 = the rate GPT-3 trained the model's size with, Table 2.1; lm.spec.families), used "
+             "at any global_batch_size unless scale_lr"),
     _hp("scale_lr", bool, False,
         help="scale learning_rate by the square root of global_batch_size / GPT-3's batch (Adam's rule), at most 1x; "
              "false keeps it whatever the batch"),
