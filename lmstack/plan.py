@@ -279,9 +279,11 @@ def main(argv=None):
             return 0
         settings, source = cdk_settings.load(args.cdk_json)
         if args.input:
+            if args.preset or args.config or args.instance_type:
+                raise ValueError("--input is the whole run: give its preset and instance type in it, not as flags")
             result = input_plan(args.input, gate.Deployment.of(settings))
         else:
-            result = flags_plan(args, settings, parser)
+            result = flags_plan(args, settings)
         result["deployment"] = deployment_used(args, settings, source)
     except (ValueError, SettingsError, gate.Refusal) as error:
         parser.error(str(error))
@@ -296,7 +298,7 @@ def main(argv=None):
     return 0 if fits else 1
 
 
-def flags_plan(args, settings, parser):
+def flags_plan(args, settings):
     """The plan of the run the flags describe; the deployment's spot and traffic encryption where no flag says."""
     if bool(args.preset) == bool(args.config):
         raise ValueError("give exactly one of --preset or --config (or an execution input with --input)")
