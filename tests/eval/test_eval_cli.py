@@ -38,6 +38,19 @@ def test_the_cli_writes_tasks_bits_per_byte_and_headline(built, tmp_path):
     assert "pile_bpb/total" in result.stdout and not os.path.exists(output + ".partial")
 
 
+def test_lm_evals_own_command_line_runs_the_lmstack_model(built, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "training_image")]))
+    result = subprocess.run([sys.executable, "-m", "lm.eval.harness", "--model", "lmstack", "--model_args",
+                             "pretrained=%s" % built["export"], "--batch_size", "2", "--tasks", "tiny_loglikelihood",
+                             "--include_path", built["include_path"], "--limit", "2", "--output_path",
+                             str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (written,) = [os.path.join(root, name) for root, _, names in os.walk(str(tmp_path / "out")) for name in names
+                  if name.startswith("results")]
+    with open(written) as handle:
+        assert json.load(handle)["results"]["tiny_loglikelihood"]["sample_len"] == 2
+
+
 @pytest.mark.parametrize("args, message", [
     (["--output", "x.json"], "--model-dir"),
     (["--model-dir", "d", "--output", "x.json"], "nothing to evaluate"),
