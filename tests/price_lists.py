@@ -1,0 +1,38 @@
+"""Made-up AWS Price Lists (`lmstack.local_pricing`) and boto3 clients they answer, for the gate's price tests.
+
+Each request a client sends is validated by botocore against its `pricing` model before the stand-in sees it, and
+each answer is parsed by botocore; no service is reached.
+"""
+import functools
+
+from lmstack.local_pricing import PriceList, Product
+
+
+def answered_by(price_list, client):
+    """`client` (a boto3 client) whose Pricing requests `price_list` answers (moto's stub taken off, as
+    `quota_tables.answered_by` does for Service Quotas)."""
+    from moto.core.models import botocore_stubber
+
+    client.meta.events.unregister("before-send", botocore_stubber)
+    price_list.register(client.meta.events)
+    return client
+
+
+def clients(price_list, region="us-east-1", others=None):
+    """A factory of boto3 clients (`controlplane.gate.Context.clients`): Pricing's answered by `price_list`, the
+    other services' by `others` (a factory, such as `quota_tables.clients(table)`), else plain clients."""
+    import boto3
+
+    session = boto3.session.Session(region_name=region, aws_access_key_id="test", aws_secret_access_key="test")
+
+    @functools.lru_cache(maxsize=None)
+    def client(service, **options):
+        if service == "pricing":
+            return answered_by(price_list, session.client(service, **options))
+        return others(service, **options) if others else session.client(service, **options)
+    return client
+
+
+def training(prices, region="us-east-1", effective_date="2026-11-01"):
+    """A PriceList with a Training product at each {instance_type: usd} of `prices` in `region`."""
+    return PriceList([Product(name, "Training", region, usd, effective_date) for name, usd in prices.items()])
