@@ -28,6 +28,7 @@ AWS Machine Learning Blog's SageMaker spend series names the same). A training p
 An answer that cannot be read as one hourly price (not JSON, no on-demand term, another unit, several prices) is
 a fallback to the table with a note, never a crash. Pure Python; botocore only where a client is passed.
 """
+import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -137,9 +138,9 @@ def from_table(instance_type, component, region, note=""):
     if component != TRAINING or record is None:
         return Price(instance_type, component, prices.PRICE_REGION, None,
                      "controlplane.prices (training prices only, %d types)" % len(prices.RECORDS), None, note)
-    if region != prices.PRICE_REGION:
-        note = "; ".join(filter(None, [note, "the table's price is %s's, not %s's" % (prices.PRICE_REGION, region)]))
-    return Price(instance_type, component, prices.PRICE_REGION, record.usd_per_hour,
+    if region != record.region:
+        note = "; ".join(filter(None, [note, "the table's price is %s's, not %s's" % (record.region, region)]))
+    return Price(instance_type, component, record.region, record.usd_per_hour,
                  "controlplane.prices (%s)" % record.source.split(":")[0], record.read, note)
 
 
@@ -185,10 +186,13 @@ def prices_of(wanted, region, clients=None, time_limit=None):
     wanted = list(dict.fromkeys(wanted))
     if clients is None or not wanted:
         return {pair: from_table(pair[0], pair[1], region) for pair in wanted}
-    from botocore.exceptions import BotoCoreError
-
     try:
+        from botocore.exceptions import BotoCoreError
+
         client = clients("pricing", region_name=api_region(region), config=client_config())
+    except ImportError:
+        return {pair: from_table(pair[0], pair[1], region, "no AWS SDK here to ask the AWS Price List")
+                for pair in wanted}
     except BotoCoreError as error:
         return {pair: from_table(pair[0], pair[1], region, "no AWS Price List client (%s)" % describe_error(error))
                 for pair in wanted}
@@ -202,3 +206,36 @@ def prices_of(wanted, region, clients=None, time_limit=None):
         found[pair] = future.result() if future.done() else from_table(pair[0], pair[1], region, late)
     return found
 
+
+
+# ---- what the gate makes of the prices ----
+
+def reprice(summary, price, spot):
+    """The gate's plan summary of a training launch (`controlplane.gate.plan_summary`) with its costs at `price`,
+    the price of its instance type for training (`spot`: the run's cost is the spot estimate), and where that
+    price came from."""
+    hours, count = summary["hours"], summary["instance_count"]
+    on_demand = None if price.usd_per_hour is None or hours is None else hours * count * price.usd_per_hour
+    summary.update(usd_per_instance_hour=price.usd_per_hour, cost_on_demand_usd=on_demand,
+                   cost_spot_usd=prices.spot_cost(on_demand), price_region=price.region,
+                   price_date=price.effective_date, price_source=price.source)
+    summary["cost_usd"] = summary["cost_spot_usd"] if spot else on_demand
+    return summary
+
+
+def endpoint_plan(deploy, price):
+    """The plan's `endpoint`: its instances, the hourly price of its type for hosting, and where it came from."""
+    per_hour = None if price.usd_per_hour is None else price.usd_per_hour * deploy["instance_count"]
+    return collections.OrderedDict([
+        ("instance_type", deploy["instance_type"]), ("instance_count", deploy["instance_count"]),
+        ("usd_per_instance_hour", price.usd_per_hour), ("usd_per_hour", per_hour),
+        ("budget_hours", deploy["budget_hours"]),
+        ("budget_usd", None if per_hour is None else per_hour * deploy["budget_hours"]),
+        ("price_region", price.region), ("price_date", price.effective_date), ("price_source", price.source)])
+
+
+def note(price):
+    """The decision's line about one price: which was used and where it came from (why the table's, if so)."""
+    return "price of %s for %s: %s%s" % (
+        price.instance_type, price.component.lower(), price.described(),
+        "; the table's, as %s" % price.note if price.note else "")

@@ -4,6 +4,10 @@
     python -m lmstack.plan --list               every preset of every family, one a line
     python -m lmstack.plan --describe gpt-1.3b  one preset's shape and size as JSON
 
+Costs are at the table's on-demand price (`controlplane.prices`); `--region` reads the type's price from the
+AWS Price List for that region instead (`controlplane.pricing`: it needs AWS credentials allowed
+pricing:GetProducts; where the Price List cannot answer, the table's price is used and the output says why).
+
 The arithmetic is `controlplane.planner`'s (its docstring says what is counted and why).
 """
 import argparse
@@ -11,7 +15,7 @@ import json
 import re
 import sys
 
-from controlplane import prices
+from controlplane import prices, pricing
 from controlplane.planner import DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, SMP_PIPELINES, plan, resolve_config
 from lm.spec import hardware, job
 from controlplane.presets import ALL_PRESETS, get_preset
@@ -175,8 +179,12 @@ def _price_label(instance):
     if instance["on_demand_usd_per_hour"] is None:
         return ("no on-demand price (%s: none found, looked for %s; --usd-per-instance-hour gives a training "
                 "plan's)" % (instance["price_region"], instance["price_date"]))
-    return "$%s/h on demand (%s, read %s)" % (
-        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"])
+    if instance["price_source"].startswith(pricing.PRICE_LIST):
+        return "$%s/h on demand (%s, %s, effective %s)" % (instance["on_demand_usd_per_hour"], pricing.PRICE_LIST,
+                                                           instance["price_region"], instance["price_date"])
+    return "$%s/h on demand (%s, read %s%s)" % (
+        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"],
+        "; the table's, as %s" % instance["price_note"] if instance["price_note"] else "")
 
 
 def describe(config):
@@ -242,12 +250,26 @@ def build_parser():
                         "recorded (controlplane/measured_mfu.json), else a published run's (lm.spec.hardware)")
     parser.add_argument("--usd-per-instance-hour", type=float, default=None,
                         help="price of a SageMaker training plan's reserved instance-hour (default: on-demand)")
+    parser.add_argument("--region", default=None,
+                        help="read the on-demand price from the AWS Price List for this region (AWS credentials "
+                             "allowed pricing:GetProducts); default: the table's (%s)" % prices.PRICE_REGION)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
     return parser
 
 
-def main(argv=None):
+def price_list_price(instance_type, region, clients=None):
+    """The training price of `instance_type` in `region` from the AWS Price List (`clients`: a factory of boto3
+    clients, default the default session's), or the table's with a note saying why."""
+    if clients is None:
+        import boto3
+        clients = boto3.session.Session().client
+    hardware.get_instance(instance_type)  # an unknown type is refused before AWS is asked
+    wanted = (instance_type, pricing.TRAINING)
+    return pricing.prices_of([wanted], region, clients)[wanted]
+
+
+def main(argv=None, clients=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
@@ -270,7 +292,8 @@ def main(argv=None):
                         partitions=args.partitions, microbatches=args.microbatches, pipeline=args.pipeline,
                         learning_rate=args.learning_rate, scale_lr=args.scale_lr,
                         traffic_encryption=args.traffic_encryption,
-                        usd_per_instance_hour=args.usd_per_instance_hour)
+                        usd_per_instance_hour=args.usd_per_instance_hour,
+                        on_demand=price_list_price(args.instance_type, args.region, clients) if args.region else None)
         result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
         if args.chart:
             chart(model, args.instance_type, args.chart, args.strategy, **settings)

@@ -169,12 +169,13 @@ def upload_corpus(s3, bucket, path, name, out):
     return corpus_uri(bucket, name)
 
 
-def validate_input(execution_input, settings, clients=None):
+def validate_input(execution_input, settings, clients=None, region=None):
     """The gate's decision about the input (`controlplane.gate.decide`: the same checks and plan as the state
     machine's Validate state), or StartError with the gate's words; nothing starts on a refused input.
-    `clients`: the AWS clients of the session (the quota check asks Service Quotas), None to ask no AWS."""
+    `clients`: the AWS clients of the session (the quota check asks Service Quotas, the prices the AWS Price List),
+    None to ask no AWS; `region`: the stack's, whose prices the plan uses."""
     try:
-        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients))
+        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients, region=region))
     except gate.Refusal as refusal:
         raise StartError(str(refusal))
 
@@ -355,7 +356,8 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
-        decision = validate_input(execution_input, settings, clients=session.client)  # the account's quotas too
+        # the account's quotas and the Price List's prices too
+        decision = validate_input(execution_input, settings, clients=session.client, region=session.region_name)
         for note in decision.notes:
             out.write("note: %s\n" % note)
         cloudformation = session.client("cloudformation")

@@ -6,16 +6,7 @@ each answer is parsed by botocore; no service is reached.
 import functools
 
 from lmstack.local_pricing import PriceList, Product
-
-
-def answered_by(price_list, client):
-    """`client` (a boto3 client) whose Pricing requests `price_list` answers (moto's stub taken off, as
-    `quota_tables.answered_by` does for Service Quotas)."""
-    from moto.core.models import botocore_stubber
-
-    client.meta.events.unregister("before-send", botocore_stubber)
-    price_list.register(client.meta.events)
-    return client
+from quota_tables import answered_by
 
 
 def clients(price_list, region="us-east-1", others=None):

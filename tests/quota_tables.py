@@ -14,6 +14,7 @@ import botocore.validate
 from controlplane import quotas
 from lm.spec.hardware import INSTANCES
 from controlplane.containers import HOSTING_INSTANCE_TYPES
+from lmstack.local_pricing import PriceList
 from lmstack.local_service_quotas import Quota, ServiceQuotas
 
 _MODEL = botocore.session.get_session().get_service_model("service-quotas")
@@ -60,7 +61,7 @@ def account(values=None, default=1000.0, defaults_only=(), errors=None):
 
 
 def answered_by(table, client):
-    """`client` (a boto3 Service Quotas client) answered by `table`. botocore calls every before-send handler,
+    """`client` (a boto3 client) answered by `table` (a ServiceQuotas, or a local_pricing.PriceList). botocore calls every before-send handler,
     and moto's stub, which every session gets while moto is imported, refuses ListServiceQuotas
     (NotImplementedError) under an active mock: it is taken off this client."""
     from moto.core.models import botocore_stubber
@@ -78,9 +79,12 @@ class Session:
 
         self.table = table
         self.boto = boto3.session.Session(region_name=region, **credentials)
+        self.region_name = region
 
     def client(self, service, **options):
         client = self.boto.client(service, **options)
+        if service == "pricing":  # no network: the gate's price lookups fall back to the table (tests/price_lists.py)
+            return answered_by(PriceList(reachable=False), client)
         return answered_by(self.table, client) if service == "service-quotas" else client
 
 

@@ -112,3 +112,24 @@ def test_without_a_client_the_table_s_price_is_used_without_a_note():
 def test_a_component_other_than_training_or_hosting_is_refused():
     with pytest.raises(ValueError, match="component must be one of Training, Hosting, got 'Notebook'"):
         pricing.request(P4D, "Notebook", "us-east-1")
+
+
+def test_lmstack_plan_prices_a_region_from_the_price_list_and_says_where_the_price_came_from(capsys):
+    from lmstack import plan
+
+    argv = ["--preset", "gpt-125m", "--instance-type", P4D, "--instance-count", "2", "--region", "eu-west-1"]
+    price_list = price_lists.training({P4D: 25.2513}, region="eu-west-1", effective_date="2026-10-01")
+    assert plan.main(argv + ["--json"], clients=price_lists.clients(price_list)) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["instance"]["on_demand_usd_per_hour"] == 25.2513 and result["instance"]["price_region"] == "eu-west-1"
+    timing = result["chosen"]["time"]
+    assert timing["cost_on_demand_usd"] == pytest.approx(timing["hours"] * 2 * 25.2513)
+    assert plan.main(argv, clients=price_lists.clients(price_list)) == 0
+    assert "$25.2513/h on demand (AWS Price List, eu-west-1, effective 2026-10-01)" in capsys.readouterr().out
+    # a Price List that cannot answer: the table's price, and why
+    assert plan.main(argv, clients=price_lists.clients(PriceList(reachable=False))) == 0
+    assert "$%g/h on demand (us-east-1, read %s; the table's, as the AWS Price List could not answer " \
+           "(EndpointConnectionError" % (TABLE_P4D, prices.price_date(P4D)) in capsys.readouterr().out
+
+
+TABLE_P4D = prices.on_demand_price(P4D)
