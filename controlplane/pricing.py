@@ -47,12 +47,10 @@ PRICE_LIST = "AWS Price List"
 FORMAT_VERSION = "aws_v1"
 MAX_RESULTS = 100  # one product answers; the page size only bounds a surprise
 HOURLY_UNIT = "Hrs"
-# All lookups of one decision together, and each request's own bounds (botocore's Config): a slow or silent
-# Price List costs the gate at most this, well inside its Lambda timeout (60 s).
+# All lookups of one decision together: a slow or silent Price List costs the gate at most this, with its quota
+# lookup's time (controlplane.gate.QUOTA_SECONDS and one call more) inside its Lambda timeout (60 s). Each
+# request is bounded too, by the client's own timeouts (the gate's: controlplane.aws_clients).
 TIME_LIMIT_SECONDS = 10.0
-CONNECT_TIMEOUT_SECONDS = 3
-READ_TIMEOUT_SECONDS = 5
-MAX_ATTEMPTS = 2  # botocore's standard retry mode: the first try and one retry
 
 
 class PriceListError(ValueError):
@@ -169,17 +167,9 @@ def price_of(instance_type, component, region, *, client=None):
                  "%s (GetProducts, %s, %s, regionCode %s)" % (PRICE_LIST, SERVICE_CODE, component, region), effective)
 
 
-def client_config():
-    """botocore's Config of a Pricing client: bounded connect and read, standard retries."""
-    from botocore.config import Config
-
-    return Config(connect_timeout=CONNECT_TIMEOUT_SECONDS, read_timeout=READ_TIMEOUT_SECONDS,
-                  retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS})
-
-
 def prices_of(wanted, region, clients=None, time_limit=None):
     """{(instance_type, component): Price} for each pair of `wanted`, read at once within `time_limit` seconds.
-    `clients(service, **options)`: a factory of boto3 clients (boto3.client, a Session's client), or None to ask
+    `clients(service, region_name=...)`: a factory of boto3 clients (a Session's client, the gate's), or None to ask
     no AWS (the table's prices, no note). A lookup still running at the limit (default TIME_LIMIT_SECONDS) is the
     table's, with a note."""
     time_limit = TIME_LIMIT_SECONDS if time_limit is None else time_limit
@@ -189,7 +179,7 @@ def prices_of(wanted, region, clients=None, time_limit=None):
     try:
         from botocore.exceptions import BotoCoreError
 
-        client = clients("pricing", region_name=api_region(region), config=client_config())
+        client = clients("pricing", region_name=api_region(region))
     except ImportError:
         return {pair: from_table(pair[0], pair[1], region, "no AWS SDK here to ask the AWS Price List")
                 for pair in wanted}

@@ -5,6 +5,7 @@ each answer is parsed by botocore; no service is reached.
 """
 import functools
 
+from controlplane import aws_clients, gate
 from lmstack.local_pricing import PriceList, Product
 from quota_tables import answered_by
 
@@ -17,10 +18,11 @@ def clients(price_list, region="us-east-1", others=None):
     session = boto3.session.Session(region_name=region, aws_access_key_id="test", aws_secret_access_key="test")
 
     @functools.lru_cache(maxsize=None)
-    def client(service, **options):
-        if service == "pricing":
-            return answered_by(price_list, session.client(service, **options))
-        return others(service, **options) if others else session.client(service, **options)
+    def client(service, region_name=None):
+        if service == "pricing":  # configured as the gate's clients are (controlplane.gate.aws_client)
+            return answered_by(price_list, session.client(service, region_name=region_name, config=aws_clients.config(
+                gate.AWS_CALL_SECONDS)))
+        return others(service, region_name=region_name) if others else session.client(service, region_name=region_name)
     return client
 
 
