@@ -221,7 +221,16 @@ def endpoint_plan(deploy, price):
         ("usd_per_instance_hour", price.usd_per_hour), ("usd_per_hour", per_hour),
         ("budget_hours", deploy["budget_hours"]),
         ("budget_usd", None if per_hour is None else per_hour * deploy["budget_hours"]),
-        ("price_region", price.region), ("price_date", price.effective_date), ("price_source", price.source)])
+        ("price_region", price.region), ("price_date", price.effective_date), ("price_source", price.source),
+        ("bills", bills(deploy, price, per_hour))])
+
+
+def bills(deploy, price, per_hour):
+    """What the endpoint bills, in the deploy stage's words (its notification when the endpoint is InService)."""
+    instances = "%d x %s" % (deploy["instance_count"], deploy["instance_type"])
+    if per_hour is None:
+        return "%s bills every hour until deleted (%s)" % (instances, price.described())
+    return "%s at %s bills $%.2f an hour until deleted" % (instances, price.described(), per_hour)
 
 
 def note(price):

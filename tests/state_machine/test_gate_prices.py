@@ -98,6 +98,9 @@ def test_every_type_planned_or_budgeted_is_priced_the_prepare_job_s_and_the_endp
     endpoint = decision.plan["endpoint"]
     assert (endpoint["usd_per_instance_hour"], endpoint["usd_per_hour"], endpoint["budget_usd"]) == (7.5, 15.0, 0.0)
     assert endpoint["price_source"].startswith("AWS Price List")
+    # what the deploy stage's note says when the endpoint is InService (stacks.state_machine.deploy)
+    assert endpoint["bills"] == ("2 x ml.g5.12xlarge at $7.5/h (AWS Price List, us-east-1, effective 2026-11-01) bills "
+                                 "$15.00 an hour until deleted")
     assert "price of ml.g5.12xlarge for hosting: $7.5/h (AWS Price List, us-east-1, effective 2026-11-01)" \
         in decision.notes
     assert any("budget_usd counts the jobs, not the endpoint" in note for note in decision.notes)
