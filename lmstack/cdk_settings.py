@@ -10,14 +10,15 @@ DEFAULT_CDK_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 def load(cdk_json):
-    """(Settings, where they came from: "<path>", or "the defaults (no <path>)"); SettingsError naming the file
-    where it cannot be read or a setting is invalid."""
+    """(Settings, where they came from: "<path>", or "the defaults (no <path>)", the path relative to the working
+    directory); SettingsError naming the file where it cannot be read or a setting is invalid."""
+    shown = os.path.relpath(cdk_json)
     try:
         with open(cdk_json) as handle:
             context = json.load(handle).get("context", {})
-        source = cdk_json
+        source = shown
     except FileNotFoundError:
-        context, source = {}, "the defaults (no %s)" % cdk_json
+        context, source = {}, "the defaults (no %s)" % shown
     except (OSError, ValueError) as error:
         raise SettingsError("cannot read %s: %s" % (cdk_json, error))
     try:

@@ -33,7 +33,7 @@ import uuid
 from botocore.exceptions import BotoCoreError, ClientError
 
 from controlplane import bucket_layout
-from controlplane import gate, inputs, request, rules
+from controlplane import aws_clients, gate, inputs, request, rules
 from controlplane.presets import ALL_PRESETS
 from lm.data.pile import INPUT_SUFFIXES
 from lm.spec.job import STRATEGIES
@@ -364,8 +364,11 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
-        # the account's quotas and the Price List's prices too
-        decision = validate_input(execution_input, settings, clients=session.client, region=session.region_name)
+        # the account's quotas and the Price List's prices too, each call ending within the time the gate's
+        # function gives it
+        decision = validate_input(execution_input, settings, region=session.region_name,
+                                  clients=lambda service, region_name=None: session.client(
+                                      service, region_name=region_name, config=aws_clients.config(gate.AWS_CALL_SECONDS)))
         write_notes(decision, out)
         cloudformation = session.client("cloudformation")
         stack_name = args.stack_name or settings.name_prefix

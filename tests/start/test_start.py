@@ -447,6 +447,17 @@ def test_a_quota_below_the_run_stops_start_before_anything_starts(capsys):
         silent = session(quotas=quota_tables.account(errors={"ListServiceQuotas": ("AccessDeniedException", "no")}))
         code, out = run(silent, FULL_FLAGS)
         assert code == 0 and "note: Service Quotas could not answer (AccessDeniedException: no)" in out
+        # its Service Quotas client ends a call within the time the gate's function gives one (aws_clients)
+        asked, client = [], refused.client
+
+        def recording(service, **options):
+            asked.append((service, options))
+            return client(service, **options)
+
+        refused.client = recording
+        run(refused, FULL_FLAGS)
+        (config,) = [options["config"] for service, options in asked if service == "service-quotas"]
+        assert (config.connect_timeout, config.read_timeout) == start.aws_clients.timeouts(start.gate.AWS_CALL_SECONDS)
 
 
 def test_a_deploy_only_run_starts_with_its_own_plan_line(aws, capsys):
