@@ -11,7 +11,7 @@ import hashlib
 import botocore.session
 import botocore.validate
 
-from controlplane import quotas
+from controlplane import aws_clients, gate, quotas
 from lm.spec.hardware import INSTANCES
 from controlplane.containers import HOSTING_INSTANCE_TYPES
 from lmstack.local_pricing import PriceList
@@ -89,9 +89,11 @@ class Session:
         self.region_name = region
 
     def client(self, service, **options):
-        client = self.boto.client(service, **options)
         if service == "pricing":  # default no network: the gate's price lookups fall back to the table
-            return answered_by(self.price_list, client)
+            # configured as the gate's clients are (controlplane.gate.aws_client: bounded, standard retries)
+            options.setdefault("config", aws_clients.config(gate.AWS_CALL_SECONDS))
+            return answered_by(self.price_list, self.boto.client(service, **options))
+        client = self.boto.client(service, **options)
         return answered_by(self.table, client) if service == "service-quotas" else client
 
 
