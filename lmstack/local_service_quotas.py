@@ -138,17 +138,19 @@ def unreachable(request, event_name, **kwargs):
         raise EndpointConnectionError(endpoint_url=request.url)
 
 
-def _page(listed, parameters):
+def _page(listed, parameters, key="Quotas", errors=("IllegalArgumentException", "InvalidPaginationTokenException")):
+    """(status, answer) of one page of `listed` under `key`: MaxResults 1 to MAX_RESULTS, NextToken only from the
+    page before; `errors`: the service's codes for a MaxResults and a NextToken it refuses."""
     size = parameters.get("MaxResults", MAX_RESULTS)
     if not 1 <= size <= MAX_RESULTS:
-        return _error("IllegalArgumentException", "MaxResults must be between 1 and %d" % MAX_RESULTS)
+        return _error(errors[0], "MaxResults must be between 1 and %d" % MAX_RESULTS)
     token = parameters.get("NextToken")
     start = 0
     if token is not None:
         if not token.isdigit() or not 0 < int(token) < len(listed):
-            return _error("InvalidPaginationTokenException", "Invalid NextToken.")
+            return _error(errors[1], "Invalid NextToken.")
         start = int(token)
-    answer = {"Quotas": listed[start:start + size]}
+    answer = {key: listed[start:start + size]}
     if start + size < len(listed):
         answer["NextToken"] = str(start + size)
     return 200, answer

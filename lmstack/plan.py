@@ -5,6 +5,10 @@
     python -m lmstack.plan --list               every preset of every family, one a line
     python -m lmstack.plan --describe gpt-1.3b  one preset's shape and size as JSON
 
+Costs are at the table's on-demand price (`controlplane.prices`); `--region` reads the type's price from the
+AWS Price List for that region instead (`controlplane.pricing`: it needs AWS credentials allowed
+pricing:GetProducts; where the Price List cannot answer, the table's price is used and the output says why).
+
 The arithmetic is `controlplane.planner`'s (its docstring says what is counted and why). The deployment's
 settings come from the app's cdk.json as `lmstack.start` reads them (`--cdk-json`): its
 `inter_container_traffic_encryption` and `spot` unless a flag says otherwise, and with `--input` everything
@@ -17,7 +21,7 @@ import json
 import re
 import sys
 
-from controlplane import gate, prices
+from controlplane import gate, prices, pricing
 from controlplane.planner import DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, SMP_PIPELINES, plan, resolve_config
 from lm.spec import hardware, job
 from controlplane.presets import ALL_PRESETS, get_preset
@@ -183,8 +187,12 @@ def _price_label(instance):
     if instance["on_demand_usd_per_hour"] is None:
         return ("no on-demand price (%s: none found, looked for %s; --usd-per-instance-hour gives a training "
                 "plan's)" % (instance["price_region"], instance["price_date"]))
-    return "$%s/h on demand (%s, read %s)" % (
-        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"])
+    if instance["price_source"].startswith(pricing.PRICE_LIST):
+        return "$%s/h on demand (%s, %s, effective %s)" % (instance["on_demand_usd_per_hour"], pricing.PRICE_LIST,
+                                                           instance["price_region"], instance["price_date"])
+    return "$%s/h on demand (%s, read %s%s)" % (
+        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"],
+        "; the table's, as %s" % instance["price_note"] if instance["price_note"] else "")
 
 
 def describe(config):
@@ -262,12 +270,29 @@ def build_parser():
                         "recorded (controlplane/measured_mfu.json), else a published run's (lm.spec.hardware)")
     parser.add_argument("--usd-per-instance-hour", type=float, default=None,
                         help="price of a SageMaker training plan's reserved instance-hour (default: on-demand)")
+    parser.add_argument("--region", default=None,
+                        help="read the on-demand price from the AWS Price List for this region (AWS credentials "
+                             "allowed pricing:GetProducts; not with --input, which the gate prices from the "
+                             "table); default: the table's (%s)" % prices.PRICE_REGION)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
     return parser
 
 
-def main(argv=None):
+def price_list_price(instance_type, region, clients=None):
+    """The training price of `instance_type` in `region` from the AWS Price List (`clients`: a factory of boto3
+    clients, default the default session's), or the table's with a note saying why."""
+    hardware.get_instance(instance_type)  # an unknown type is refused before AWS is asked
+    wanted = (instance_type, pricing.TRAINING)
+    return pricing.prices_of([wanted], region, clients or default_clients())[wanted]
+
+
+def default_clients():
+    import boto3
+    return boto3.session.Session().client
+
+
+def main(argv=None, clients=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
@@ -283,7 +308,7 @@ def main(argv=None):
                 raise ValueError("--input is the whole run: give its preset and instance type in it, not as flags")
             result = input_plan(args.input, gate.Deployment.of(settings))
         else:
-            result = flags_plan(args, settings)
+            result = flags_plan(args, settings, clients)
         result["deployment"] = deployment_used(args, settings, source)
     except (ValueError, SettingsError, gate.Refusal) as error:
         parser.error(str(error))
@@ -298,7 +323,7 @@ def main(argv=None):
     return 0 if fits else 1
 
 
-def flags_plan(args, settings):
+def flags_plan(args, settings, clients=None):
     """The plan of the run the flags describe; the deployment's spot and traffic encryption where no flag says."""
     if bool(args.preset) == bool(args.config):
         raise ValueError("give exactly one of --preset or --config (or an execution input with --input)")
@@ -313,7 +338,8 @@ def flags_plan(args, settings):
                         partitions=args.partitions, microbatches=args.microbatches, pipeline=args.pipeline,
                         learning_rate=args.learning_rate, scale_lr=args.scale_lr,
                         traffic_encryption=_given(args.traffic_encryption, settings.inter_container_traffic_encryption),
-                        usd_per_instance_hour=args.usd_per_instance_hour)
+                        usd_per_instance_hour=args.usd_per_instance_hour,
+                        on_demand=price_list_price(args.instance_type, args.region, clients) if args.region else None)
     result = plan(model, args.instance_type, args.instance_count, args.strategy,
                   spot=_given(args.spot, settings.spot), **run_settings)
     if args.chart:

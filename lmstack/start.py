@@ -170,12 +170,13 @@ def upload_corpus(s3, bucket, path, name, out):
     return corpus_uri(bucket, name)
 
 
-def validate_input(execution_input, settings, clients=None):
+def validate_input(execution_input, settings, clients=None, region=None):
     """The gate's decision about the input (`controlplane.gate.decide`: the same checks and plan as the state
     machine's Validate state), or StartError with the gate's words; nothing starts on a refused input.
-    `clients`: the AWS clients of the session (the quota check asks Service Quotas), None to ask no AWS."""
+    `clients`: the AWS clients of the session (the quota check asks Service Quotas, the prices the AWS Price List),
+    None to ask no AWS; `region`: the stack's, whose prices the plan uses."""
     try:
-        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients))
+        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients, region=region))
     except gate.Refusal as refusal:
         raise StartError(str(refusal))
 
@@ -351,7 +352,10 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
     try:
         settings = load_settings(args.cdk_json)
         execution_input = build_input(args)
-        decision = validate_input(execution_input, settings)  # a bad input stops here, before anything asks AWS
+        offline = args.show_request or args.dry_run
+        # a bad input stops here, before anything asks AWS (asked, the gate asks AWS only after the input's own
+        # checks: its quotas, and prices the table may lack, which the Price List's decide)
+        decision = validate_input(execution_input, settings) if offline else None
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
         if args.show_request:
             out.write(json.dumps(training_request(execution_input, settings, name), indent=2) + "\n")
@@ -363,9 +367,11 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
-        # the account's quotas too, each call ending within the time the gate's function gives it
-        decision = validate_input(execution_input, settings, clients=lambda service: session.client(
-            service, config=aws_clients.config(gate.AWS_CALL_SECONDS)))
+        # the account's quotas and the Price List's prices too, each call ending within the time the gate's
+        # function gives it
+        decision = validate_input(execution_input, settings, region=session.region_name,
+                                  clients=lambda service, region_name=None: session.client(
+                                      service, region_name=region_name, config=aws_clients.config(gate.AWS_CALL_SECONDS)))
         write_notes(decision, out)
         cloudformation = session.client("cloudformation")
         stack_name = args.stack_name or settings.name_prefix

@@ -190,7 +190,8 @@ def silent_endpoint(monkeypatch):
 
 def test_a_service_quotas_that_never_answers_is_noted_after_the_clients_attempts(silent_endpoint):
     deadline = 8  # seconds: 0.25 s to connect and 0.75 s to read per attempt, after 6 s of backoff at most
-    context = gate.Context(DEPLOYMENT, clients=lambda service: aws_clients.client(service, None, deadline))
+    context = gate.Context(DEPLOYMENT, clients=lambda service, region_name=None: aws_clients.client(
+        service, region_name, deadline))
     decision = gate.decide(RUN, context)
     (note,) = [note for note in decision.notes if "Service Quotas could not answer" in note]
     assert "ReadTimeoutError" in note and note.endswith("the SageMaker quotas this run needs were not checked")
