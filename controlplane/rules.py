@@ -20,6 +20,7 @@ from lm.spec import job
 from lm.spec.conditions import STRATEGY_FIELD, Above, All, Is, Not, OneOf, rule
 from lm.spec.families import FAMILIES, get_family
 from controlplane.containers import HOSTING_INSTANCE_TYPES
+from controlplane.inputs import DRILL_MAX_STEPS
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,6 +91,11 @@ def cross_field_rules(runtimes=None):
         "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
         "got prepare.instance_count={value}: set it to 1, or give a tokenizer file on the file system (python -m "
         "lm.data.prepare train-tokenizer makes one)", subject="prepare.instance_count"))
+    # A divergence drill (lm.spec.drill) damages the run on purpose: only a short one (DRILL_MAX_STEPS).
+    found.append(rule("drill.faults.max_steps", All((
+        Not(Is("drill.faults", None)), Above("hyperparameters.max_steps", DRILL_MAX_STEPS - 1))),
+        "drill.faults is a drill tool, accepted only with hyperparameters.max_steps under %d, got {value}"
+        % DRILL_MAX_STEPS, subject="hyperparameters.max_steps"))
     for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),
