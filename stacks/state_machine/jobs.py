@@ -445,5 +445,7 @@ def job_states(kind, settings, on_success):
             "https://%s.console.aws.amazon.com/sagemaker/home?region=%s#/jobs/{}" % (settings.region, settings.region),
             name_path)}, result_path=slot + ".result")
     states[s + ".Succeeded"] = asl.publish("${TopicArn}", asl.fmt(
-        "%s {} completed: model {}" % label, name_path, slot + ".result.model_artifacts"), on_success)
+        # The final metrics: the losses, and the divergence defense's skipped steps and rollbacks (lm.training.divergence).
+        "%s {} completed: model {}, final metrics {}" % label, name_path, slot + ".result.model_artifacts",
+        asl.to_json(slot + ".metrics")), on_success)
     return states

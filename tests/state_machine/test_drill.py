@@ -1,5 +1,6 @@
 """A divergence drill (issue 42 item 4): the input's drill.faults, accepted only for a short run and as the
-training job parses it, reaches the training job as LMSTACK_FAULTS, and no other input sets it."""
+training job parses it, reaches the training job as LMSTACK_FAULTS, and no other input sets it; the completion
+notification carries the final metrics (skipped steps and rollbacks among them)."""
 import pytest
 from state_machine.harness import invalid_sagemaker_requests
 from state_machine.test_gate import CONTEXT
@@ -28,3 +29,6 @@ def test_the_training_job_gets_the_faults_in_its_environment_only_for_a_drill(de
     assert sent["Environment"] == {"LMSTACK_FAULTS": "nan@30"}
     assert "faults" not in str(sent["HyperParameters"])
     assert invalid_sagemaker_requests(run) == []
+    # The completion names the final metrics, where a run's skipped steps and rollbacks are (lm.training.divergence).
+    (completed,) = [message for message in deployment.notifications() if " completed: model " in message]
+    assert ", final metrics [" in completed, completed
