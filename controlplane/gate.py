@@ -34,7 +34,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
+from controlplane import aws_clients, bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, drill, hardware, job
 from lm.spec.fields import check
@@ -43,6 +43,10 @@ INVALID = conditions.INVALID
 PLAN_REJECTED = "PlanRejected"  # the planner says the run cannot fit or run (check_plan)
 QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what the run needs (check_quotas)
 OVER_BUDGET = "OverBudget"  # the run's estimate exceeds budget_usd, or it cannot be held to it (check_budget)
+# The gate's time with AWS, inside its function's 60 s (stacks.gate_code.TIMEOUT_SECONDS), the rest for planning:
+# one call at most AWS_CALL_SECONDS (retries included), and no page of quotas asked for after QUOTA_SECONDS.
+AWS_CALL_SECONDS = 20
+QUOTA_SECONDS = 20
 # How many other instance types a refusal over budget names that would fit.
 BUDGET_ALTERNATIVES = 2
 # deploy.model_artifact: a training job's model.tar.gz, or a Hugging Face directory (the state machine checks
@@ -103,9 +107,9 @@ class Deployment:
 
 
 def aws_client(service):
-    """A boto3 client, for checks that ask AWS (the Lambda runtime has boto3; nothing else imports it)."""
-    import boto3
-    return boto3.client(service)
+    """A boto3 client, for checks that ask AWS (the Lambda runtime has boto3; nothing else imports it), whose
+    calls end within AWS_CALL_SECONDS (`controlplane.aws_clients`)."""
+    return aws_clients.client(service, None, AWS_CALL_SECONDS)
 
 
 def from_aws_sdk(error):
@@ -406,9 +410,10 @@ def quota_needs(decision):
 
 def check_quotas(decision, context):
     """The account's SageMaker quotas (Service Quotas, `controlplane.quotas`) against the instances the run needs:
-    refused before any job, naming each quota, its value and the request. When Service Quotas cannot answer
-    (refused, throttled, unreachable), the notes say so and the run goes on: SageMaker still refuses a job or
-    endpoint over a quota when it is created."""
+    refused before any job, naming each quota, its value and the request (a warm pool over its quota is a note:
+    the job runs without one). When Service Quotas cannot answer (refused, throttled, unreachable, too slow for
+    the function's time), the notes say so and the run goes on: SageMaker still refuses a job or endpoint over a
+    quota when it is created."""
     needs = quota_needs(decision)
     if not needs:
         return
@@ -416,9 +421,9 @@ def check_quotas(decision, context):
         decision.notes.append("quotas not checked: this caller does not ask AWS")
         return
     try:
-        found = quotas.look_up(context.client("service-quotas"), [need.quota for need in needs])
+        found = quotas.look_up(context.client("service-quotas"), [need.quota for need in needs], QUOTA_SECONDS)
     except Exception as error:
-        if not from_aws_sdk(error):
+        if not (from_aws_sdk(error) or isinstance(error, quotas.TooSlow)):
             raise
         decision.notes.append("Service Quotas could not answer (%s): the SageMaker quotas this run needs were not "
                               "checked" % quotas.describe_error(error))

@@ -120,8 +120,9 @@ def schema(settings):
                                                                                    bucket_layout.INIT_PREFIX)),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
-              help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
-                   % bucket_layout.INIT_PREFIX),
+              help="start from a Hugging Face checkpoint directory (config.json, safetensors weights, "
+                   "tokenizer.json) of a family that reads that layout (GPT-2, Llama), under this S3 prefix "
+                   "(s3://<artifact bucket>/%s<name>/)" % bucket_layout.INIT_PREFIX),
         Field("resume_from", str, None, nullable=True,
               help="continue the checkpoints of an earlier execution of this stack: the name its failure "
                    "output gives (s3://<artifact bucket>/%s<name>/)" % bucket_layout.CHECKPOINT_PREFIX),

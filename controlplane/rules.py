@@ -96,6 +96,11 @@ def cross_field_rules(runtimes=None):
         Not(Is("drill.faults", None)), Above("hyperparameters.max_steps", DRILL_MAX_STEPS - 1))),
         "drill.faults is a drill tool, accepted only with hyperparameters.max_steps under %d, got {value}"
         % DRILL_MAX_STEPS, subject="hyperparameters.max_steps"))
+    # SageMaker developer guide, train-warm-pools, "Considerations": "SageMaker Managed Warm Pools cannot be used
+    # with spot instances": CreateTrainingJob would fail, after the prepare job ran.
+    found.append(rule("spot.keep_alive_seconds", All((Is("spot", True), Above("keep_alive_seconds", 0))),
+                      "spot true and keep_alive_seconds {value}: SageMaker keeps no warm pool of spot instances; "
+                      "set keep_alive_seconds to 0, or spot to false", subject="keep_alive_seconds"))
     for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),

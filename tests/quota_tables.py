@@ -35,27 +35,32 @@ def names():
 
 
 def checked(quota):
-    """`quota` after botocore's validation of its answer shape (ServiceQuota)."""
-    for value in (quota.default, quota.applied):
-        if value is not None:
-            report = botocore.validate.ParamValidator().validate(quota.shape(value), _MODEL.shape_for("ServiceQuota"))
+    """`quota` after botocore's validation of its answer shapes (ServiceQuota; an ErrorReason's ErrorCode one of
+    the model's enum, which the validator does not check)."""
+    for shape in (quota.shape(quota.default), quota.applied_shape()):
+        if shape is not None:
+            report = botocore.validate.ParamValidator().validate(shape, _MODEL.shape_for("ServiceQuota"))
             if report.has_errors():
                 raise ValueError(report.generate_report())
+    if quota.error is not None and quota.error[0] not in _MODEL.shape_for("ErrorReason").members["ErrorCode"].enum:
+        raise ValueError("ErrorCode %r is not one of the model's" % quota.error[0])
     return quota
 
 
-def account(values=None, default=1000.0, defaults_only=(), errors=None):
+def account(values=None, default=1000.0, defaults_only=(), errors=None, errors_of=None):
     """The Service Quotas of an account where every SageMaker quota is `default` (instances), except `values`
-    {name: value}; the names in `defaults_only` have no applied value (ListServiceQuotas leaves them out);
-    `errors` {operation: (code, message)} fail every such request."""
-    values = dict(values or {})
-    unknown = set(values) - set(names())
+    {name: value}; the names in `defaults_only` have no applied value (ListServiceQuotas leaves them out), those
+    of `errors_of` {name: (ErrorCode, ErrorMessage)} an ErrorReason instead; `errors` {operation: (code,
+    message)} fail every such request."""
+    values, errors_of = dict(values or {}), dict(errors_of or {})
+    unknown = (set(values) | set(errors_of)) - set(names())
     if unknown:
         raise ValueError("no such quota in the made-up account: %s" % ", ".join(sorted(unknown)))
     table = []
     for name in names():
         value = float(values.get(name, default))
-        table.append(checked(Quota("sagemaker", code(name), name, value, None if name in defaults_only else value)))
+        table.append(checked(Quota("sagemaker", code(name), name, value, None if name in defaults_only else value,
+                                   error=errors_of.get(name))))
     return ServiceQuotas(table, errors)
 
 
