@@ -20,6 +20,7 @@ from lm.spec import job
 from lm.spec.conditions import STRATEGY_FIELD, Above, All, Is, Not, OneOf, rule
 from lm.spec.families import FAMILIES, get_family
 from controlplane.containers import HOSTING_INSTANCE_TYPES
+from controlplane.inputs import DRILL_MAX_STEPS
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,6 +94,11 @@ def cross_field_rules(runtimes=None):
     found.append(rule("deploy.budget_hours", All((Is("deploy.enabled", False), Above("deploy.budget_hours", 0))),
                       "deploy.budget_hours {value} counts an endpoint's hours in budget_usd: it needs deploy.enabled "
                       "true", subject="deploy.budget_hours"))
+    # A divergence drill (lm.spec.drill) damages the run on purpose: only a short one (DRILL_MAX_STEPS).
+    found.append(rule("drill.faults.max_steps", All((
+        Not(Is("drill.faults", None)), Above("hyperparameters.max_steps", DRILL_MAX_STEPS - 1))),
+        "drill.faults is a drill tool, accepted only with hyperparameters.max_steps under %d, got {value}"
+        % DRILL_MAX_STEPS, subject="hyperparameters.max_steps"))
     # SageMaker developer guide, train-warm-pools, "Considerations": "SageMaker Managed Warm Pools cannot be used
     # with spot instances": CreateTrainingJob would fail, after the prepare job ran.
     found.append(rule("spot.keep_alive_seconds", All((Is("spot", True), Above("keep_alive_seconds", 0))),
