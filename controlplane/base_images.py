@@ -26,6 +26,7 @@ RUNTIMES = collections.OrderedDict([
 STRATEGY_RUNTIME = {"smp": "tf26", "smddp": "tf211", "horovod": "tf211", "mwms": "tfcurrent", "single": "tfcurrent"}
 SERVING_RUNTIME = "tfcurrent"
 PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the prepare job needs no GPU and no TensorFlow
+EVALUATION_RUNTIME = "tfcurrent"  # lm-eval needs Python >= 3.10: only this variant's Python (3.12) runs it
 
 
 def base_image_uri(runtime, region):

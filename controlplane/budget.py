@@ -48,10 +48,11 @@ class Costs:
     prepare: float
     warm_pool: float
     usd_per_hour: float  # the training job's: instance count x price per instance-hour (spot: the estimate)
+    evaluation: float = 0.0  # the evaluation job's MaxRuntime at its price (evaluate.enabled)
 
     @property
     def total(self):
-        return self.training + self.prepare + self.warm_pool
+        return self.training + self.prepare + self.warm_pool + self.evaluation
 
 
 def save_seconds(preset):
@@ -97,12 +98,22 @@ def costs(config, plan, label="instance_type"):
         prepare_usd = (hourly_price(prepare["instance_type"], False, "prepare.instance_type")
                        * prepare["instance_count"] * prepare["max_runtime_seconds"] / 3600)
     warm = per_hour * config["keep_alive_seconds"] / 3600
-    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour)
+    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour, evaluation_usd(config))
+
+
+def evaluation_usd(config):
+    """The most the evaluation job may cost: its MaxRuntime at its on-demand price (0 without evaluate)."""
+    evaluate = config.get("evaluate")
+    if not evaluate or not evaluate["enabled"]:
+        return 0.0
+    price = hourly_price(evaluate["instance_type"], False, "evaluate.instance_type")
+    return price * evaluate["max_runtime_seconds"] / 3600
 
 
 def max_runtime_seconds(config, found, budget):
-    """The most seconds the training job may run within `budget` after the prepare job and the warm pool."""
-    return int((budget - found.prepare - found.warm_pool) / found.usd_per_hour * 3600)
+    """The most seconds the training job may run within `budget` after the prepare and evaluation jobs and the
+    warm pool."""
+    return int((budget - found.prepare - found.warm_pool - found.evaluation) / found.usd_per_hour * 3600)
 
 
 def described(found, spot):
@@ -111,6 +122,8 @@ def described(found, spot):
         parts.append("the prepare job at most $%.2f" % found.prepare)
     if found.warm_pool:
         parts.append("the warm pool $%.2f" % found.warm_pool)
+    if found.evaluation:
+        parts.append("the evaluation job at most $%.2f" % found.evaluation)
     return "$%.2f (%s)" % (found.total, ", ".join(parts))
 
 

@@ -34,7 +34,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
+from controlplane import bucket_layout, budget, containers, evaluation, history, inputs, planner, presets, prices, quotas, rules
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, hardware, job
 from lm.spec.fields import check
@@ -304,7 +304,8 @@ def check_budget(decision, context):
                 decision.plan["budget"] = collections.OrderedDict([
                     ("budget_usd", config["budget_usd"]), ("estimate_usd", round(costs.total, 2)),
                     ("training_usd", round(costs.training, 2)), ("prepare_usd", round(costs.prepare, 2)),
-                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("usd_per_hour", round(costs.usd_per_hour, 4)),
+                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("evaluation_usd", round(costs.evaluation, 2)),
+                    ("usd_per_hour", round(costs.usd_per_hour, 4)),
                     ("max_runtime_seconds", config["max_runtime_seconds"])])
                 decision.notes.append(note)
         if config["deploy"]["enabled"]:
@@ -352,6 +353,14 @@ def budget_alternatives(config, label, deployment):
     return found
 
 
+def check_evaluate(decision, context):
+    """evaluate.* (`controlplane.evaluation`): its tasks, their data, its instance type's memory; its plan."""
+    try:
+        decision.plan["evaluate"] = evaluation.check(decision.config, deploy_only(decision.config))
+    except evaluation.EvaluateError as error:
+        raise Refusal(str(error))
+
+
 def check_serving(decision, context):
     """The Environment of the serving container for the preset and deploy.instance_type (tgi, lmi:
     `controlplane.containers.environment`; None for lmstack's own server or without deploy): the deploy
@@ -373,8 +382,9 @@ def check_history(decision, context):
     this input allows fits the execution's history."""
     config = decision.config
     walls = [] if deploy_only(config) else [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
-    if config["prepare"]["enabled"]:
-        walls.append(config["prepare"]["max_runtime_seconds"])
+    for stage in ("prepare", evaluation.FIELD):
+        if config[stage]["enabled"]:
+            walls.append(config[stage]["max_runtime_seconds"])
     cap = history.poll_cap(walls)
     decision.plan["poll"] = collections.OrderedDict([("min_seconds", history.POLL_MIN_SECONDS),
                                                      ("max_seconds", cap), ("half_max_seconds", cap // 2),
@@ -427,7 +437,7 @@ def check_quotas(decision, context):
 
 
 CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
-          check_budget, check_serving, check_history, check_quotas)
+          check_evaluate, check_budget, check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----

@@ -90,7 +90,8 @@ def cross_field_rules(runtimes=None):
         "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
         "got prepare.instance_count={value}: set it to 1, or give a tokenizer file on the file system (python -m "
         "lm.data.prepare train-tokenizer makes one)", subject="prepare.instance_count"))
-    for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
+    for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME),
+                           ("evaluate", base_images.EVALUATION_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),
                               "%s needs the %s image, which this deployment does not build (runtimes: %s)"

@@ -25,7 +25,8 @@ SUBPACKAGES = ("lm", "lm.data", "lm.distributed", "lm.hf", "lm.models", "lm.serv
 LAYERS = (("lm.spec.fields", 0), ("lm.spec", 1), ("lm", 2), ("controlplane", 3), ("stacks", 4), ("lmstack", 5))
 # What the image runs: the training toolkit's programs, hosting's `serve`, and `python -m lm.hf`
 # (converts an export to the Hugging Face layout and back, in the image or next to it).
-IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", os.path.join("bin", "serve"), os.path.join("lm", "hf", "__main__.py"))
+IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", "evaluate.py", os.path.join("bin", "serve"),
+                      os.path.join("lm", "hf", "__main__.py"))
 
 
 def layer(module):
