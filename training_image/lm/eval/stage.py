@@ -15,6 +15,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 import tarfile
 
@@ -57,6 +58,21 @@ def extract_model(model_channel, into):
     return into
 
 
+def validation_documents(dataset, into):
+    """The dataset's validation documents (lm.data.prepare keeps them per input file) as one JSONL file `into`, or
+    None for a dataset prepared before they were kept (no bits per byte then, and the log says so)."""
+    files = shards.val_documents_files(dataset)
+    if not files:
+        print("evaluate: the dataset in %s keeps no validation documents (prepared before lm.data.prepare kept them): "
+              "no bits per byte" % dataset, flush=True)
+        return None
+    with open(into, "wb") as joined:
+        for path in files:
+            with open(path, "rb") as handle:
+                shutil.copyfileobj(handle, joined)
+    return into
+
+
 def task_entries(text, tasks_channel):
     """The evaluate.tasks entries, a YAML file's as its path in the tasks channel."""
     entries = [entry for entry in text.split(evaluation.TASK_SEPARATOR) if entry]
@@ -92,13 +108,10 @@ def main(argv=None, environ=None):
         if os.path.isdir(cache):
             environ["HF_DATASETS_CACHE"] = cache
         os.chdir(tasks_channel)  # a task YAML's data_files are relative to evaluate.data_s3_uri
-    model_dir = extract_model(channel(contract.MODEL_CHANNEL, environ), os.path.join(
-        environ.get("TMPDIR", "/tmp"), "lm-evaluated-model"))
-    documents = os.path.join(channel(contract.TRAIN_CHANNEL, environ), shards.VAL_DOCUMENTS)
-    if not os.path.isfile(documents):
-        print("evaluate: the dataset has no %s (prepared before lm.data.prepare kept its validation documents): "
-              "no bits per byte" % shards.VAL_DOCUMENTS, flush=True)
-        documents = None
+    scratch = environ.get("TMPDIR", "/tmp")
+    model_dir = extract_model(channel(contract.MODEL_CHANNEL, environ), os.path.join(scratch, "lm-evaluated-model"))
+    documents = validation_documents(channel(contract.TRAIN_CHANNEL, environ), os.path.join(
+        scratch, "lm-validation-documents.jsonl"))
     results = run(model_dir, [path for _, path in entries], limit=args.limit or None, documents=documents,
                   batch_size=args.batch_size)
     output = environ.get("SM_OUTPUT_DATA_DIR", contract.OUTPUT_DATA_DIR)
