@@ -31,7 +31,7 @@ def build_parser():
     parser.add_argument("--include-path", help="a directory of task YAML files (lm-eval's --include_path)")
     parser.add_argument("--limit", type=_limit, help="examples per task (or a fraction of them)")
     parser.add_argument("--documents", help="JSONL documents {text, meta: {pile_set_name}} for bits per byte "
-                        "per source (lm.data.prepare keeps the validation split's as val_documents.jsonl)")
+                        "per source, or a dataset directory lm.data.prepare wrote (its validation documents)")
     parser.add_argument("--batch-size", default=DEFAULT_BATCH_SIZE, type=int, help="rows per forward pass")
     parser.add_argument("--output", required=True, help="the results JSON file to write")
     return parser

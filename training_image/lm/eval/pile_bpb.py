@@ -1,14 +1,16 @@
 """Bits per UTF-8 byte for each source of the held-out documents, as the Pile paper reports them
 (Gao et al. 2020, table 2: one figure per component and the total).
 
-The documents are JSONL lines {"text": ..., "meta": {"pile_set_name": ...}} (what `lm.data.prepare`
-keeps of the validation split: `lm.spec.shards.VAL_DOCUMENTS`). Each document is scored alone with
+The documents are JSONL lines {"text": ..., "meta": {"pile_set_name": ...}}: a file, or what
+`lm.data.prepare` keeps of the validation split in a dataset directory (`lm.spec.shards`,
+val_documents/<input>.jsonl, listed in its manifest). Each document is scored alone with
 rolling log-likelihood (`Scorer.rolling_loglikelihoods`, lm-eval's windows; the first token conditions
 on the end-of-document token), and a source's bits per byte is the sum of its documents'
 -log2 likelihoods over the sum of their UTF-8 bytes.
 """
 import json
 import math
+import os
 
 UNKNOWN_SOURCE = "unknown"
 
@@ -59,6 +61,18 @@ def bits_per_byte(scorer, documents):
     return {"sources": {source: _figures(*sums[source]) for source in sorted(sums)}, "total": _figures(*total)}
 
 
+def documents_files(path):
+    """The JSONL files of `path`: itself, or a prepared dataset directory's validation documents."""
+    if os.path.isdir(path):
+        from lm.spec import shards
+
+        return shards.val_documents_files(path)
+    if not os.path.isfile(path):
+        raise DocumentsError("documents %s: neither a JSONL file nor a prepared dataset directory" % path)
+    return [path]
+
+
 def pile_bpb(scorer, path):
-    """bits_per_byte of the documents in the JSONL file at `path`."""
-    return bits_per_byte(scorer, read_documents(path))
+    """bits_per_byte of the documents in the JSONL file at `path`, or of a prepared dataset
+    directory's validation documents."""
+    return bits_per_byte(scorer, [document for name in documents_files(path) for document in read_documents(name)])
