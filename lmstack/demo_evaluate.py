@@ -18,6 +18,7 @@ lines SageMaker's MetricDefinitions read come back, and the table goes to the te
 import json
 import os
 import random
+import sys
 import tarfile
 
 from controlplane import bucket_layout, metrics
@@ -99,11 +100,11 @@ def write_tasks(documents, directory, count):
     tasks = {
         NEXT_LINE: (next_line_examples(found, count, rng), task_config(
             NEXT_LINE, "multiple_choice", doc_to_choice="{{choices}}", doc_to_target="{{label}}",
-            metric_list=[{"metric": "acc"}])),
+            metric_list=[{"metric": "acc", "aggregation": "mean", "higher_is_better": True}])),
         LINE_COMPLETION: (completion_examples(found, count, rng), task_config(
             LINE_COMPLETION, "generate_until", doc_to_target="{{answer}}",
             generation_kwargs={"until": ["\n"], "max_gen_toks": MAX_GENERATED_TOKENS, "do_sample": False},
-            metric_list=[{"metric": "exact_match"}])),
+            metric_list=[{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}])),
     }
     for name, (examples, _) in tasks.items():
         if not examples:
@@ -147,7 +148,7 @@ def evaluate(request, dataset, model_dir, out_dir, examples):
                       SAGEMAKER_SUBMIT_DIRECTORY=os.path.join(host, "code"), SM_STUDIO_LOCAL_MODE="true",
                       TMPDIR=os.path.join(host, "tmp"), HF_HOME=os.path.join(base, "huggingface"))
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    log = run_logged(["python", "-m", "sagemaker_training.cli.train"], os.path.join(out_dir, "logs", "evaluate.log"),
+    log = run_logged([sys.executable, "-m", "sagemaker_training.cli.train"], os.path.join(out_dir, "logs", "evaluate.log"),
                      "the evaluation job (%s) through the SageMaker training toolkit" % program, env=env, cwd=host,
                      timeout=RUN_TIMEOUT_SECONDS)
     results_file = os.path.join(local_path(host, contract.OUTPUT_DATA_DIR), contract.EVALUATION_RESULTS_FILE)
