@@ -46,7 +46,8 @@ RUN = "Run"
 INIT_FROM = "InitFrom"
 RESUME = "Resume"
 PREPARE = "Prepare"
-EVALUATION = "Evaluation"
+EVALUATE = "Evaluate"
+TASK_DATA = "TaskData"
 DEPLOY = "Deploy"
 OUTPUTS = "Outputs"
 
@@ -389,11 +390,11 @@ def build_training_definition(settings):
     states.update(_serve_states(SERVE, DEPLOY))
     states.update(_run_states(RUN, INIT_FROM))
     states.update(_init_from_states(INIT_FROM, RESUME))
-    states.update(_resume_states(RESUME, EVALUATION + ".Check"))
-    states.update(evaluate.check_states(EVALUATION + ".Check", PREPARE))
+    states.update(_resume_states(RESUME, TASK_DATA))
+    states.update(evaluate.check_states(TASK_DATA, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
-    states.update(jobs.job_states(jobs.TRAIN, settings, EVALUATION))
-    states.update(evaluate.states(settings, EVALUATION, DEPLOY))
+    states.update(jobs.job_states(jobs.TRAIN, settings, EVALUATE))
+    states.update(evaluate.states(settings, EVALUATE, DEPLOY))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states.update(_outputs_states(OUTPUTS))
     return {

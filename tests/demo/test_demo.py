@@ -74,7 +74,7 @@ def test_training_is_killed_and_resumes_from_the_last_periodic_checkpoint(finish
 def test_the_evaluation_job_of_the_execution_scores_the_model_and_the_report_shows_it(finished):
     settings, results = finished
     execution, evaluation = results["state machine"], results["evaluate"]
-    assert execution["states"].index("Evaluation.Done") > execution["states"].index("Train.Succeeded")
+    assert execution["states"].index("Evaluate.Done") > execution["states"].index("Train.Succeeded")
     request = execution["evaluation_request"]
     assert json.loads(request["HyperParameters"]["sagemaker_program"]) == "evaluate.py"
     assert json.loads(request["HyperParameters"]["tasks"]) == ",".join(demo_evaluate.TASK_FILES)

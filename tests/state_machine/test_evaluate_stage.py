@@ -53,7 +53,7 @@ def test_the_evaluation_runs_after_training_on_its_model_and_its_results_are_in_
         deployment.values["ArtifactBucket"], bucket_layout.EVALUATION_PREFIX, "evaluated", evaluate["TrainingJobName"])
     entered = run.states_entered()
     assert entered.index("Evaluate.Start") > entered.index("Train.Succeeded")
-    assert entered.index("Deploy") > entered.index("Evaluation.Done")
+    assert entered.index("Deploy") > entered.index("Evaluate.Done")
     assert any("evaluation:arc_easy" in message and model in message for message in deployment.notifications())
     assert invalid_sagemaker_requests(run) == []
     # The definition sends what the builder builds for this execution's values.
