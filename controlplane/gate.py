@@ -393,7 +393,7 @@ def check_history(decision, context):
 
 def quota_needs(decision):
     """The SageMaker quotas the run needs (`controlplane.quotas`): at launch 0 every instance type it may train
-    on, its prepare job and its endpoint; at a fallback launch that type and the endpoint."""
+    on, its prepare and evaluation jobs and its endpoint; at a fallback launch that type and the endpoint."""
     config = decision.config
     labels = _launch_labels(config)
     needs = []
@@ -404,6 +404,8 @@ def quota_needs(decision):
             needs.extend(quotas.training_needs(launch, labels[offset + index]))
     if decision.launch == 0 and config["prepare"]["enabled"]:
         needs.extend(quotas.prepare_needs(config["prepare"]))
+    if decision.launch == 0 and config[evaluation.FIELD]["enabled"]:
+        needs.extend(quotas.evaluation_needs(config[evaluation.FIELD]))
     if config["deploy"]["enabled"]:
         needs.extend(quotas.endpoint_needs(config["deploy"]))
     return needs

@@ -57,6 +57,14 @@ def test_spot_warm_pools_and_the_prepare_job_ask_their_own_quotas():
     decide(spot, quota_tables.account({"ml.p4d.24xlarge for training job usage": 0}))
 
 
+def test_the_evaluation_job_asks_the_quota_of_its_instance_type():
+    evaluated = dict(RUN, evaluate={"enabled": True, "instance_type": "ml.m5.4xlarge"})
+    with pytest.raises(gate.Refusal, match='evaluate.instance_type ml.m5.4xlarge: 1 instance.s. for the evaluate job.*'
+                                           '"ml.m5.4xlarge for training job usage"'):
+        decide(evaluated, quota_tables.account({"ml.m5.4xlarge for training job usage": 0}, default=8))
+    decide(RUN, quota_tables.account({"ml.m5.4xlarge for training job usage": 0}, default=8))
+
+
 def test_a_quota_with_only_a_default_value_is_read_from_the_defaults():
     name = "ml.p4d.24xlarge for training job usage"
     table = quota_tables.account({name: 0}, default=8, defaults_only=[name])
