@@ -6,7 +6,7 @@ training job's model, the per-source bits per byte of the dataset's validation d
 `evaluate.tasks`. The gate refuses before any job what it can know (`check_evaluate`):
 
 - a task entry that is neither one of lm-eval's built-in tasks (`TASK_NAMES`, the data file TASKS_FILE that
-  `python -m controlplane.evaluation_tasks` generates from lm-eval, so the gate needs no lm-eval) nor a task
+  `python -m lmstack.evaluation_tasks` generates from lm-eval, so the gate needs no lm-eval) nor a task
   YAML file (an entry ending in .yaml or .yml, a file at the top of evaluate.data_s3_uri);
 - tasks without evaluate.data_s3_uri: the jobs' VPC has no internet, so every task's data is staged there: a
   built-in task's from a Hugging Face datasets cache (HF_DATASETS_CACHE_DIRECTORY), a YAML task's from the
@@ -25,12 +25,12 @@ import os
 import re
 
 from controlplane import bucket_layout, metrics, planner, presets, prices
-from controlplane.evaluation_tasks import TASKS_FILE
 from lm.spec import evaluation
 from lm.spec.fields import Field
 from lm.spec.hardware import INSTANCES
 from lm.spec.job import MAX_RUNTIME_SECONDS
 
+TASKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lm_eval_tasks.json")
 # A GPU holds gpt-125m's evaluation with room to spare; evaluate.instance_type may be a CPU type for small models.
 DEFAULT_INSTANCE_TYPE = "ml.g5.xlarge"
 DEFAULT_MAX_RUNTIME_SECONDS = 4 * 3600

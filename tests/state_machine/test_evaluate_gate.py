@@ -9,10 +9,10 @@ import pytest
 from state_machine.harness import StandInSettings
 
 import aws_rules
-from controlplane import bucket_layout, evaluation, evaluation_tasks, gate, inputs, metrics, prices, request
+from controlplane import bucket_layout, evaluation, gate, inputs, metrics, prices, request
 from lm.spec import contract
 from lm.spec import evaluation as evaluation_spec
-from lmstack import local_sfn
+from lmstack import evaluation_tasks, local_sfn
 from lmstack.local_sfn import ACCOUNT, REGION
 from stacks.state_machine import jobs, render
 
@@ -176,4 +176,4 @@ def test_the_shipped_task_names_are_those_of_the_installed_lm_eval():
     generated = evaluation_tasks.generate()
     with open(evaluation.TASKS_FILE) as handle:
         shipped = json.load(handle)
-    assert shipped == generated, "run python -m controlplane.evaluation_tasks"
+    assert shipped == generated, "run python -m lmstack.evaluation_tasks"
