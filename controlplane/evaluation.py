@@ -148,11 +148,11 @@ def plan(config):
 def check(config, deploy_only):
     """The plan of the evaluation `config` asks for (None without one); EvaluateError when it cannot run."""
     evaluate = config[FIELD]
+    evaluate["tasks"] = check_tasks(evaluate["tasks"])  # a list, as JSON gives it back, enabled or not
     if not evaluate["enabled"]:
         return None
     if deploy_only:
         raise EvaluateError("evaluate.enabled with deploy.model_artifact: a deploy-only run trains no model to evaluate")
-    evaluate["tasks"] = check_tasks(evaluate["tasks"])
     if evaluate["data_s3_uri"] is not None and not TASK_DATA.match(evaluate["data_s3_uri"]):
         raise EvaluateError("evaluate.data_s3_uri must be a prefix %s (what the jobs may read), got %s" % (
             TASK_DATA_PATH, json.dumps(evaluate["data_s3_uri"])))
