@@ -229,7 +229,8 @@ def build_parser():
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
     parser.add_argument("--pipeline", default=None, choices=SMP_PIPELINES, help="SMP pipeline (default: searched)")
     parser.add_argument("--learning-rate", type=float, default=0.0,
-                        help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+                        help="peak learning rate (default 0: the rate GPT-3 trained the size with, Table 2.1), used at any "
+                             "global batch unless --scale-lr")
     parser.add_argument("--scale-lr", dest="scale_lr", action="store_true", default=SCALE_LR_DEFAULT,
                         help="scale the learning rate by the square root of the global batch / GPT-3's batch "
                              "(Adam's rule), never up (lm.training.train's scale_lr)")
