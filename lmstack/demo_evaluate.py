@@ -46,14 +46,17 @@ def execution_input_fields(name_prefix, examples):
 
 def code_lines(documents):
     """[(document index, line index, lines)] of every Python source line worth asking about: long enough, with
-    CONTEXT_LINES lines before it."""
+    CONTEXT_LINES lines before it that are not all blank."""
     found = []
     for index, document in enumerate(documents):
         if document["meta"].get("pile_set_name") != "Github":
             continue
         lines = document["text"].split("\n")
         for number in range(CONTEXT_LINES, len(lines)):
-            if len(lines[number].strip()) >= MIN_LINE_CHARACTERS:
+            # a context of blank lines would be none at all: lm-eval moves a context's trailing whitespace
+            # to the continuation
+            context = "".join(lines[number - CONTEXT_LINES:number]).strip()
+            if len(lines[number].strip()) >= MIN_LINE_CHARACTERS and context:
                 found.append((index, number, lines))
     return found
 
