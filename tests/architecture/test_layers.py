@@ -25,9 +25,10 @@ SUBPACKAGES = ("lm", "lm.data", "lm.distributed", "lm.eval", "lm.hf", "lm.models
 LAYERS = (("lm.spec.fields", 0), ("lm.spec", 1), ("lm", 2), ("controlplane", 3), ("stacks", 4), ("lmstack", 5))
 # What the image runs: the training toolkit's programs, hosting's `serve`, `python -m lm.hf`
 # (converts an export to the Hugging Face layout and back, in the image or next to it) and
-# `python -m lm.eval` (lm-eval tasks and bits per byte on the current-TF image).
+# `python -m lm.eval` and `python -m lm.eval.harness` (lm-eval tasks and bits per byte on the current-TF image).
 IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", "evaluate.py", os.path.join("bin", "serve"),
-                      os.path.join("lm", "hf", "__main__.py"), os.path.join("lm", "eval", "__main__.py"))
+                      os.path.join("lm", "hf", "__main__.py"),
+                      os.path.join("lm", "eval", "__main__.py"), os.path.join("lm", "eval", "harness.py"))
 
 
 def layer(module):

@@ -1,7 +1,7 @@
 """lmstack's model for lm-evaluation-harness (lm-eval 0.4.13), registered as `lmstack`:
 
-    lm_eval --model lmstack --model_args pretrained=DIR --tasks ...   (after `import lm.eval.model`;
-    python -m lm.eval does both)
+    lm_eval --model lmstack --model_args pretrained=DIR --tasks ...   (once `model_class()` has run:
+    python -m lm.eval.harness is lm_eval's command line that runs it first; python -m lm.eval too)
 
 DIR is an lmstack export (`lm.serving.export`: the training job's model) or a Hugging Face directory
 that `lm.hf` imports. The three request types follow lm-eval's `hf` model (lm_eval/models/huggingface.py),
@@ -116,5 +116,6 @@ def model_class():
         from lm_eval.api.registry import register_model
 
         _CLASS.append(register_model(MODEL_NAME)(type("LMStackLM", (LMStackMethods, TemplateLM), {
-            "__doc__": "lm-eval's model for an lmstack export or a Hugging Face directory lm.hf imports."})))
+            "__doc__": "lm-eval's model for an lmstack export or a Hugging Face directory lm.hf imports.",
+            "__module__": __name__})))
     return _CLASS[0]
