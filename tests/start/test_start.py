@@ -129,7 +129,8 @@ def test_the_evaluate_flags_build_the_evaluate_object(capsys):
     assert start.main(["--preset", "tiny", "--evaluate", "--eval-tasks", "arc_easy,mine.yaml", "--eval-data",
                        "s3://lmstack-artifacts/tasks/mine/", "--eval-instance-type", "ml.m5.xlarge", "--eval-limit",
                        "100", "--dry-run"], out=out) == 0
-    assert json.loads(out.getvalue())["evaluate"] == {
+    printed, _ = dry_run_output(out.getvalue())
+    assert printed["evaluate"] == {
         "enabled": True, "tasks": ["arc_easy", "mine.yaml"], "data_s3_uri": "s3://lmstack-artifacts/tasks/mine/",
         "instance_type": "ml.m5.xlarge", "limit": 100}
 
