@@ -14,7 +14,9 @@ Pure Python, no TensorFlow.
 OUTPUT_PREFIX = "output/"            # OutputDataConfig: <job>/output/model.tar.gz
 CHECKPOINT_PREFIX = "checkpoints/"   # CheckpointConfig: <execution name>/ (kept across attempts)
 TENSORBOARD_PREFIX = "tensorboard/"  # TensorBoardOutputConfig: <job>/ event files
-ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX)
+# The evaluation job's OutputDataConfig: <execution name>/<job>/output/output.tar.gz holds its results JSON.
+EVALUATION_PREFIX = "evaluation/"
+ARTIFACT_PREFIXES = (OUTPUT_PREFIX, CHECKPOINT_PREFIX, TENSORBOARD_PREFIX, EVALUATION_PREFIX)
 # The model.tar.gz of every job (OutputDataConfig <OUTPUT_PREFIX><job>/output/): all an endpoint may read.
 MODEL_ARTIFACT_KEYS = OUTPUT_PREFIX + "*/output/model.tar.gz"
 # Raw corpora uploaded by `python -m lmstack.start --upload-corpus`; jobs may only read them.
@@ -23,4 +25,7 @@ RAW_PREFIX = "raw/"
 # lm.spec.contract.INIT_CHANNEL) and a deploy-only run may serve on TGI or LMI (deploy.model_artifact);
 # jobs and endpoints may only read them.
 INIT_PREFIX = "models/"
-READ_ONLY_PREFIXES = (RAW_PREFIX, INIT_PREFIX)
+# The evaluation tasks' data (execution input evaluate.data_s3_uri: task YAMLs, their JSON files, a Hugging Face
+# datasets cache), staged by hand since the jobs' VPC has no internet; jobs may only read it.
+TASK_DATA_PREFIX = "tasks/"
+READ_ONLY_PREFIXES = (RAW_PREFIX, INIT_PREFIX, TASK_DATA_PREFIX)

@@ -51,11 +51,12 @@ class Costs:
     prepare: float
     warm_pool: float
     usd_per_hour: float  # the training job's: instance count x price per instance-hour (spot: the estimate)
+    evaluation: float = 0.0  # the evaluation job's MaxRuntime at its price (evaluate.enabled)
     endpoint: float = 0.0  # the endpoint's first deploy.budget_hours hours
 
     @property
     def total(self):
-        return self.training + self.prepare + self.warm_pool + self.endpoint
+        return self.training + self.prepare + self.warm_pool + self.evaluation + self.endpoint
 
 
 def save_seconds(preset):
@@ -106,7 +107,17 @@ def costs(config, plan, label="instance_type", book=None):
         prepare_usd = (hourly_price(prepare["instance_type"], False, "prepare.instance_type", book)
                        * prepare["instance_count"] * prepare["max_runtime_seconds"] / 3600)
     warm = per_hour * config["keep_alive_seconds"] / 3600
-    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour, endpoint_cost(config["deploy"], book))
+    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour, evaluation_usd(config, book),
+                 endpoint_cost(config["deploy"], book))
+
+
+def evaluation_usd(config, book=None):
+    """The most the evaluation job may cost: its MaxRuntime at its on-demand price (0 without evaluate)."""
+    evaluate = config.get("evaluate")
+    if not evaluate or not evaluate["enabled"]:
+        return 0.0
+    price = hourly_price(evaluate["instance_type"], False, "evaluate.instance_type", book)
+    return price * evaluate["max_runtime_seconds"] / 3600
 
 
 def endpoint_cost(deploy, book=None):
@@ -118,9 +129,10 @@ def endpoint_cost(deploy, book=None):
 
 
 def max_runtime_seconds(config, found, budget):
-    """The most seconds the training job may run within `budget` after the prepare job, the warm pool and the
-    endpoint's budgeted hours."""
-    return int((budget - found.prepare - found.warm_pool - found.endpoint) / found.usd_per_hour * 3600)
+    """The most seconds the training job may run within `budget` after the prepare and evaluation jobs, the warm
+    pool and the endpoint's budgeted hours."""
+    return int((budget - found.prepare - found.warm_pool - found.evaluation - found.endpoint) / found.usd_per_hour
+               * 3600)
 
 
 def described(found, spot):
@@ -129,6 +141,8 @@ def described(found, spot):
         parts.append("the prepare job at most $%.2f" % found.prepare)
     if found.warm_pool:
         parts.append("the warm pool $%.2f" % found.warm_pool)
+    if found.evaluation:
+        parts.append("the evaluation job at most $%.2f" % found.evaluation)
     if found.endpoint:
         parts.append("the endpoint's first deploy.budget_hours $%.2f" % found.endpoint)
     return "$%.2f (%s)" % (found.total, ", ".join(parts))

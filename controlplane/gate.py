@@ -36,8 +36,8 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import (aws_clients, bucket_layout, budget, containers, history, inputs, planner, presets, prices,
-                          pricing, quotas, rules)
+from controlplane import (aws_clients, bucket_layout, budget, containers, evaluation, history, inputs, planner,
+                          presets, prices, pricing, quotas, rules)
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, drill, hardware, job
 from lm.spec.fields import check
@@ -321,7 +321,8 @@ def check_budget(decision, context):
                 decision.plan["budget"] = collections.OrderedDict([
                     ("budget_usd", config["budget_usd"]), ("estimate_usd", round(costs.total, 2)),
                     ("training_usd", round(costs.training, 2)), ("prepare_usd", round(costs.prepare, 2)),
-                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("endpoint_usd", round(costs.endpoint, 2)),
+                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("evaluation_usd", round(costs.evaluation, 2)),
+                    ("endpoint_usd", round(costs.endpoint, 2)),
                     ("usd_per_hour", round(costs.usd_per_hour, 4)),
                     ("max_runtime_seconds", config["max_runtime_seconds"])])
                 decision.notes.append(note)
@@ -370,6 +371,14 @@ def budget_alternatives(config, label, deployment, book=None):
     return found
 
 
+def check_evaluate(decision, context):
+    """evaluate.* (`controlplane.evaluation`): its tasks, their data, its instance type's memory; its plan."""
+    try:
+        decision.plan["evaluate"] = evaluation.check(decision.config, deploy_only(decision.config))
+    except evaluation.EvaluateError as error:
+        raise Refusal(str(error))
+
+
 def check_prices(decision, context):
     """The on-demand price of every instance type the run plans or budgets (`controlplane.pricing`): each training
     type and the prepare job's for training, the endpoint's for hosting, in the stack's region, from the AWS Price
@@ -415,8 +424,9 @@ def check_history(decision, context):
     this input allows fits the execution's history."""
     config = decision.config
     walls = [] if deploy_only(config) else [config["max_runtime_seconds"] * (2 if config["spot"] else 1)]
-    if config["prepare"]["enabled"]:
-        walls.append(config["prepare"]["max_runtime_seconds"])
+    for stage in ("prepare", evaluation.FIELD):
+        if config[stage]["enabled"]:
+            walls.append(config[stage]["max_runtime_seconds"])
     cap = history.poll_cap(walls)
     decision.plan["poll"] = collections.OrderedDict([("min_seconds", history.POLL_MIN_SECONDS),
                                                      ("max_seconds", cap), ("half_max_seconds", cap // 2),
@@ -425,7 +435,7 @@ def check_history(decision, context):
 
 def quota_needs(decision):
     """The SageMaker quotas the run needs (`controlplane.quotas`): at launch 0 every instance type it may train
-    on, its prepare job and its endpoint; at a fallback launch that type and the endpoint."""
+    on, its prepare and evaluation jobs and its endpoint; at a fallback launch that type and the endpoint."""
     config = decision.config
     labels = _launch_labels(config)
     needs = []
@@ -436,6 +446,8 @@ def quota_needs(decision):
             needs.extend(quotas.training_needs(launch, labels[offset + index]))
     if decision.launch == 0 and config["prepare"]["enabled"]:
         needs.extend(quotas.prepare_needs(config["prepare"]))
+    if decision.launch == 0 and config[evaluation.FIELD]["enabled"]:
+        needs.extend(quotas.evaluation_needs(config[evaluation.FIELD]))
     if config["deploy"]["enabled"]:
         needs.extend(quotas.endpoint_needs(config["deploy"]))
     return needs
@@ -470,7 +482,7 @@ def check_quotas(decision, context):
 
 
 CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
-          check_prices, check_budget, check_serving, check_history, check_quotas)
+          check_evaluate, check_prices, check_budget, check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----

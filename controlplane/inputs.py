@@ -11,7 +11,7 @@ import collections
 import dataclasses
 
 from controlplane import bucket_layout
-from controlplane import containers, presets, request
+from controlplane import containers, evaluation, presets, request
 from lm.spec import drill, job
 from lm.spec.fields import Field, check
 from lm.spec.hardware import INSTANCES
@@ -121,6 +121,8 @@ def schema(settings):
                        "under s3://<bucket>/%s; no prepare or training job runs" % (bucket_layout.OUTPUT_PREFIX,
                                                                                    bucket_layout.INIT_PREFIX)),
         )),
+        Field(evaluation.FIELD, dict, fields=evaluation.fields(instance_types),
+              help="evaluate the trained model with lm-evaluation-harness before deploy (controlplane.evaluation)"),
         Field("init_from", str, None, prefix="s3://", nullable=True,
               help="start from a Hugging Face checkpoint directory (config.json, safetensors weights, "
                    "tokenizer.json) of a family that reads that layout (GPT-2, Llama), under this S3 prefix "

@@ -3,9 +3,12 @@ regexes applied here (`parse_metrics`: the demo's report and the tests read a lo
 
 The lines they read are the image's: `lm.spec.job.format_train_log`, `format_eval_log` and
 `format_divergence_log` ("[train]", "[eval]", "[divergence]"), and `lm.training.gpu_usage` ("[gpu]"); the
-dashboard's metric names are these `Name`s.
+dashboard's metric names are these `Name`s. The evaluation job's definitions (`evaluation_definitions`) depend on
+its tasks: the gate makes them for each run.
 """
 import re
+
+from lm.spec import evaluation
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
@@ -25,10 +28,21 @@ METRIC_DEFINITIONS = [
 ]
 
 
-def parse_metrics(line):
+EVALUATION_METRIC_PREFIX = "evaluation:"
+
+
+def evaluation_definitions(labels):
+    """The evaluation job's MetricDefinitions: `evaluation:<label>` for each label (an evaluate.tasks entry, or
+    lm.spec.evaluation.PILE_BPB_LABEL), read from its `lm.spec.evaluation.format_score_log` line."""
+    return [{"Name": EVALUATION_METRIC_PREFIX + label,
+             "Regex": r"%s %s: [^=]+=" % (re.escape(evaluation.LOG_PREFIX), re.escape(label)) + _NUMBER}
+            for label in labels]
+
+
+def parse_metrics(line, definitions=METRIC_DEFINITIONS):
     """What SageMaker would extract from one log line: {metric name: value}."""
     found = {}
-    for definition in METRIC_DEFINITIONS:
+    for definition in definitions:
         match = re.search(definition["Regex"], line)
         if match:
             found[definition["Name"]] = float(match.group(1))

@@ -77,13 +77,21 @@ def training_needs(config, label):
     return needs
 
 
+def on_demand_job_needs(stage, instance_type, count):
+    """The quotas of the on-demand training job of `stage` (prepare, evaluate) on `count` x `instance_type`."""
+    purpose = "%s.instance_type %s: %d instance(s) for the %s job" % (stage, instance_type, count, stage)
+    return [Need(TRAINING.format(instance_type), count, purpose), Need(PER_TRAINING_JOB, count, purpose),
+            Need(ALL_TRAINING_JOBS, count, purpose)]
+
+
 def prepare_needs(prepare):
     """The prepare job's quotas (an on-demand training job)."""
-    purpose = "prepare.instance_type %s: %d instance(s) for the prepare job" % (prepare["instance_type"],
-                                                                               prepare["instance_count"])
-    return [Need(TRAINING.format(prepare["instance_type"]), prepare["instance_count"], purpose),
-            Need(PER_TRAINING_JOB, prepare["instance_count"], purpose),
-            Need(ALL_TRAINING_JOBS, prepare["instance_count"], purpose)]
+    return on_demand_job_needs("prepare", prepare["instance_type"], prepare["instance_count"])
+
+
+def evaluation_needs(evaluate):
+    """The evaluation job's quotas (an on-demand training job on one instance)."""
+    return on_demand_job_needs("evaluate", evaluate["instance_type"], 1)
 
 
 def endpoint_needs(deploy):

@@ -62,8 +62,9 @@ INTERNAL_ERROR_RETRIES = 2
 RAW_S3_INPUT_MODE = "FastFile"
 RAW_S3_DISTRIBUTION = "ShardedByS3Key"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO, the SDK's default
-# sagemaker_program of each kind of job: the image's entry points (training_image/train.py, prepare.py).
-JOB_KINDS = {"train": "train.py", "prepare": "prepare.py"}
+# sagemaker_program of each kind of job: the image's entry points (training_image/train.py, prepare.py,
+# evaluate.py).
+JOB_KINDS = {"train": "train.py", "prepare": "prepare.py", "evaluate": "evaluate.py"}
 MPI_STRATEGIES = ("horovod", "smp")
 # EFS: a FileSystemDataSource's DirectoryPath is a path from the file system's root (training jobs mount
 # without access points) and must exist when the job starts. The root always does: the prepare job's dataset
@@ -201,8 +202,14 @@ class TrainingJob:
     infra_check: Any = None         # InfraCheckConfig.EnableInfraCheck: hardware and network checks first
     keep_alive_seconds: Any = None  # ResourceConfig.KeepAlivePeriodInSeconds (0-21600): a warm pool
     training_plan_arn: Any = None   # ResourceConfig.TrainingPlanArn: reserved capacity of a training plan
-    mlflow_arn: Any = None          # train: a SageMaker managed MLflow tracking server or app (or None)
-    mlflow_experiment: Any = None   # train: its experiment
+    mlflow_arn: Any = None          # train, evaluate: a SageMaker managed MLflow tracking server or app (or None)
+    mlflow_experiment: Any = None   # train, evaluate: its experiment
+    # evaluate: the training job's model.tar.gz (the model channel), the tasks' data (an S3 prefix or None), the
+    # MetricDefinitions the gate made for its tasks, and the MLflow run it logs to (the training job's name)
+    model_artifact: Any = None
+    task_data_s3_uri: Any = None
+    metric_definitions: Any = None
+    mlflow_run_name: Any = None
 
 
 def artifact_uri(bucket, prefix):
@@ -212,6 +219,13 @@ def artifact_uri(bucket, prefix):
 def output_path(bucket):
     """OutputDataConfig.S3OutputPath (the SDK's `output_path`, no trailing slash)."""
     return artifact_uri(bucket, bucket_layout.OUTPUT_PREFIX.rstrip("/"))
+
+
+def job_output_path(training_job):
+    """A job's S3OutputPath: an evaluation job's is under its execution's prefix below EVALUATION_PREFIX."""
+    if training_job.kind == "evaluate":
+        return text("s3://{}/%s{}" % bucket_layout.EVALUATION_PREFIX, training_job.bucket, training_job.execution_name)
+    return output_path(training_job.bucket)
 
 
 def distribution_hyperparameters(strategy, instance_type, processes_per_host, model_dir, mp_parameters=None,
@@ -330,6 +344,8 @@ def input_channels(training_job):
     lm.data.prepare makes the dataset directory inside it. With init_from both get the `init` channel:
     training its weights, the prepare job its tokenizer (every instance: FullyReplicated)."""
     j = training_job
+    if j.kind == "evaluate":
+        return evaluation_channels(j)
     if j.kind == "train":
         channels = [efs_channel(contract.TRAIN_CHANNEL, j.file_system_id, j.data_directory, "ro")]
     else:
@@ -340,6 +356,17 @@ def input_channels(training_job):
         channels = [raw, efs_channel(contract.DATASET_CHANNEL, j.file_system_id, FILE_SYSTEM_ROOT, "rw")]
     if j.init_from is not None:  # a few files, read once at start-up: copied (File)
         channels.append(s3_channel(contract.INIT_CHANNEL, j.init_from, "File", "FullyReplicated"))
+    return channels
+
+
+def evaluation_channels(training_job):
+    """The evaluation job reads the dataset read-only (its validation documents), the training job's model.tar.gz
+    (one object, copied: File) and, with tasks, their data (evaluate.data_s3_uri, copied: File)."""
+    j = training_job
+    channels = [efs_channel(contract.TRAIN_CHANNEL, j.file_system_id, j.data_directory, "ro"),
+                s3_channel(contract.MODEL_CHANNEL, j.model_artifact, "File", "FullyReplicated")]
+    if j.task_data_s3_uri is not None:
+        channels.append(s3_channel(contract.TASKS_CHANNEL, j.task_data_s3_uri, "File", "FullyReplicated"))
     return channels
 
 
@@ -370,7 +397,7 @@ def tags(training_job):
         found.append({"Key": DATASET_KEY_TAG, "Value": training_job.dataset_key})
         found.append({"Key": DATASET_DIRECTORY_TAG, "Value": training_job.data_directory})
         found.append({"Key": RAW_SOURCE_TAG, "Value": raw_source(training_job)})
-    else:
+    elif training_job.kind == "train":
         found.append({"Key": CHECKPOINTS_TAG, "Value": checkpoint_prefix_name(training_job)})
     if training_job.init_from is not None:
         found.append({"Key": INIT_FROM_TAG, "Value": training_job.init_from})
@@ -401,6 +428,13 @@ def mlflow_tracking(arn, experiment, run_name):
     ])
 
 
+def evaluation_tracking(arn, experiment, run_name):
+    """The evaluation job's Environment: it logs its results into the training job's MLflow run (`run_name`,
+    lm.spec.contract.MLFLOW_RUN_NAME), so no MlflowConfig opens a run of its own."""
+    return collections.OrderedDict([("MLFLOW_TRACKING_URI", arn), ("MLFLOW_EXPERIMENT_NAME", experiment),
+                                    (contract.MLFLOW_RUN_NAME, run_name)])
+
+
 def create_training_job_request(training_job, *, hyperparameter_map: Optional[Any] = None,
                                 stopping: Optional[Any] = None, channels: Optional[Any] = None,
                                 job_tags: Optional[Any] = None, resources: Optional[Any] = None):
@@ -411,8 +445,9 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     init_from, with or without a training plan)."""
     j = training_job
     algorithm = collections.OrderedDict([("TrainingImage", j.image), ("TrainingInputMode", "File")])
-    if j.kind == "train":
-        algorithm["MetricDefinitions"] = log_metrics.METRIC_DEFINITIONS
+    if j.kind in ("train", "evaluate"):
+        algorithm["MetricDefinitions"] = (log_metrics.METRIC_DEFINITIONS if j.kind == "train"
+                                          else j.metric_definitions)
         algorithm["EnableSageMakerMetricsTimeSeries"] = True
     request = collections.OrderedDict()
     request["TrainingJobName"] = j.name
@@ -420,7 +455,7 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
     request["RoleArn"] = j.role_arn
     request["HyperParameters"] = hyperparameters(j) if hyperparameter_map is None else hyperparameter_map
     request["InputDataConfig"] = input_channels(j) if channels is None else channels
-    request["OutputDataConfig"] = {"S3OutputPath": output_path(j.bucket)}
+    request["OutputDataConfig"] = {"S3OutputPath": job_output_path(j)}
     request["ResourceConfig"] = resource_config(j) if resources is None else resources
     if j.infra_check is not None:
         request["InfraCheckConfig"] = {"EnableInfraCheck": j.infra_check}
@@ -436,6 +471,8 @@ def create_training_job_request(training_job, *, hyperparameter_map: Optional[An
             ("S3OutputPath", text("s3://{}/%s{}" % bucket_layout.TENSORBOARD_PREFIX, j.bucket, j.execution_name))])
         if j.mlflow_arn is not None:
             request.update(mlflow_tracking(j.mlflow_arn, j.mlflow_experiment, j.name))
+    if j.kind == "evaluate" and j.mlflow_arn is not None:
+        request["Environment"] = evaluation_tracking(j.mlflow_arn, j.mlflow_experiment, j.mlflow_run_name)
     request["RetryStrategy"] = {"MaximumRetryAttempts": INTERNAL_ERROR_RETRIES}
     request["EnableInterContainerTrafficEncryption"] = j.traffic_encryption
     # Debugger and Profiler are closed to new accounts (SageMaker developer guide: "Amazon

@@ -104,7 +104,8 @@ def cross_field_rules(runtimes=None):
     found.append(rule("spot.keep_alive_seconds", All((Is("spot", True), Above("keep_alive_seconds", 0))),
                       "spot true and keep_alive_seconds {value}: SageMaker keeps no warm pool of spot instances; "
                       "set keep_alive_seconds to 0, or spot to false", subject="keep_alive_seconds"))
-    for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
+    for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME),
+                           ("evaluate", base_images.EVALUATION_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),
                               "%s needs the %s image, which this deployment does not build (runtimes: %s)"

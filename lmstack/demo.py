@@ -6,9 +6,11 @@
    gate's Lambda code run locally; its CreateTrainingJob request drives step 4 (`lmstack.demo_sfn`);
 4. train: that job on two local hosts through the real SageMaker training toolkit, with a
    spot interruption and a resume from the checkpoint (`lmstack.demo_train`);
-5. serve: `lm.serving.server` on 127.0.0.1 with the exported model, a few prompts;
-6. synth: `npx cdk synth` offline and what `cdk deploy` would create;
-7. report: `report.md` with the loss curve (`lmstack.demo_report`).
+5. evaluate: the evaluation job of that execution through the same toolkit: bits per byte per source of the
+   validation documents and two lm-eval tasks made from the corpus (`lmstack.demo_evaluate`);
+6. serve: `lm.serving.server` on 127.0.0.1 with the exported model, a few prompts;
+7. synth: `npx cdk synth` offline and what `cdk deploy` would create;
+8. report: `report.md` with the loss curve and the evaluation's tables (`lmstack.demo_report`).
 
 Everything goes under `--output` (default `demo-output/`). A failing step stops the demo
 with the step's name and the reason, exit status 1.
@@ -26,7 +28,7 @@ import time
 
 from lm.spec import shards
 from controlplane.presets import get_preset
-from lmstack import demo_report, demo_sfn, demo_train
+from lmstack import demo_evaluate, demo_report, demo_sfn, demo_train
 from lmstack.demo_run import ROOT, StepError, bar, cdk_environment, environment, run_logged, tail
 
 DEFAULT_OUTPUT = "demo-output"
@@ -48,12 +50,15 @@ class DemoSettings:
     prompts: tuple = PROMPTS
     max_new_tokens: int = 32
     synth: bool = True
+    name_prefix: str = "lmstack"  # the deployment's (stacks.settings.Settings' default)
+    evaluation_examples: int = 40
 
     def execution_input(self, data_directory):
         """What a user would start the deployed state machine with (hyperparameters for 2 CPU cores)."""
         return {
             "preset": self.preset, "strategy": self.strategy, "instance_count": self.instance_count,
             "spot": True, "max_runtime_seconds": 3600, "data_directory": data_directory,
+            "evaluate": demo_evaluate.execution_input_fields(self.name_prefix, self.evaluation_examples),
             "hyperparameters": {
                 "max_steps": self.max_steps, "global_batch_size": self.global_batch_size,
                 "learning_rate": 0.01, "scale_lr": False, "warmup_steps": 10, "log_every": 5,
@@ -153,6 +158,18 @@ def train(settings, results):
     return training
 
 
+def evaluate(settings, results):
+    """evaluate the model: the execution's evaluation job through the SageMaker toolkit (lm-eval, bits per byte)"""
+    request = results["state machine"]["evaluation_request"]
+    evaluation = demo_evaluate.evaluate(request, results["prepare"]["dataset"], results["train"]["model_dir"],
+                                        settings.output, settings.evaluation_examples)
+    print("  CreateTrainingJob %s: %s; results %s" % (request["TrainingJobName"], ", ".join(
+        "%s=%.4f" % item for item in sorted(evaluation["metrics"].items())), evaluation["results_file"]))
+    for line in demo_evaluate.table_lines(evaluation):
+        print("  " + line)
+    return evaluation
+
+
 def serve(settings, results):
     """serve the exported model on 127.0.0.1 and send a few prompts"""
     import requests
@@ -240,13 +257,13 @@ def report(settings, results):
     """write report.md with the loss curve, tokens/s, the data bytes ratio and the artifacts"""
     written = demo_report.write_report(settings.output, results["prepare"]["dataset"], results["train"],
                                        results["serve"], results["synth"], results["state machine"],
-                                       results["timings"])
+                                       results["timings"], results["evaluate"])
     print("  %s, %s" % (written["report"], written["png"]))
     return written
 
 
 STEPS = [("corpus", build_corpus), ("prepare", prepare), ("state machine", run_state_machine), ("train", train),
-         ("serve", serve), ("synth", synth), ("report", report)]
+         ("evaluate", evaluate), ("serve", serve), ("synth", synth), ("report", report)]
 
 
 class DemoFailed(Exception):

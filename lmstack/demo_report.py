@@ -1,12 +1,14 @@
 """Demo step: `report.md` with the loss curve across the interruption, the steps it lost,
-throughput, the data bytes ratio and where every artifact is."""
+throughput, the data bytes ratio, the evaluation's tables and where every artifact is."""
 import os
 import re
 import statistics
+from importlib import metadata
 
 from controlplane import metrics as log_metrics
 from lm.spec import job
 from lm.spec import shards
+from lmstack import demo_evaluate
 
 STEP = re.compile(r"\bstep=(\d+)\b")
 
@@ -75,7 +77,11 @@ def median_tokens_per_second(points):
     return statistics.median(values) if values else float("nan")
 
 
-def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, timings):
+def lm_eval_version():
+    return metadata.version("lm_eval")
+
+
+def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, timings, evaluation):
     attempts = [("attempt 1 (killed)", train_points(training["chief_logs"][0])),
                 ("attempt 2 (resumed)", train_points(training["chief_logs"][1]))]
     request = execution["request"]
@@ -129,6 +135,15 @@ def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, 
         "",
         "(The seed's preprocessing made its data about 5x larger than the text.)",
         "",
+        "## Evaluation",
+        "",
+        "The evaluation job `%s` (lm-eval %s on the exported model, through the SageMaker training toolkit): bits per "
+        "UTF-8 byte of the validation documents per source, as the Pile paper reports them, and the demo's own "
+        "tasks, made from those documents (lmstack.demo_evaluate)." % (
+            execution["evaluation_request"]["TrainingJobName"], lm_eval_version()),
+        "",
+    ] + demo_evaluate.table_lines(evaluation) + [
+        "",
         "## Inference",
         "",
     ]
@@ -145,6 +160,8 @@ def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, 
         ("checkpoints (the simulated S3 prefix)", training["checkpoints"]),
         ("exported model", training["model_dir"]),
         ("training logs", ", ".join(training["logs"])),
+        ("evaluation results JSON", evaluation["results_file"]),
+        ("evaluation log", evaluation["log"]),
         ("server log", serving["log"]),
         ("loss curve", png),
     ]

@@ -1,5 +1,6 @@
 """Demo step: execute the shipped training state machine on moto's Step Functions engine and
-take the CreateTrainingJob request it made, which then drives the local training run.
+take the CreateTrainingJob requests it made (the training job's, the evaluation job's), which then drive the
+local training and evaluation runs.
 
 The definition is `stacks.state_machine.build_training_definition`, the document the CDK app
 deploys; its `${...}` placeholders get the demo's stand-in values (no AWS resource exists).
@@ -14,6 +15,7 @@ import time
 
 import boto3
 
+from controlplane import request
 from lmstack import local_lambda, local_sfn
 from lmstack.demo_run import POLL_SECONDS, StepError, bar
 
@@ -73,7 +75,13 @@ def execute(settings, execution_input):
     problems = local_sfn.invalid_sagemaker_requests(calls)
     if problems:
         raise StepError("a request is invalid for the SageMaker API: %s" % "; ".join(problems))
-    requests = [parameters for _, action, parameters in calls if action == "createTrainingJob"]
-    if len(requests) != 1:
-        raise StepError("expected one CreateTrainingJob request, the execution made %d" % len(requests))
-    return {"states": states, "request": requests[0], "output": json.loads(description["output"])}
+    requests = {}
+    for _, action, parameters in calls:
+        if action == "createTrainingJob":
+            kind = next(tag["Value"] for tag in parameters["Tags"] if tag["Key"] == request.KIND_TAG)
+            requests.setdefault(kind, []).append(parameters)
+    if len(requests.get("train", ())) != 1 or len(requests.get("evaluate", ())) > 1:
+        raise StepError("expected one training job and at most one evaluation job, the execution made %s" % (
+            ", ".join("%d %s" % (len(made), kind) for kind, made in sorted(requests.items()))))
+    return {"states": states, "request": requests["train"][0], "evaluation_request": requests.get("evaluate", [None])[0],
+            "output": json.loads(description["output"])}

@@ -94,6 +94,10 @@ def build_input(args):
             raise StartError("--input: hyperparameters must be a JSON object")
         hyperparameters.update(parse_hyperparameter(item) for item in args.hp)
     for stage, enabled, extra in (("prepare", args.prepare, {}),
+                                  ("evaluate", args.evaluate, {
+                                      "tasks": args.eval_tasks.split(",") if args.eval_tasks is not None else None,
+                                      "data_s3_uri": args.eval_data, "instance_type": args.eval_instance_type,
+                                      "limit": args.eval_limit}),
                                   ("deploy", args.deploy, {"endpoint_name": args.endpoint_name})):
         extra = {key: value for key, value in extra.items() if value is not None}
         if enabled or extra:
@@ -331,6 +335,12 @@ def parse_args(argv):
                              "bucket's raw/ prefix first and prepare the dataset from it in this run")
     parser.add_argument("--corpus-name", help="its name below raw/ and %s (default: the file or directory name)"
                         % UPLOADED_DATASETS)
+    parser.add_argument("--evaluate", action="store_true", default=None,
+                        help="evaluate the trained model before deploy (docs/evaluation.md)")
+    parser.add_argument("--eval-tasks", metavar="A,B", help="evaluate.tasks: lm-eval task names or task YAML files")
+    parser.add_argument("--eval-data", metavar="S3URI", help="evaluate.data_s3_uri: the tasks' staged data")
+    parser.add_argument("--eval-instance-type", help="evaluate.instance_type (a CPU type for small models)")
+    parser.add_argument("--eval-limit", type=int, help="evaluate.limit: examples per task at most")
     parser.add_argument("--deploy", action="store_true", default=None, help="deploy an endpoint after training")
     parser.add_argument("--endpoint-name", help="endpoint name after '<name_prefix>-' (an existing one is updated)")
     parser.add_argument("--min-quality", type=float, help="deploy only if the final validation loss is at most this")

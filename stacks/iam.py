@@ -145,11 +145,13 @@ class Permissions(Construct):
         return [
             Grant(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
                   [bucket.arn_for_objects(p + "*") for p in ARTIFACT_PREFIXES],
-                  reason="Jobs write model artifacts, checkpoints and TensorBoard events under per-job keys below "
-                         "these prefixes of the artifact bucket; the keys are not known in advance."),
+                  reason="Jobs write model artifacts, checkpoints, TensorBoard events and evaluation results under "
+                         "per-job keys below these prefixes of the artifact bucket (an evaluation job reads a training "
+                         "job's model artifact); the keys are not known in advance."),
             Grant(["s3:GetObject"], [bucket.arn_for_objects(p + "*") for p in READ_ONLY_PREFIXES],
                   reason="Read-only: prepare jobs read raw corpora (uploaded by lmstack.start --upload-corpus), "
-                         "training jobs the Hugging Face directories of init_from, under names chosen at run time."),
+                         "training jobs the Hugging Face directories of init_from, evaluation jobs their tasks' data, "
+                         "under names chosen at run time."),
             Grant(["s3:ListBucket"], [bucket.bucket_arn],
                   conditions={"StringLike": {"s3:prefix": [p + "*" for p in ARTIFACT_PREFIXES + READ_ONLY_PREFIXES]}}),
             Grant(["s3:GetBucketLocation"], [bucket.bucket_arn]),

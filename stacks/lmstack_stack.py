@@ -85,7 +85,8 @@ class LmStack(Stack):
                   value=Fn.join("", ["https://", Aws.REGION, ".console.aws.amazon.com/states/home?region=",
                                      Aws.REGION, "#/statemachines/view/", machine.state_machine_arn]))
         CfnOutput(self, "ArtifactBucketName", value=self.storage.bucket.bucket_name,
-                  description="Model artifacts (%s), checkpoints (%s), TensorBoard events (%s)" % bucket_layout.ARTIFACT_PREFIXES)
+                  description="Model artifacts (%s), checkpoints (%s), TensorBoard events (%s), evaluation results (%s)"
+                              % bucket_layout.ARTIFACT_PREFIXES)
         CfnOutput(self, "FileSystemId", value=self.storage.file_system.file_system_id,
                   description="EFS holding the datasets under " + self.settings.dataset_directory)
         for runtime, uri in self.images.image_uris.items():

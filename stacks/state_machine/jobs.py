@@ -30,7 +30,8 @@ from controlplane import budget
 from controlplane import base_images
 from controlplane import history, presets, request
 from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
-from lm.spec import drill, job
+from controlplane import evaluation as controlplane_evaluation
+from lm.spec import drill, evaluation, job
 from lm.spec.hardware import INSTANCES
 from stacks.state_machine import asl
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
@@ -94,6 +95,12 @@ RESOLVED_PATHS = {"model_config": MODEL_CONFIG_PATH, "stop_after_seconds": STOP_
 PROCESSES_PER_HOST_PATH = "$.plan.processes_per_host"
 TRAIN = JobKind("Train", "train", "$.train", "train", "$.config", "$.config.spot")
 PREPARE = JobKind("Prepare", "prep", "$.prepare", "prepare", "$.config.prepare", None)
+EVALUATE = JobKind("Evaluate", "eval", "$.evaluate", "evaluate", "$.config.evaluate", None)
+EVALUATION_PLAN = "$.plan.evaluate"  # what the gate planned for the evaluation job (controlplane.evaluation.plan)
+TASK_DATA_PATH = "$.config.evaluate.data_s3_uri"  # null: no tasks, only the validation documents' bits per byte
+# The end of a failed evaluation's cause ({}: the trained model, which it leaves as it was).
+KEPT_MODEL_HINT = ("The trained model is kept: {}; to serve it without evaluation, start an execution with "
+                   "deploy.enabled true and deploy.model_artifact set to it")
 
 
 def hyperparameter_path(name):
@@ -113,6 +120,10 @@ def job_values(kind, settings, value_at, strategy="single"):
     if kind is TRAIN:
         hyperparameters = collections.OrderedDict((name, value_at(hyperparameter_path(name))) for name in job.HYPERPARAMETERS)
         runtime = base_images.STRATEGY_RUNTIME[strategy]
+    elif kind is EVALUATE:
+        hyperparameters = collections.OrderedDict((name, value_at("%s.%s" % (EVALUATION_PLAN, name))) for name in (
+            evaluation.TASKS_ARGUMENT, evaluation.LIMIT_ARGUMENT, evaluation.BATCH_SIZE_ARGUMENT))
+        runtime = base_images.EVALUATION_RUNTIME
     else:
         hyperparameters = collections.OrderedDict(
             (name, value_at("$.config.prepare.hyperparameters.%s" % name)) for name in job.PREPARE_HYPERPARAMETERS)
@@ -121,7 +132,7 @@ def job_values(kind, settings, value_at, strategy="single"):
         kind=kind.kind, name=value_at(kind.slot + ".name"), image="${%s}" % image_placeholder(runtime),
         role_arn="${ExecutionRoleArn}", bucket="${ArtifactBucket}", region=settings.region,
         hyperparameters=hyperparameters, instance_type=value_at(kind.config + ".instance_type"),
-        instance_count=value_at(kind.config + ".instance_count"),
+        instance_count=1 if kind is EVALUATE else value_at(kind.config + ".instance_count"),
         max_runtime_seconds=value_at(kind.config + ".max_runtime_seconds"),
         spot=value_at(kind.spot_path) if kind.spot_path else False,
         traffic_encryption=settings.inter_container_traffic_encryption,
@@ -133,26 +144,39 @@ def job_values(kind, settings, value_at, strategy="single"):
         raw_directory=value_at("$.config.prepare.raw_directory") if kind is PREPARE else None,
         raw_s3_uri=value_at(RAW_S3_URI_PATH) if kind is PREPARE else None,
         dataset_key=value_at(DATASET_KEY_PATH) if kind is PREPARE else None,
-        init_from=value_at(INIT_FROM_PATH), checkpoints=value_at(CHECKPOINTS_PATH) if kind is TRAIN else None,
+        init_from=None if kind is EVALUATE else value_at(INIT_FROM_PATH), checkpoints=value_at(CHECKPOINTS_PATH) if kind is TRAIN else None,
         infra_check=value_at("$.config.infra_check") if kind is TRAIN else None,
         keep_alive_seconds=value_at("$.config.keep_alive_seconds") if kind is TRAIN else None,
         training_plan_arn=value_at(TRAINING_PLAN_PATH) if kind is TRAIN else None,
-        mlflow_arn=settings.mlflow_resource_arn if kind is TRAIN else None,
-        mlflow_experiment=value_at("$.config.mlflow_experiment") if kind is TRAIN else None)
+        mlflow_arn=settings.mlflow_resource_arn if kind is not PREPARE else None,
+        mlflow_experiment=value_at("$.config.mlflow_experiment") if kind is not PREPARE else None,
+        **(_evaluation_values(value_at) if kind is EVALUATE else {}))
 
 
-def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
+def _evaluation_values(value_at):
+    """The evaluation job's own values: the training job's model and name, its tasks' data and metrics."""
+    return dict(model_artifact=value_at(TRAIN.slot + ".result.model_artifacts"),
+                task_data_s3_uri=value_at(TASK_DATA_PATH),
+                metric_definitions=value_at(EVALUATION_PLAN + ".metric_definitions"),
+                mlflow_run_name=value_at(TRAIN.slot + ".name"))
+
+
+def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None, trained=None):
     """`job_values` for one attempt of a concrete execution: `config` is the input with its
-    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`)."""
+    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`); for the evaluation
+    job `trained` is (the training job's name, its model.tar.gz)."""
     state = {
         "config": config,
         "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),
                  "model_config": presets.model_config(config["preset"]),
-                 "stop_after_seconds": budget.stop_after_seconds(config["max_runtime_seconds"])},
+                 "stop_after_seconds": budget.stop_after_seconds(config["max_runtime_seconds"]),
+                 "evaluate": controlplane_evaluation.check(config, deploy_only=False)},
         "run": {"dataset": {"key": dataset_key},
                 "checkpoints": {"name": config["resume_from"] or execution_name}},
         kind.slot[len("$."):]: {"name": job_name},
     }
+    if trained:
+        state[TRAIN.slot[len("$."):]] = {"name": trained[0], "result": {"model_artifacts": trained[1]}}
     value_at = request.values_at(state, {"Execution": {"Name": execution_name}})
     return job_values(kind, settings, value_at, config["strategy"] if kind is TRAIN else "single")
 
@@ -214,6 +238,11 @@ def request_states(kind, settings, first, next_state):
             states[name + ".Scratch"] = request_state(strategy, init_from=None)
         states[first] = asl.choice(rules, rules[-1]["Next"])
         states.move_to_end(first, last=False)
+    elif kind is EVALUATE:  # the tasks' data (an S3 channel) or none
+        states[first] = asl.choice([asl.rule({"Variable": TASK_DATA_PATH, "IsNull": False}, first + ".Tasks")],
+                                   first + ".NoTasks")
+        states[first + ".Tasks"] = request_state("single")
+        states[first + ".NoTasks"] = request_state("single", task_data_s3_uri=None)
     else:  # the raw files from S3 (an S3 channel) or from EFS; the tokenizer of init_from (its channel) or not
         from_s3 = {"Variable": RAW_S3_URI_PATH, "IsNull": False}
         with_init = {"Variable": INIT_FROM_PATH, "IsNull": False}
@@ -420,6 +449,8 @@ def job_states(kind, settings, on_success):
     arguments = [name_path, asl.to_json(slot + ".tries"), slot + ".instance_type", slot + ".failure.reason"]
     if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
         template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
+    if kind is EVALUATE:
+        template, arguments = template + ". " + KEPT_MODEL_HINT, arguments + [TRAIN.slot + ".result.model_artifacts"]
     cause = asl.fmt(template, *arguments)
     states[s + ".Notify"] = asl.publish("${TopicArn}", cause, s + ".Fail")
     states[s + ".Fail"] = asl.fail("%sJobFailed" % s, cause)

@@ -1,4 +1,4 @@
-"""The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs, or
+"""The main (Standard) state machine: validate -> [prepare] -> train -> [evaluate] -> [deploy] -> outputs, or
 validate -> serve -> deploy -> outputs for a run that only deploys an existing model (deploy.model_artifact).
 
 Validate is one Task: the gate (`controlplane.gate`, a Lambda function, `stacks.gate`) checks the input,
@@ -37,7 +37,7 @@ from controlplane import bucket_layout
 from controlplane import rules
 from lm.spec.conditions import INVALID
 from controlplane import request
-from stacks.state_machine import asl, deploy, jobs
+from stacks.state_machine import asl, deploy, evaluate, jobs
 from stacks.state_machine.jobs import GATE_FAILED, gate_task
 
 VALIDATE = "Validate"
@@ -46,6 +46,8 @@ RUN = "Run"
 INIT_FROM = "InitFrom"
 RESUME = "Resume"
 PREPARE = "Prepare"
+EVALUATE = "Evaluate"
+TASK_DATA = "TaskData"
 DEPLOY = "Deploy"
 OUTPUTS = "Outputs"
 
@@ -373,6 +375,7 @@ def _outputs_states(first):
             ("mlflow_run_id.$", train + ".result.mlflow_run_id"),
             ("final_metrics.$", train + ".metrics"),
             ("prepare.$", "$.prepare_result"),
+            ("evaluation.$", evaluate.RESULT_PATH),
             ("deploy.$", "$.deploy_result"),
         ]))),
         (first + ".Served", asl.pass_state(None, collections.OrderedDict([
@@ -387,13 +390,15 @@ def build_training_definition(settings):
     states.update(_serve_states(SERVE, DEPLOY))
     states.update(_run_states(RUN, INIT_FROM))
     states.update(_init_from_states(INIT_FROM, RESUME))
-    states.update(_resume_states(RESUME, PREPARE))
+    states.update(_resume_states(RESUME, TASK_DATA))
+    states.update(evaluate.check_states(TASK_DATA, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
-    states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
+    states.update(jobs.job_states(jobs.TRAIN, settings, EVALUATE))
+    states.update(evaluate.states(settings, EVALUATE, DEPLOY))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states.update(_outputs_states(OUTPUTS))
     return {
-        "Comment": "%s: validate the input, [prepare the dataset], train on SageMaker, [deploy an endpoint]"
+        "Comment": "%s: validate the input, [prepare the dataset], train on SageMaker, [evaluate], [deploy an endpoint]"
                    % settings.name_prefix,
         "StartAt": VALIDATE,
         "States": states,

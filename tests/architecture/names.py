@@ -21,7 +21,7 @@ import imports
 CONTROL_PLANE = ("controlplane", "stacks", "lmstack")
 TESTS = os.path.join(imports.ROOT, "tests")
 # The image's programs that are no modules of `lm` (tests/architecture/test_layers.py's entry points).
-IMAGE_PROGRAMS = ("train.py", "prepare.py", os.path.join("bin", "serve"))
+IMAGE_PROGRAMS = ("train.py", "prepare.py", "evaluate.py", os.path.join("bin", "serve"))
 
 
 def definitions(tree):

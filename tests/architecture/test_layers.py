@@ -26,7 +26,8 @@ LAYERS = (("lm.spec.fields", 0), ("lm.spec", 1), ("lm", 2), ("controlplane", 3),
 # What the image runs: the training toolkit's programs, hosting's `serve`, `python -m lm.hf`
 # (converts an export to the Hugging Face layout and back, in the image or next to it) and
 # `python -m lm.eval` and `python -m lm.eval.harness` (lm-eval tasks and bits per byte on the current-TF image).
-IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", os.path.join("bin", "serve"), os.path.join("lm", "hf", "__main__.py"),
+IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", "evaluate.py", os.path.join("bin", "serve"),
+                      os.path.join("lm", "hf", "__main__.py"),
                       os.path.join("lm", "eval", "__main__.py"), os.path.join("lm", "eval", "harness.py"))
 
 

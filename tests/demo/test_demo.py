@@ -12,10 +12,11 @@ import pytest
 
 from lm.spec import job
 from lm.serving.export import load_exported
-from lmstack import demo, demo_report, demo_train
+from lm.spec import shards
+from lmstack import demo, demo_evaluate, demo_report, demo_train
 
 SMALL = dict(corpus_bytes=600000, max_steps=40, interrupt_at=15, checkpoint_every=10, synth=False,
-             prompts=("def main(", "The Python"), max_new_tokens=8)
+             prompts=("def main(", "The Python"), max_new_tokens=8, evaluation_examples=8)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,33 @@ def test_training_is_killed_and_resumes_from_the_last_periodic_checkpoint(finish
 
 
 @pytest.mark.slow
+def test_the_evaluation_job_of_the_execution_scores_the_model_and_the_report_shows_it(finished):
+    settings, results = finished
+    execution, evaluation = results["state machine"], results["evaluate"]
+    assert execution["states"].index("Evaluate.Done") > execution["states"].index("Train.Succeeded")
+    request = execution["evaluation_request"]
+    assert json.loads(request["HyperParameters"]["sagemaker_program"]) == "evaluate.py"
+    assert json.loads(request["HyperParameters"]["tasks"]) == ",".join(demo_evaluate.TASK_FILES)
+    assert execution["output"]["evaluation"]["job_name"] == request["TrainingJobName"]
+    headline = evaluation["results"]["headline"]
+    # What SageMaker's MetricDefinitions read from the job's log is what its results JSON says.
+    assert evaluation["metrics"] == pytest.approx({
+        "evaluation:demo_next_line.yaml": headline["demo_next_line/acc"],
+        "evaluation:demo_line_completion.yaml": headline["demo_line_completion/exact_match"],
+        "evaluation:pile_bpb": headline["pile_bpb/total"]}, rel=1e-6)
+    assert evaluation["tasks"] == {demo_evaluate.NEXT_LINE: 8, demo_evaluate.LINE_COMPLETION: 8}
+    bpb = evaluation["results"]["pile_bpb"]
+    manifest = shards.load_manifest(results["prepare"]["dataset"])
+    assert {name: figures["bytes"] for name, figures in bpb["sources"].items()} == {
+        name: figures["text_bytes"] for name, figures in manifest.val_sources.items()}
+    assert 0 < headline["pile_bpb/total"] < 9 and 0 <= headline["demo_next_line/acc"] <= 1
+    with open(results["report"]["report"]) as handle:
+        text = handle.read()
+    assert "| demo_next_line | 8 | acc | %.4f |" % headline["demo_next_line/acc"] in text
+    assert "| **total** | %d |" % bpb["total"]["documents"] in text
+
+
+@pytest.mark.slow
 def test_the_server_answered_and_the_report_is_written(finished):
     settings, results = finished
     serving = results["serve"]
@@ -96,7 +124,7 @@ def test_a_failing_step_stops_the_demo_and_names_it(tmp_path, capsys):
     assert status == 1
     assert "demo failed: step 'prepare' failed:" in captured.err
     assert "fewer than one global batch" in captured.err and "--corpus-bytes" in captured.err
-    assert "[3/7]" not in captured.out, "no step after the failing one runs"
+    assert "[3/%d]" % len(demo.STEPS) not in captured.out, "no step after the failing one runs"
 
 
 def test_an_unexpected_error_is_reported_with_the_step_name(tmp_path):

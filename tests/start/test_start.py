@@ -124,6 +124,17 @@ def test_flags_override_a_given_input(aws):
     assert sent == dict(given, preset="gpt-350m", hyperparameters={"max_steps": 10, "seed": 3})
 
 
+def test_the_evaluate_flags_build_the_evaluate_object(capsys):
+    out = io.StringIO()
+    assert start.main(["--preset", "tiny", "--evaluate", "--eval-tasks", "arc_easy,mine.yaml", "--eval-data",
+                       "s3://lmstack-artifacts/tasks/mine/", "--eval-instance-type", "ml.m5.xlarge", "--eval-limit",
+                       "100", "--dry-run"], out=out) == 0
+    printed, _ = dry_run_output(out.getvalue())
+    assert printed["evaluate"] == {
+        "enabled": True, "tasks": ["arc_easy", "mine.yaml"], "data_s3_uri": "s3://lmstack-artifacts/tasks/mine/",
+        "instance_type": "ml.m5.xlarge", "limit": 100}
+
+
 def test_the_plan_covers_every_family():
     from controlplane import planner
 
@@ -192,6 +203,9 @@ def test_unset_flags_are_left_to_the_state_machine_defaults(aws):
     (["--input", "[1]"], "--input must be a JSON object"),
     (["--input", "{bad"], "--input is not valid JSON"),
     (["--preset", "tiny", "--name", "has spaces"], "--name"),
+    (["--preset", "tiny", "--evaluate", "--eval-tasks", "hellaswag"], "need evaluate.data_s3_uri"),
+    (["--preset", "tiny", "--evaluate", "--eval-tasks", "helaswag", "--eval-data", "s3://b-b/tasks/x/"],
+     "evaluate.tasks entry \"helaswag\" is not one of lm-eval's tasks"),
     # 64 sequences of gpt-125m without recomputation on one A10G, which the planner says do not fit
     (["--hp", "global_batch_size=64", "--hp", "recompute=false"], "lmstack.plan: single on 1 x ml.g5.2xlarge: needs"),
 ])

@@ -464,9 +464,10 @@ class Deployment:
         self.machine = self._create("lmstack-training", build_training_definition(settings))
         self.stop_machine = self._create("lmstack-stop", build_stop_definition(settings))
         self.file_system = aws_rules.FileSystem(self.values["FileSystemId"])
-        # What the stack's execution role may read (stacks.iam: the read-only prefixes, raw_data_prefixes).
-        self.readable_prefixes = tuple("s3://%s/%s" % (self.values["ArtifactBucket"], prefix)
-                                       for prefix in bucket_layout.READ_ONLY_PREFIXES) + tuple(settings.raw_data_prefixes)
+        # What the stack's execution role may read (stacks.iam: the prefixes jobs write, which an evaluation job's
+        # model channel reads, the read-only prefixes, raw_data_prefixes).
+        self.readable_prefixes = tuple("s3://%s/%s" % (self.values["ArtifactBucket"], prefix) for prefix in (
+            bucket_layout.ARTIFACT_PREFIXES + bucket_layout.READ_ONLY_PREFIXES)) + tuple(settings.raw_data_prefixes)
         for index, directory in enumerate((settings.dataset_directory,) if prepared is None else prepared):
             self.record_prepared(directory, "lmstack-prep-earlier-%d" % index)
 

@@ -61,6 +61,14 @@ def test_spot_and_the_prepare_job_ask_their_own_quotas():
     decide(spot, quota_tables.account({"ml.p4d.24xlarge for training job usage": 0}))
 
 
+def test_the_evaluation_job_asks_the_quota_of_its_instance_type():
+    evaluated = dict(RUN, evaluate={"enabled": True, "instance_type": "ml.m5.4xlarge"})
+    with pytest.raises(gate.Refusal, match='evaluate.instance_type ml.m5.4xlarge: 1 instance.s. for the evaluate job.*'
+                                           '"ml.m5.4xlarge for training job usage"'):
+        decide(evaluated, quota_tables.account({"ml.m5.4xlarge for training job usage": 0}, default=8))
+    decide(RUN, quota_tables.account({"ml.m5.4xlarge for training job usage": 0}, default=8))
+
+
 def test_a_warm_pool_over_its_quota_is_a_note_that_no_pool_will_be_kept():
     # "If a training job is created with KeepAlivePeriodInSeconds specified, but you did not request a warm pool
     # limit increase, then a warm pool is not retained" (SageMaker developer guide, train-warm-pools)

@@ -15,6 +15,16 @@ TRAIN_CHANNEL = "train"      # training: the prepared dataset (EFS, read-only)
 RAW_CHANNEL = "raw"          # prepare: the raw Pile files (an S3 prefix, or an EFS directory, read-only)
 DATASET_CHANNEL = "dataset"  # prepare: the EFS file system's root (read-write); it makes the dataset directory
 
+# The evaluation job (evaluate.py): the training job's model.tar.gz (an S3 channel of the one object, which it
+# extracts) and the tasks' data (evaluate.data_s3_uri); the validation documents come from the dataset on the
+# train channel. Its results JSON goes to OUTPUT_DATA_DIR, which SageMaker uploads as output.tar.gz.
+MODEL_CHANNEL = "model"
+TASKS_CHANNEL = "tasks"
+OUTPUT_DATA_DIR = "/opt/ml/output/data"
+EVALUATION_RESULTS_FILE = "results.json"
+# The MLflow run a job logs to, when not its own (lm.training.tracking): the evaluation job's is the training job's.
+MLFLOW_RUN_NAME = "LM_MLFLOW_RUN_NAME"
+
 # init_from: the Hugging Face directory a run starts from (controlplane.bucket_layout.INIT_PREFIX).
 INIT_CHANNEL = "init"
 

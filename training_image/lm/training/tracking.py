@@ -4,7 +4,8 @@ On when MLFLOW_TRACKING_URI is set (MLflow's own variable: an http(s) server, a 
 on SageMaker the ARN of a managed MLflow tracking server or app, which needs the
 `sagemaker-mlflow` plugin). The experiment is MLFLOW_EXPERIMENT_NAME (MLflow's own variable,
 default experiment without it). The run is named after the training job (TRAINING_JOB_NAME,
-which SageMaker sets; the request's MlflowConfig.MlflowRunName is the same name): the latest run
+which SageMaker sets; the request's MlflowConfig.MlflowRunName is the same name; the evaluation job names the
+training job's in LM_MLFLOW_RUN_NAME, lm.spec.contract.MLFLOW_RUN_NAME): the latest run
 of that name in the experiment is continued (the run SageMaker opened for MlflowConfig, or the
 job's own run before a spot interruption restarted it from its checkpoint; a retried job has a
 new name), otherwise one is created.
@@ -21,6 +22,8 @@ training goes on.
 """
 import os
 
+from lm.spec import contract
+
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 JOB_NAME = "TRAINING_JOB_NAME"
 
@@ -36,7 +39,7 @@ def start(hyperparameters, tags, say, environ=None):
     except ImportError:
         say("%s is set but this image has no mlflow package: experiment tracking is off" % TRACKING_URI)
         return None
-    run_name = environ.get(JOB_NAME) or None
+    run_name = environ.get(contract.MLFLOW_RUN_NAME) or environ.get(JOB_NAME) or None
     experiment = mlflow.get_experiment_by_name(environ["MLFLOW_EXPERIMENT_NAME"]) \
         if environ.get("MLFLOW_EXPERIMENT_NAME") else None
     run_id = _active_run(mlflow, experiment, run_name)
