@@ -34,7 +34,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
+from controlplane import bill, bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, hardware, job
 from lm.spec.fields import check
@@ -552,6 +552,7 @@ def plan_summary(result, config):
         ("price_region", instance["price_region"]), ("price_date", instance["price_date"]),
         ("warnings", chosen["warnings"]),
     ])
+    summary["prices"] = bill.plan_prices(config, summary)
     return summary
 
 
@@ -629,7 +630,10 @@ def answer(event, context):
 
 def handler(event, lambda_context=None, environ=os.environ, clients=aws_client):
     """The Lambda function's handler; its environment holds the Deployment (stacks.gate). Lambda passes the
-    first two arguments; `environ` and `clients` are the process's environment and boto3's clients."""
+    first two arguments; `environ` and `clients` are the process's environment and boto3's clients. The
+    machine asks it for an execution's bill too (`controlplane.bill`, an event with "bill")."""
+    if "bill" in event:
+        return bill.answer(event)
     context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"),
                       clients=clients)
     return answer(event, context)

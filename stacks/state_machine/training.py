@@ -37,7 +37,7 @@ from controlplane import bucket_layout
 from controlplane import rules
 from lm.spec.conditions import INVALID
 from controlplane import request
-from stacks.state_machine import asl, deploy, jobs
+from stacks.state_machine import asl, bill, deploy, jobs
 from stacks.state_machine.jobs import GATE_FAILED, gate_task
 
 VALIDATE = "Validate"
@@ -46,6 +46,7 @@ RUN = "Run"
 INIT_FROM = "InitFrom"
 RESUME = "Resume"
 PREPARE = "Prepare"
+BILL = "Bill"
 DEPLOY = "Deploy"
 OUTPUTS = "Outputs"
 
@@ -154,6 +155,7 @@ def _run_states(first, next_state):
     states[first] = asl.pass_state(first + ".RawSource", {
         "id.$": "States.Hash($$.Execution.Id, 'MD5')",
         "defaults": jobs.DESCRIBE_DEFAULTS,
+        "usage": {},  # what each job that ran used: the bill (stacks.state_machine.bill)
     }, result_path="$.run")
     states[first + ".RawSource"] = asl.choice([asl.rule({"Variable": jobs.RAW_S3_URI_PATH, "IsNull": False},
                                                         first + ".RawSource.S3")], first + ".RawSource.EFS")
@@ -374,6 +376,7 @@ def _outputs_states(first):
             ("final_metrics.$", train + ".metrics"),
             ("prepare.$", "$.prepare_result"),
             ("deploy.$", "$.deploy_result"),
+            ("bill.$", bill.BILL_PATH),
         ]))),
         (first + ".Served", asl.pass_state(None, collections.OrderedDict([
             ("model_artifacts.$", train + ".result.model_artifacts"), ("plan.$", "$.plan"),
@@ -389,7 +392,8 @@ def build_training_definition(settings):
     states.update(_init_from_states(INIT_FROM, RESUME))
     states.update(_resume_states(RESUME, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
-    states.update(jobs.job_states(jobs.TRAIN, settings, DEPLOY))
+    states.update(jobs.job_states(jobs.TRAIN, settings, BILL))
+    states.update(bill.states(settings, BILL, DEPLOY, notify=True))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states.update(_outputs_states(OUTPUTS))
     return {
