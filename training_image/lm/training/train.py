@@ -340,20 +340,37 @@ class Training:
     """
 
     def __init__(self, hp, paths):
-        from lm import compat
         from lm.compat import keras, tf
-        from lm.training import optim
-        from lm import distributed, models
 
         self.hp, self.paths, self.tf, self.keras = hp, paths, tf, keras
-        strategy = self.strategy = distributed.get_strategy(hp.strategy).setup()
+        self._setup_strategy()
+        self._setup_data()
+        self._setup_precision()
+        self._setup_model()
+        self._setup_optimizer()
+        self._setup_checkpoints()
+        self._setup_tracking()
+        self.step = self.restore()
+        self.saved_step = self.step if self.step else None
+        self._setup_steps()
+
+    # -- setup, in the order __init__ calls them --
+
+    def _setup_strategy(self):
+        """The distribution strategy, the SIGTERM flag and the job's clock."""
+        from lm import distributed
+
+        self.strategy = distributed.get_strategy(self.hp.strategy).setup()
         # After setup: creating MultiWorkerMirroredStrategy installs TF's own SIGTERM handler, which
         # would replace ours and turn a spot interruption into a hard kill.
         self.stop = StopFlag()
         self.job_clock = JobClock(os.environ.get(JOB_NAME_ENVIRONMENT))
         self.deadline_reached = False
-        self.chief = strategy.is_chief
+        self.chief = self.strategy.is_chief
 
+    def _setup_data(self):
+        """The manifest, the model config it allows, and this rank's train and eval streams."""
+        hp, paths, strategy = self.hp, self.paths, self.strategy
         manifest = self.manifest = shards.load_manifest(paths.data_dir)
         config = self.config = model_config(hp, manifest, paths.data_dir)
         if paths.init_from:
@@ -370,41 +387,62 @@ class Training:
             dp_size=strategy.data_parallel_size, shuffle=False)
         self.eval_batches = min(hp.eval_batches, self.eval_stream.steps_per_epoch)
 
-        self.gpu, capability = detect_gpu(tf)
-        precision = self.precision = resolve_precision(hp.precision, self.gpu, capability)
-        policy = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
-        compat.set_precision_policy(policy)  # of either Keras: SMP's model is on TensorFlow's bundled one
-        seed_everything(tf, hp.seed)
+    def _setup_precision(self):
+        """The GPU, the precision it resolves to (Keras' policy) and the seeds."""
+        from lm import compat
 
-        dropout_key = checkpoint.DropoutKey(hp.seed, strategy.data_parallel_rank)
-        self.model = strategy.build_model(
-            lambda **options: dropout_key.attach(models.build(config, recompute=hp.recompute, **options)))
+        self.gpu, capability = detect_gpu(self.tf)
+        self.precision = resolve_precision(self.hp.precision, self.gpu, capability)
+        policy = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[self.precision]
+        compat.set_precision_policy(policy)  # of either Keras: SMP's model is on TensorFlow's bundled one
+        seed_everything(self.tf, self.hp.seed)
+
+    def _setup_model(self):
+        """The strategy's model, with its dropout key, and init_from's weights."""
+        from lm import models
+
+        hp, paths, config = self.hp, self.paths, self.config
+        self.dropout_key = checkpoint.DropoutKey(hp.seed, self.strategy.data_parallel_rank)
+        self.model = self.strategy.build_model(
+            lambda **options: self.dropout_key.attach(models.build(config, recompute=hp.recompute, **options)))
         if paths.init_from:  # a checkpoint of this run, if any, replaces these weights in restore()
             from lm import hf
             hf.load_weights(self.model, paths.init_from)
             self.say("initialized the weights from the Hugging Face checkpoint in %s" % paths.init_from)
+
+    def _setup_optimizer(self):
+        """The learning-rate schedule, AdamW, fp16's loss scale, and the state a checkpoint holds."""
+        from lm.training import optim
+
+        hp = self.hp
         self.learning_rate_at = optim.learning_rate_at
-        self.peak_lr = peak_learning_rate(config, hp.global_batch_size, hp.learning_rate, hp.scale_lr)
-        with strategy.scope():
+        self.peak_lr = peak_learning_rate(self.config, hp.global_batch_size, hp.learning_rate, hp.scale_lr)
+        with self.strategy.scope():
             self.optimizer = optim.AdamW(self.model.trainable_variables, self.schedule, weight_decay=hp.weight_decay)
-            self.loss_scale = optim.DynamicLossScale() if precision == "fp16" else None
-        dropout_key.count_steps_of(self.optimizer.step)
+            self.loss_scale = optim.DynamicLossScale() if self.precision == "fp16" else None
+        self.dropout_key.count_steps_of(self.optimizer.step)
         self.state = (list(self.model.weights) + self.optimizer.variables
                       + (self.loss_scale.variables if self.loss_scale else []))
         # How long a save of this rank's state may take (the deadline leaves room for one).
         self.save_seconds = job.save_seconds(sum(int(variable.shape.num_elements()) * variable.dtype.size
                                                  for variable in self.state))
 
-        self.checkpoints = strategy.checkpoints(paths.checkpoint_dir)
-        self.fingerprint = shards.fingerprint(manifest)
-        self.clock = checkpoint.SaveClock(hp.checkpoint_minutes * 60.0)
-        self.tensorboard = summaries.Summaries(paths.tensorboard_dir, self.chief, tracker=tracking.start(
-            hp.as_dict(), {"dataset_fingerprint": self.fingerprint, "preset": hp.preset}, self.say) if self.chief else None)
-        self.step = self.restore()
-        self.saved_step = self.step if self.step else None
+    def _setup_checkpoints(self):
+        """The strategy's checkpoints, the dataset's fingerprint they record, and the time-based save clock."""
+        self.checkpoints = self.strategy.checkpoints(self.paths.checkpoint_dir)
+        self.fingerprint = shards.fingerprint(self.manifest)
+        self.clock = checkpoint.SaveClock(self.hp.checkpoint_minutes * 60.0)
 
-        self.loss_fn = token_loss(tf)
-        self.xla = hp.xla
+    def _setup_tracking(self):
+        """TensorBoard scalars, and MLflow when enabled, from the chief."""
+        hp = self.hp
+        self.tensorboard = summaries.Summaries(self.paths.tensorboard_dir, self.chief, tracker=tracking.start(
+            hp.as_dict(), {"dataset_fingerprint": self.fingerprint, "preset": hp.preset}, self.say) if self.chief else None)
+
+    def _setup_steps(self):
+        """The compiled train and eval steps (XLA unless it fails to compile on the first step)."""
+        self.loss_fn = token_loss(self.tf)
+        self.xla = self.hp.xla
         self.train_step, self.eval_step = self.make_steps(self.xla)
         self.first_step_of_process = True
 
