@@ -34,7 +34,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import bill, bucket_layout, budget, containers, history, inputs, planner, presets, prices, quotas, rules
+from controlplane import bill, bucket_layout, budget, checkpoint_plan, containers, history, inputs, planner, presets, prices, quotas, rules
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, hardware, job
 from lm.spec.fields import check
@@ -427,7 +427,7 @@ def check_quotas(decision, context):
 
 
 CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
-          check_budget, check_serving, check_history, check_quotas)
+          check_budget, checkpoint_plan.check_checkpoints, check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----

@@ -2,9 +2,12 @@
 regexes applied here (`parse_metrics`: the demo's report and the tests read a log as SageMaker would).
 
 The lines they read are the image's: `lm.spec.job.format_train_log` and `format_eval_log` ("[train]",
-"[eval]"), and `lm.training.gpu_usage` ("[gpu]"); the dashboard's metric names are these `Name`s.
+"[eval]"), `lm.training.gpu_usage` ("[gpu]") and `format_goodput_log`, `format_goodput_start_log` and
+`format_checkpoint_log` ("[goodput]", "[checkpoint]"); the dashboard's metric names are these `Name`s.
 """
 import re
+
+from lm.spec import job
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
@@ -18,7 +21,10 @@ METRIC_DEFINITIONS = [
     {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
     # lm.training.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
     {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
-]
+    {"Name": "checkpoint:save_seconds", "Regex": r"\[checkpoint\].* save_seconds=" + _NUMBER},
+    {"Name": "checkpoint:interval_seconds", "Regex": r"\[checkpoint\].* interval_seconds=" + _NUMBER},
+] + [{"Name": "goodput:" + name, "Regex": r"\[goodput\] .*\b%s=" % name + _NUMBER}
+      for name in job.GOODPUT_START + job.GOODPUT_TOTALS]  # no name ends another after an underscore
 
 
 def parse_metrics(line):

@@ -1,4 +1,4 @@
-"""The main (Standard) state machine: validate -> [prepare] -> train -> [deploy] -> outputs, or
+"""The main (Standard) state machine: validate -> [prepare] -> train -> bill -> [deploy] -> outputs, or
 validate -> serve -> deploy -> outputs for a run that only deploys an existing model (deploy.model_artifact).
 
 Validate is one Task: the gate (`controlplane.gate`, a Lambda function, `stacks.gate`) checks the input,
@@ -17,6 +17,9 @@ the prepare job then uses): the job is skipped, or run again with `prepare.force
 cannot look into EFS itself, e.g. after the directory was emptied). One with another key: the
 directory holds another dataset, which lm.data.prepare would mix with this one, so the run is refused
 before any job, naming both sources (tag `lmstack:raw-source`).
+
+Every job's end (completed, failed or stopped) is recorded for the bill (`stacks.state_machine.bill`): a run
+that completes its training gets its bill before Deploy, a failed one before its Fail state.
 
 A deploy-only run (`deploy.model_artifact`, which the gate checked) goes from the gate to the Serve stage:
 the artifact must be in this stack's artifact bucket (a training job's model.tar.gz under output/, or a
