@@ -30,7 +30,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 
 .PHONY: setup test demo synth lint bench clean
 
-setup: $(VENV)/.installed $(VENV_TF_CURRENT)/.installed $(VENV_TF26)/.installed $(VENV_HF)/.installed \
+setup: $(VENV)/.installed $(VENV)/.horovod $(VENV_TF_CURRENT)/.installed $(VENV_TF26)/.installed $(VENV_HF)/.installed \
 	$(VENV_MLFLOW)/.installed node_modules/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt training_image/requirements.txt training_image/pyproject.toml
@@ -39,9 +39,14 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt training_image/require
 	$(PY) -m pip install -q -r requirements-dev.txt
 	# tf_keras declares a dependency on `tensorflow`, which would install next to tensorflow-cpu.
 	$(PY) -m pip install -q --no-deps tf_keras==2.15.1
+	$(PY) -m pip install -q --no-deps -e training_image
+	touch $@
+
+# Horovod 0.28.1 over Gloo, compiled here (about 4 minutes), for the horovod strategy's tests and benchmarks:
+# `lm` imports it only when that strategy runs (the demo trains with MWMS).
+$(VENV)/.horovod: $(VENV)/.installed
 	$(PY) -c "import horovod.tensorflow" 2>/dev/null || \
 		$(HOROVOD_BUILD_ENV) $(PY) -m pip install -q --no-build-isolation --no-cache-dir horovod==0.28.1
-	$(PY) -m pip install -q --no-deps -e training_image
 	touch $@
 
 $(VENV_TF_CURRENT)/.installed: training_image/requirements.txt
@@ -95,7 +100,13 @@ node_modules/.installed: package.json package-lock.json
 test: setup
 	$(PY) -m pytest
 
-demo: setup
+# What `python -m lmstack.demo` runs, and no more (not Horovod nor the other virtual environments of `setup`):
+# .venv (the demo, the gate's SDK, the training toolkit and `lm` it starts) and node_modules (`npx cdk synth`). The gate's
+# worker runs on a Python 3.13 found on PATH or through pyenv (lmstack.local_lambda.runtime_interpreter).
+# A step that needs another environment adds its target here.
+DEMO_PREREQUISITES := $(VENV)/.installed node_modules/.installed
+
+demo: $(DEMO_PREREQUISITES)
 	$(PY) -m lmstack.demo
 
 synth: $(VENV)/.installed node_modules/.installed

@@ -18,7 +18,7 @@ Pure Python, standard library only: no TensorFlow.
 """
 import collections
 
-from controlplane import prices
+from controlplane import prices, pricing
 
 # The order the bill lists its jobs in; others follow in the order their names sort.
 JOB_ORDER = ("prepare", "train", "evaluate")
@@ -39,20 +39,31 @@ def table_source(instance_type):
     return "controlplane.prices table (%s, read %s)" % (prices.PRICE_REGION, prices.price_date(instance_type))
 
 
-def plan_prices(config, summary):
-    """The price of each job the run may start, for the plan (`prices`): what the bill charges each at."""
+def _source(source, region, date):
+    return "%s (%s%s)" % (source.split(" (")[0], region, ", %s" % date if date else "")
+
+
+def plan_prices(config, plan, book):
+    """The price of each job the run may start (`book`: the gate's `controlplane.pricing.Price`s by (type,
+    component)), for the plan's `prices`: what the bill charges each at, and the plan's estimate of each."""
     entries = collections.OrderedDict()
-    entries["train"] = _price_entry(config["instance_type"], config["instance_count"],
-                                    summary["usd_per_instance_hour"], table_source(config["instance_type"]),
-                                    summary["cost_usd"])
+    entries["train"] = _price_entry(config["instance_type"], config["instance_count"], plan["usd_per_instance_hour"],
+                                    _source(plan["price_source"], plan["price_region"], plan["price_date"]),
+                                    plan["cost_usd"])
     prepare = config["prepare"]
     if prepare["enabled"]:
-        usd_per_hour = prices.on_demand_price(prepare["instance_type"])
-        ceiling = None if usd_per_hour is None else (
-            usd_per_hour * prepare["instance_count"] * prepare["max_runtime_seconds"] / 3600)
-        entries["prepare"] = _price_entry(prepare["instance_type"], prepare["instance_count"], usd_per_hour,
-                                          table_source(prepare["instance_type"]), ceiling)
+        price = book[(prepare["instance_type"], pricing.TRAINING)]
+        ceiling = None if price.usd_per_hour is None else (
+            price.usd_per_hour * prepare["instance_count"] * prepare["max_runtime_seconds"] / 3600)
+        entries["prepare"] = _price_entry(prepare["instance_type"], prepare["instance_count"], price.usd_per_hour,
+                                          _source(price.source, price.region, price.effective_date), ceiling)
     return entries
+
+
+def check_prices_billed(decision, context):
+    """The gate's check, after the prices were read (`check_prices`): the plan's `prices`, the bill's."""
+    if decision.config["deploy"]["model_artifact"] is None:
+        decision.plan["prices"] = plan_prices(decision.config, decision.plan, decision.prices)
 
 
 def _metric(metrics, name):

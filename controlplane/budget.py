@@ -5,8 +5,11 @@ runs: the plan's training time plus the job's start-up and its last save, `stop_
 job when it has one (at most `prepare.max_runtime_seconds`, on demand: it may be skipped at run time, but
 the budget holds whether it runs or not) and the warm pool kept after training (`keep_alive_seconds`). With
 spot the price is the planner's estimate (`controlplane.prices.SPOT_DISCOUNT`, labelled one): the budget holds
-only as far as that estimate does. The endpoint bills every hour until it is deleted: stated, not budgeted
-(its hosting price is not in `controlplane.prices`, which holds training prices).
+only as far as that estimate does. The endpoint bills every hour until it is deleted: its first
+`deploy.budget_hours` hours count (default 0: its price is stated, not budgeted).
+
+The prices are the gate's (`book`: {(instance_type, component): controlplane.pricing.Price}, read from the AWS
+Price List when the gate asks AWS); a type the book lacks is priced from the table (`controlplane.pricing.from_table`).
 
 `check(config, plan, label)`: over budget, a BudgetError with the estimate, the budget and what would fit
 (fewer steps, spot, another type, which `alternatives` finds); else the training job's MaxRuntimeInSeconds
@@ -24,7 +27,7 @@ Pure Python, no TensorFlow.
 import dataclasses
 import math
 
-from controlplane import presets, prices
+from controlplane import presets, prices, pricing
 from lm.spec import job
 from lm.spec.families import parameter_count
 from lm.spec.hardware import INSTANCES
@@ -48,10 +51,11 @@ class Costs:
     prepare: float
     warm_pool: float
     usd_per_hour: float  # the training job's: instance count x price per instance-hour (spot: the estimate)
+    endpoint: float = 0.0  # the endpoint's first deploy.budget_hours hours
 
     @property
     def total(self):
-        return self.training + self.prepare + self.warm_pool
+        return self.training + self.prepare + self.warm_pool + self.endpoint
 
 
 def save_seconds(preset):
@@ -71,38 +75,51 @@ def stop_margin_seconds(config, plan):
     return JOB_STARTUP_SECONDS + int(math.ceil(step)) + save_seconds(config["preset"])
 
 
-def hourly_price(instance_type, spot, label):
-    """USD per instance-hour of `instance_type` (spot: the estimate); BudgetError for a type without a price."""
-    price = prices.on_demand_price(instance_type)
-    if price is None:
+def hourly_price(instance_type, spot, label, book=None, component=pricing.TRAINING):
+    """USD per instance-hour of `instance_type` for `component` (spot: the estimate), from `book` or the table;
+    BudgetError naming where it was looked for when no source has one."""
+    found = (book or {}).get((instance_type, component)) or pricing.from_table(
+        instance_type, component, prices.PRICE_REGION)
+    if found.usd_per_hour is None:
+        looked = "the AWS Price List: %s; " % found.note if found.note else ""
         raise BudgetError(
-            "budget_usd: %s %s has no recorded price (controlplane.prices: %s), so the run cannot be held to a budget; "
-            "drop budget_usd or choose a type with a price: %s" % (
-                label, instance_type, prices.RECORDS[instance_type].source.split(":")[0],
-                ", ".join(name for name in prices.ON_DEMAND_USD_PER_HOUR if INSTANCES[name].gpus)))
-    return prices.spot_cost(price) if spot else price
+            "budget_usd: %s %s has no %s price (looked for in %s%s: %s), so the run cannot be held to a budget; "
+            "drop budget_usd or choose a type with a price%s" % (
+                label, instance_type, component.lower(), looked, found.source.split(" (")[0],
+                prices.RECORDS[instance_type].source.split(":")[0] if instance_type in prices.RECORDS
+                else "training prices only", "" if component != pricing.TRAINING else ": " + ", ".join(
+                    name for name in prices.ON_DEMAND_USD_PER_HOUR if INSTANCES[name].gpus)))
+    return prices.spot_cost(found.usd_per_hour) if spot else found.usd_per_hour
 
 
-def costs(config, plan, label="instance_type"):
-    """The Costs of the run `config` asks for, planned as `plan` (the gate's plan summary)."""
+def costs(config, plan, label="instance_type", book=None):
+    """The Costs of the run `config` asks for, planned as `plan` (the gate's plan summary), at `book`'s prices."""
     if config["training_plan_arn"] is not None:
         raise BudgetError("budget_usd with training_plan_arn: the run uses a training plan's reserved capacity, whose "
                           "price the gate does not know; drop one of them")
-    per_hour = hourly_price(config["instance_type"], config["spot"], label) * config["instance_count"]
+    per_hour = hourly_price(config["instance_type"], config["spot"], label, book) * config["instance_count"]
     # the job runs as long as the plan says plus its margin, or until its MaxRuntime, whichever comes first
     seconds = min((plan["hours"] or 0.0) * 3600 + stop_margin_seconds(config, plan), config["max_runtime_seconds"])
     prepare = config["prepare"]
     prepare_usd = 0.0
     if prepare["enabled"]:
-        prepare_usd = (hourly_price(prepare["instance_type"], False, "prepare.instance_type")
+        prepare_usd = (hourly_price(prepare["instance_type"], False, "prepare.instance_type", book)
                        * prepare["instance_count"] * prepare["max_runtime_seconds"] / 3600)
     warm = per_hour * config["keep_alive_seconds"] / 3600
-    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour)
+    return Costs(per_hour * seconds / 3600, prepare_usd, warm, per_hour, endpoint_cost(config["deploy"], book))
+
+
+def endpoint_cost(deploy, book=None):
+    """What the endpoint's first deploy.budget_hours hours cost (0 when none are budgeted)."""
+    if not deploy["enabled"] or not deploy["budget_hours"]:
+        return 0.0
+    return (hourly_price(deploy["instance_type"], False, "deploy.instance_type", book, pricing.HOSTING)
+            * deploy["instance_count"] * deploy["budget_hours"])
 
 
 def max_runtime_seconds(config, found, budget):
     """The most seconds the training job may run within `budget` after the prepare job and the warm pool."""
-    return int((budget - found.prepare - found.warm_pool) / found.usd_per_hour * 3600)
+    return int((budget - found.prepare - found.warm_pool - found.endpoint) / found.usd_per_hour * 3600)
 
 
 def described(found, spot):
@@ -111,6 +128,8 @@ def described(found, spot):
         parts.append("the prepare job at most $%.2f" % found.prepare)
     if found.warm_pool:
         parts.append("the warm pool $%.2f" % found.warm_pool)
+    if found.endpoint:
+        parts.append("the endpoint's first deploy.budget_hours $%.2f" % found.endpoint)
     return "$%.2f (%s)" % (found.total, ", ".join(parts))
 
 
@@ -136,11 +155,11 @@ def refusal(config, plan, found, budget, label, alternatives):
         budget, label, config["instance_type"], described(found, config["spot"]), "; ".join(hints)))
 
 
-def check(config, plan, label="instance_type", alternatives=lambda: []):
+def check(config, plan, label="instance_type", alternatives=lambda: [], book=None):
     """The config with its MaxRuntime capped to `config["budget_usd"]`, and a note; BudgetError when the
     estimate exceeds it (`alternatives()`: phrases of other runs that would fit, asked only then)."""
     budget = config["budget_usd"]
-    found = costs(config, plan, label)
+    found = costs(config, plan, label, book)
     if found.total > budget:
         raise refusal(config, plan, found, budget, label, alternatives())
     cap = max_runtime_seconds(config, found, budget)

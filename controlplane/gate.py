@@ -7,9 +7,10 @@ way the input is checked against the schema (`controlplane.inputs`), the rules b
 `controlplane.planner.plan`, the function `python -m lmstack.plan` prints: the global batch, sequence
 length, precision, strategy and instance count of the input. The answer is the input with its
 defaults and the plan (`plan_summary`), or a refusal naming the field and what it allows, which the
-state machine's Fail state shows as the execution's cause. Before any job it also holds the run to the
-account's SageMaker quotas (`controlplane.quotas`, asked of Service Quotas) and to `budget_usd`
-(`controlplane.budget`: MaxRuntime capped, the job's deadline), and plans a deploy-only run
+state machine's Fail state shows as the execution's cause. Before any job it also prices every instance type
+it plans or budgets (`controlplane.pricing`: the AWS Price List for the stack's region, else the table, said so),
+holds the run to the account's SageMaker quotas (`controlplane.quotas`, asked of Service Quotas) and to
+`budget_usd` (`controlplane.budget`: MaxRuntime capped, the job's deadline), and plans a deploy-only run
 (`deploy.model_artifact`) as serving only.
 
 A decision is a list of checks (CHECKS), each `check(decision, context)`: it reads `decision.given` and
@@ -17,7 +18,7 @@ A decision is a list of checks (CHECKS), each `check(decision, context)`: it rea
 and `decision.notes` (lines for the run's notification). `context` holds what a check may need from
 outside the input: the deployment's settings (`Deployment`), the execution's name and a factory of
 AWS clients (`context.client("service-quotas")`: boto3's in the Lambda function, the session's in
-`lmstack.start`, None where nothing may ask AWS). A new check is one function in CHECKS.
+`lmstack.start`, None where nothing may ask AWS) and the stack's region (the function's AWS_REGION). A new check is one function in CHECKS.
 
 The event of the Lambda function: {"input": <execution input>, "execution_name": <name>, "launch": k},
 k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the
@@ -34,7 +35,8 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import bill, bucket_layout, budget, checkpoint_plan, containers, history, inputs, planner, presets, prices, quotas, rules
+from controlplane import (aws_clients, bill, bucket_layout, budget, checkpoint_plan, containers, history, inputs,
+                          planner, presets, prices, pricing, quotas, rules)
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, hardware, job
 from lm.spec.fields import check
@@ -43,6 +45,10 @@ INVALID = conditions.INVALID
 PLAN_REJECTED = "PlanRejected"  # the planner says the run cannot fit or run (check_plan)
 QUOTA_TOO_LOW = "QuotaTooLow"  # a SageMaker quota of the account is below what the run needs (check_quotas)
 OVER_BUDGET = "OverBudget"  # the run's estimate exceeds budget_usd, or it cannot be held to it (check_budget)
+# The gate's time with AWS, inside its function's 60 s (stacks.gate_code.TIMEOUT_SECONDS), the rest for planning:
+# one call at most AWS_CALL_SECONDS (retries included), and no page of quotas asked for after QUOTA_SECONDS.
+AWS_CALL_SECONDS = 20
+QUOTA_SECONDS = 20
 # How many other instance types a refusal over budget names that would fit.
 BUDGET_ALTERNATIVES = 2
 # deploy.model_artifact: a training job's model.tar.gz, or a Hugging Face directory (the state machine checks
@@ -102,10 +108,11 @@ class Deployment:
         return cls._typed(json.loads(environ[ENVIRONMENT_KEY]))
 
 
-def aws_client(service):
-    """A boto3 client, for checks that ask AWS (the Lambda runtime has boto3; nothing else imports it)."""
-    import boto3
-    return boto3.client(service)
+def aws_client(service, region_name=None):
+    """A boto3 client, for checks that ask AWS (the Lambda runtime has boto3; nothing else imports it), whose
+    calls end within AWS_CALL_SECONDS (`controlplane.aws_clients`); in `region_name` (default the function's: the
+    Price List answers in a few regions only)."""
+    return aws_clients.client(service, region_name, AWS_CALL_SECONDS)
 
 
 def from_aws_sdk(error):
@@ -120,10 +127,12 @@ def from_aws_sdk(error):
 class Context:
     """`clients`: a factory of AWS clients by service name (`aws_client` in the Lambda function, the session's in
     `lmstack.start`), or None, the default, where the caller does not ask AWS (`lmstack.start --dry-run`, tests):
-    checks that would ask AWS then note that they did not."""
+    checks that would ask AWS then note that they did not. `region`: the stack's (its prices are that region's;
+    None: controlplane.prices.PRICE_REGION)."""
     deployment: Deployment
     execution_name: Optional[str] = None
-    clients: Optional[Callable[[str], Any]] = None
+    clients: Optional[Callable[..., Any]] = None
+    region: Optional[str] = None
 
     def client(self, service):
         return self.clients(service)
@@ -139,6 +148,8 @@ class Decision:
     notes: list = dataclasses.field(default_factory=list)
     # (config, plan) of every launch check_plan planned: all of the input's types at launch 0, else up to `launch`
     planned: list = dataclasses.field(default_factory=list)
+    # {(instance_type, component): controlplane.pricing.Price} of every type the run plans or budgets (check_prices)
+    prices: dict = dataclasses.field(default_factory=dict)
 
     def answer(self):
         return collections.OrderedDict([("ok", True), ("config", self.config), ("plan", self.plan),
@@ -296,7 +307,7 @@ def check_budget(decision, context):
             label = labels[index]
             try:
                 capped, costs, note = budget.check(launch, plan, label, alternatives=lambda: budget_alternatives(
-                    launch, label, context.deployment))
+                    launch, label, context.deployment, decision.prices), book=decision.prices)
             except budget.BudgetError as error:
                 raise Refusal(str(error), OVER_BUDGET)
             if index == decision.launch:
@@ -304,12 +315,13 @@ def check_budget(decision, context):
                 decision.plan["budget"] = collections.OrderedDict([
                     ("budget_usd", config["budget_usd"]), ("estimate_usd", round(costs.total, 2)),
                     ("training_usd", round(costs.training, 2)), ("prepare_usd", round(costs.prepare, 2)),
-                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("usd_per_hour", round(costs.usd_per_hour, 4)),
+                    ("warm_pool_usd", round(costs.warm_pool, 2)), ("endpoint_usd", round(costs.endpoint, 2)),
+                    ("usd_per_hour", round(costs.usd_per_hour, 4)),
                     ("max_runtime_seconds", config["max_runtime_seconds"])])
                 decision.notes.append(note)
-        if config["deploy"]["enabled"]:
+        if config["deploy"]["enabled"] and not config["deploy"]["budget_hours"]:
             decision.notes.append("budget_usd counts the jobs, not the endpoint: %s bills every hour it runs, until "
-                                  "deleted (its hosting price is not in controlplane.prices)" % config["deploy"][
+                                  "deleted (deploy.budget_hours counts its first hours)" % config["deploy"][
                                       "instance_type"])
     else:
         decision.plan["budget"] = None
@@ -322,7 +334,7 @@ def check_budget(decision, context):
                                   config["max_runtime_seconds"], budget.JOB_STARTUP_SECONDS))
 
 
-def budget_alternatives(config, label, deployment):
+def budget_alternatives(config, label, deployment, book=None):
     """Phrases of runs like `config` that fit its budget: with spot, or on another type with a price (the
     cheapest BUDGET_ALTERNATIVES, each planned as a fallback type would be)."""
     found = []
@@ -330,7 +342,7 @@ def budget_alternatives(config, label, deployment):
         spot = dict(config, spot=True)
         try:
             plan = exact_plan(spot, deployment)
-            costs = budget.costs(spot, plan)
+            costs = budget.costs(spot, plan, book=book)
             if costs.total <= config["budget_usd"]:
                 found.append("spot: true (estimated $%.2f, %s)" % (costs.total, prices.SPOT_BASIS))
         except (Refusal, budget.BudgetError):
@@ -341,7 +353,7 @@ def budget_alternatives(config, label, deployment):
             continue
         try:
             other, plan = fallback_launch(config, instance_type, "instance_type", deployment)
-            costs = budget.costs(other, plan)
+            costs = budget.costs(other, plan, book=book)
         except (Refusal, budget.BudgetError):
             continue
         if costs.total <= config["budget_usd"]:
@@ -350,6 +362,30 @@ def budget_alternatives(config, label, deployment):
                 costs.total)))
     found.extend(phrase for _, phrase in sorted(others)[:BUDGET_ALTERNATIVES])
     return found
+
+
+def check_prices(decision, context):
+    """The on-demand price of every instance type the run plans or budgets (`controlplane.pricing`): each training
+    type and the prepare job's for training, the endpoint's for hosting, in the stack's region, from the AWS Price
+    List when this caller asks AWS (within pricing.TIME_LIMIT_SECONDS), else from the table. Each plan's costs
+    are repriced with its type's; the plan's `endpoint` holds the endpoint's hourly price; the notes say which
+    price was used and where it came from."""
+    config = decision.config
+    wanted = [(launch["instance_type"], pricing.TRAINING) for launch, _ in decision.planned]
+    if config["prepare"]["enabled"] and not deploy_only(config):
+        wanted.append((config["prepare"]["instance_type"], pricing.TRAINING))
+    if config["deploy"]["enabled"]:
+        wanted.append((config["deploy"]["instance_type"], pricing.HOSTING))
+    decision.prices = pricing.prices_of(wanted, context.region or prices.PRICE_REGION, context.clients)
+    for launch, plan in decision.planned:
+        pricing.reprice(plan, decision.prices[(launch["instance_type"], pricing.TRAINING)], launch["spot"])
+    if decision.launch:
+        decision.plan["changes"] = plan_changes(decision.planned[decision.launch - 1][1], decision.plan)
+    if config["deploy"]["enabled"]:
+        decision.plan["endpoint"] = pricing.endpoint_plan(
+            config["deploy"], decision.prices[(config["deploy"]["instance_type"], pricing.HOSTING)])
+    if context.clients is not None:
+        decision.notes.extend(pricing.note(price) for price in decision.prices.values())
 
 
 def check_serving(decision, context):
@@ -401,9 +437,10 @@ def quota_needs(decision):
 
 def check_quotas(decision, context):
     """The account's SageMaker quotas (Service Quotas, `controlplane.quotas`) against the instances the run needs:
-    refused before any job, naming each quota, its value and the request. When Service Quotas cannot answer
-    (refused, throttled, unreachable), the notes say so and the run goes on: SageMaker still refuses a job or
-    endpoint over a quota when it is created."""
+    refused before any job, naming each quota, its value and the request (a warm pool over its quota is a note:
+    the job runs without one). When Service Quotas cannot answer (refused, throttled, unreachable, too slow for
+    the function's time), the notes say so and the run goes on: SageMaker still refuses a job or endpoint over a
+    quota when it is created."""
     needs = quota_needs(decision)
     if not needs:
         return
@@ -411,9 +448,9 @@ def check_quotas(decision, context):
         decision.notes.append("quotas not checked: this caller does not ask AWS")
         return
     try:
-        found = quotas.look_up(context.client("service-quotas"), [need.quota for need in needs])
+        found = quotas.look_up(context.client("service-quotas"), [need.quota for need in needs], QUOTA_SECONDS)
     except Exception as error:
-        if not from_aws_sdk(error):
+        if not (from_aws_sdk(error) or isinstance(error, quotas.TooSlow)):
             raise
         decision.notes.append("Service Quotas could not answer (%s): the SageMaker quotas this run needs were not "
                               "checked" % quotas.describe_error(error))
@@ -427,7 +464,8 @@ def check_quotas(decision, context):
 
 
 CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
-          check_budget, checkpoint_plan.check_checkpoints, check_serving, check_history, check_quotas)
+          check_prices, check_budget, bill.check_prices_billed, checkpoint_plan.check_checkpoints, check_serving,
+          check_history, check_quotas)
 
 
 # ---- the plan ----
@@ -552,7 +590,6 @@ def plan_summary(result, config):
         ("price_region", instance["price_region"]), ("price_date", instance["price_date"]),
         ("warnings", chosen["warnings"]),
     ])
-    summary["prices"] = bill.plan_prices(config, summary)
     return summary
 
 
@@ -635,5 +672,5 @@ def handler(event, lambda_context=None, environ=os.environ, clients=aws_client):
     if "bill" in event:
         return bill.answer(event)
     context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"),
-                      clients=clients)
+                      clients=clients, region=environ.get("AWS_REGION"))
     return answer(event, context)

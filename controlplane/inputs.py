@@ -106,6 +106,8 @@ def schema(settings):
                   help="endpoint name after '<name_prefix>-'; an existing endpoint is updated"),
             Field("instance_type", str, DEFAULT_ENDPOINT_INSTANCE_TYPE, choices=HOSTING_INSTANCE_TYPES),
             Field("instance_count", int, 1, 1, MAX_INSTANCE_COUNT),
+            Field("budget_hours", float, 0.0, 0.0, None,
+                  help="hours of the endpoint that budget_usd counts (0: its hourly price is stated, not budgeted)"),
             Field("container", str, containers.DEFAULT_CONTAINER, choices=containers.CONTAINERS,
                   help="lmstack (lm.serving.server), tgi (Text Generation Inference) or lmi (LMI, vLLM) on the Hugging Face export"),
             Field(MODEL_ARTIFACT, str, None, prefix="s3://", nullable=True,
@@ -115,8 +117,9 @@ def schema(settings):
                                                                                    bucket_layout.INIT_PREFIX)),
         )),
         Field("init_from", str, None, prefix="s3://", nullable=True,
-              help="start from a Hugging Face GPT-2 directory under this S3 prefix (s3://<artifact bucket>/%s...)"
-                   % bucket_layout.INIT_PREFIX),
+              help="start from a Hugging Face checkpoint directory (config.json, safetensors weights, "
+                   "tokenizer.json) of a family that reads that layout (GPT-2, Llama), under this S3 prefix "
+                   "(s3://<artifact bucket>/%s<name>/)" % bucket_layout.INIT_PREFIX),
         Field("resume_from", str, None, nullable=True,
               help="continue the checkpoints of an earlier execution of this stack: the name its failure "
                    "output gives (s3://<artifact bucket>/%s<name>/)" % bucket_layout.CHECKPOINT_PREFIX),
@@ -126,7 +129,7 @@ def schema(settings):
               help="deploy only if the final validation loss is at most this"),
         Field("budget_usd", float, None, 0.01, None, nullable=True,
               help="the most the run's jobs may cost, in USD: refused when its estimate is more, else the training "
-                   "job's MaxRuntimeInSeconds is capped to it (controlplane.budget); the endpoint is not counted"),
+                   "job's MaxRuntimeInSeconds is capped to it (controlplane.budget); the endpoint counts for deploy.budget_hours"),
         # Checked by `controlplane.gate.check_fallback_instance_types` (a Field has no list type).
         Field(FALLBACK_FIELD, object, (),
               help="instance types to train on, in this order, when instance_type has no capacity after its "

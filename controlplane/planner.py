@@ -69,7 +69,7 @@ import re
 
 from controlplane import throughput
 from controlplane import base_images
-from controlplane import prices
+from controlplane import prices, pricing
 from lm.spec import hardware
 from lm.spec import interruptions, job
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
@@ -517,7 +517,7 @@ def _smp_parameters(layout):
 def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batch=None, seq_len=None,
          precision="auto", recompute=False, xla=XLA_DEFAULT, tokens=None, mfu=None, spot=False,
          partitions=None, microbatches=None, pipeline=None, learning_rate=0.0, scale_lr=SCALE_LR_DEFAULT,
-         traffic_encryption=False, usd_per_instance_hour=None):
+         traffic_encryption=False, usd_per_instance_hour=None, on_demand=None):
     """Everything `python -m lmstack.plan` prints, as a dict. `model` is a preset name or a model config
     of any family (`lm.spec.families`);
     `global_batch` in sequences (default lm.spec.job's), `tokens` the training budget (default 20 per
@@ -525,7 +525,9 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
     compiles the step with XLA (its hyperparameter; it decides when the all-reduce runs). SMP's
     `partitions`, `microbatches` and `pipeline` are searched where not given. `traffic_encryption`:
     the job's EnableInterContainerTrafficEncryption (ENCRYPTED_ALLREDUCE_SLOWDOWN on the all-reduce).
-    `usd_per_instance_hour` replaces the on-demand price (a SageMaker training plan's price)."""
+    `usd_per_instance_hour` replaces the on-demand price (a SageMaker training plan's price). `on_demand`: the
+    on-demand price of the type for training (a `controlplane.pricing.Price`, such as the AWS Price List's; default
+    the table's)."""
     config = resolve_config(model)
     instance = hardware.get_instance(instance_type)
     if not isinstance(instance_count, int) or isinstance(instance_count, bool) or instance_count < 1:
@@ -545,6 +547,7 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
     precision = resolve_precision(precision, instance)
     params = parameter_count(config)
     tokens = TOKENS_PER_PARAMETER * params if tokens is None else tokens
+    on_demand = on_demand or pricing.from_table(instance_type, pricing.TRAINING, prices.PRICE_REGION)
 
     def one(name, recompute):
         reason = cannot_run(name, instance_type, instance_count, recompute, config.family)
@@ -581,7 +584,8 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
         timing = None
         if layout["per_replica_batch"] >= 1:
             timing = _timing(config, instance, instance_count, name, layout, seq_len, precision, recompute,
-                             xla, tokens, mfu, traffic_encryption, usd_per_instance_hour)
+                             xla, tokens, mfu, traffic_encryption,
+                             on_demand.usd_per_hour if usd_per_instance_hour is None else usd_per_instance_hour)
         if timing and timing["allreduce_seconds"] > timing["compute_seconds"]:
             needed = int(math.ceil(batch * timing["allreduce_seconds"] / timing["compute_seconds"]))
             warnings.append(
@@ -628,9 +632,9 @@ def plan(model, instance_type, instance_count=1, strategy="auto", *, global_batc
             ("type", instance_type), ("count", instance_count), ("gpus_per_host", instance.gpus),
             ("gpu", instance.gpu), ("gpu_memory_gib", instance.gpu_memory_gib),
             ("interconnect", instance.interconnect), ("network_gbps", throughput.NETWORK_GBPS.get(instance_type)),
-            ("on_demand_usd_per_hour", prices.ON_DEMAND_USD_PER_HOUR.get(instance_type)),
-            ("usd_per_instance_hour", usd_per_instance_hour),
-            ("price_region", prices.PRICE_REGION), ("price_date", prices.price_date(instance_type))])),
+            ("on_demand_usd_per_hour", on_demand.usd_per_hour), ("usd_per_instance_hour", usd_per_instance_hour),
+            ("price_region", on_demand.region), ("price_date", on_demand.effective_date),
+            ("price_source", on_demand.source), ("price_note", on_demand.note)])),
         ("settings", collections.OrderedDict([
             ("strategy", strategy), ("global_batch", global_batch), ("seq_len", seq_len),
             ("precision", precision), ("recompute", recompute), ("xla", xla), ("tokens", tokens),

@@ -3,7 +3,8 @@ control plane.
 
 One record per type of `lm.spec.hardware.INSTANCES` (the types the planner and the input accept;
 tests/plan/test_prices.py holds the table to that list): the SageMaker training on-demand price per
-instance-hour in PRICE_REGION, where that figure was read and when. A type whose price no reachable
+instance-hour in its region (PRICE_REGION for every record), where that figure was read and when. It is the
+fallback and the offline data of `controlplane.pricing`, which reads the AWS Price List when the gate decides. A type whose price no reachable
 source gave has `usd_per_hour` None, and its record says where it was looked for: the planner then
 reports no cost for it rather than a guess (`python -m lmstack.plan --usd-per-instance-hour` gives a
 training plan's price). docs/execution.md ("What a run costs") says how to refresh a record.
@@ -27,12 +28,13 @@ AWS_SOURCES = ("aws.amazon.com/sagemaker/pricing", "AWS Price List")
 
 @dataclasses.dataclass(frozen=True)
 class Price:
-    """One instance type's SageMaker training price, on demand, in PRICE_REGION."""
+    """One instance type's SageMaker training price, on demand, in `region`."""
 
     instance_type: str
     usd_per_hour: Optional[float]  # None: no source reachable gave one (`source` says where it was looked for)
     source: str  # where the figure was read, or where it was looked for without success
     read: str  # when the source was read: YYYY-MM or YYYY-MM-DD
+    region: str = PRICE_REGION  # the region whose price the figure is
 
     def __post_init__(self):
         if self.usd_per_hour is not None and not self.usd_per_hour > 0:

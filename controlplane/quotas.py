@@ -12,6 +12,14 @@ Quotas console's, and what AWS's own guides name: "ml.p4d.24xlarge for training 
 many instances of each; `look_up` reads them: ListServiceQuotas (the applied values; it leaves out a quota
 whose applied value is not available), then ListAWSDefaultServiceQuotas (the defaults) for the names the
 first listing did not give. A name neither lists is noted as not checked, not refused: names can change.
+An applied entry with an ErrorReason (ServiceQuota.ErrorReason {ErrorCode, ErrorMessage}, botocore's
+service-quotas model: e.g. DEPENDENCY_ACCESS_DENIED_ERROR, Service Quotas could not read the value) is noted as
+not checked with that reason, never judged by the default: the account's value may differ from it.
+
+The warm-pool quota ("... for training warm pool usage") refuses nothing: "The default resource limit for warm
+pools is 0. If a training job is created with KeepAlivePeriodInSeconds specified, but you did not request a
+warm pool limit increase, then a warm pool is not retained" (SageMaker developer guide, train-warm-pools,
+"Considerations"): the job runs, without a pool, and the note says so.
 
 What is compared is the quota's value with the instances this run asks for at once: instances that other
 jobs or endpoints of the account hold at that time are not counted (that would need ListTrainingJobs and
@@ -20,6 +28,8 @@ ListEndpoints too), so a run can still meet the limit if the account is busy.
 Pure Python: the client is whatever the caller passes (a boto3 client in the Lambda function).
 """
 import dataclasses
+import time
+from typing import Optional
 
 SERVICE_CODE = "sagemaker"
 PAGE_SIZE = 100  # MaxResults' maximum for both listings (Service Quotas API reference)
@@ -35,10 +45,12 @@ ALL_SPOT_TRAINING_JOBS = "Number of instances across all spot training jobs"
 
 @dataclasses.dataclass(frozen=True)
 class Need:
-    """`instances` of quota `quota` at once, for `purpose` (in the input's words)."""
+    """`instances` of quota `quota` at once, for `purpose` (in the input's words). `when_short`: None where
+    AWS refuses the job over the quota, else what happens instead (the note the run gets)."""
     quota: str
     instances: int
     purpose: str
+    when_short: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +71,9 @@ def training_needs(config, label):
              Need(PER_TRAINING_JOB, count, purpose),
              Need(ALL_SPOT_TRAINING_JOBS if spot else ALL_TRAINING_JOBS, count, purpose)]
     if config["keep_alive_seconds"]:
-        needs.append(Need(WARM_POOL.format(instance_type), count, purpose + " kept warm (keep_alive_seconds)"))
+        needs.append(Need(WARM_POOL.format(instance_type), count, purpose + " kept warm (keep_alive_seconds)",
+                          when_short="SageMaker runs the job but keeps no warm pool (keep_alive_seconds has no "
+                                     "effect until the quota is raised)"))
     return needs
 
 
@@ -78,10 +92,17 @@ def endpoint_needs(deploy):
     return [Need(ENDPOINT.format(deploy["instance_type"]), deploy["instance_count"], purpose)]
 
 
-def _pages(call, **request):
-    """Every quota of a listing, page after page (NextToken until there is none)."""
+class TooSlow(Exception):
+    """Service Quotas' listings took longer than the caller allows."""
+
+
+def _pages(call, give_up_at, clock, **request):
+    """Every quota of a listing, page after page (NextToken until there is none); TooSlow rather than ask for
+    another page after `give_up_at` (on `clock`)."""
     token = None
     while True:
+        if clock() > give_up_at:
+            raise TooSlow("Service Quotas' listings took more than the gate allows them")
         page = call(**dict(request, NextToken=token) if token else request)
         yield from page.get("Quotas", [])
         token = page.get("NextToken")
@@ -95,16 +116,19 @@ def _found(quota, source):
                  " ".join(str(reason.get(key, "")) for key in ("ErrorCode", "ErrorMessage")).strip())
 
 
-def look_up(client, names):
-    """{name: Found} for each quota of `names` that Service Quotas lists for SageMaker (module docstring).
-    The SDK's errors (AccessDenied, throttling, no endpoint) are the caller's to handle."""
+def look_up(client, names, seconds=float("inf"), clock=time.monotonic):
+    """{name: Found} for each quota of `names` that Service Quotas lists for SageMaker (module docstring); no
+    page asked for after `seconds` (TooSlow). The SDK's errors (AccessDenied, throttling, no endpoint) are the
+    caller's to handle."""
     wanted = set(names)
     found = {}
+    give_up_at = clock() + seconds
     for listing, source in ((client.list_service_quotas, "applied"), (client.list_aws_default_service_quotas,
                                                                        "default")):
-        for quota in _pages(listing, ServiceCode=SERVICE_CODE, MaxResults=PAGE_SIZE):
+        for quota in _pages(listing, give_up_at, clock, ServiceCode=SERVICE_CODE, MaxResults=PAGE_SIZE):
             name = quota.get("QuotaName")
-            if name in wanted and name not in found and (source == "default" or quota.get("Value") is not None):
+            if name in wanted and name not in found and (source == "default" or quota.get("Value") is not None
+                                                         or quota.get("ErrorReason")):
                 found[name] = _found(quota, source)
             if wanted <= set(found):
                 return found
@@ -112,7 +136,8 @@ def look_up(client, names):
 
 
 def compare(needs, found):
-    """(shortfalls, notes): a phrase per need above its quota's value; a note per quota not checked."""
+    """(shortfalls, notes): a phrase per need above its quota's value that AWS refuses; a note per need above
+    its quota that AWS runs otherwise (`Need.when_short`), and per quota not checked."""
     shortfalls, notes = [], []
     for name in dict.fromkeys(need.quota for need in needs):
         if name not in found:
@@ -122,10 +147,15 @@ def compare(needs, found):
                 name, found[name].code, ": " + found[name].reason if found[name].reason else ""))
     for need in needs:
         quota = found.get(need.quota)
-        if quota is not None and quota.value is not None and quota.value < need.instances:
+        if quota is None or quota.value is None or quota.value >= need.instances:
+            continue
+        if need.when_short:
+            notes.append("%s, and the quota \"%s\" (%s, %s value) is %g: %s" % (
+                need.purpose, need.quota, quota.code, quota.source, quota.value, need.when_short))
+        else:
             shortfalls.append("%s, and the quota \"%s\" (%s, %s value) is %g" % (
                 need.purpose, need.quota, quota.code, quota.source, quota.value))
-    return list(dict.fromkeys(shortfalls)), notes
+    return list(dict.fromkeys(shortfalls)), list(dict.fromkeys(notes))
 
 
 def describe_error(error):

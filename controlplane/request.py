@@ -189,7 +189,7 @@ class TrainingJob:
     raw_directory: Any = None       # prepare: the raw files on EFS (when raw_s3_uri is None)
     raw_s3_uri: Any = None          # prepare: the raw files under an S3 prefix (an S3 channel)
     dataset_key: Any = None         # prepare: tagged, so a later execution can skip the job
-    # An S3 prefix holding a Hugging Face GPT-2 directory (or None): training starts from its weights,
+    # An S3 prefix holding a Hugging Face checkpoint directory (or None): training starts from its weights,
     # the prepare job tokenizes with its tokenizer.
     init_from: Any = None
     # The checkpoint prefix's name below CHECKPOINT_PREFIX (training; None: execution_name): an earlier

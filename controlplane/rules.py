@@ -90,6 +90,14 @@ def cross_field_rules(runtimes=None):
         "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
         "got prepare.instance_count={value}: set it to 1, or give a tokenizer file on the file system (python -m "
         "lm.data.prepare train-tokenizer makes one)", subject="prepare.instance_count"))
+    found.append(rule("deploy.budget_hours", All((Is("deploy.enabled", False), Above("deploy.budget_hours", 0))),
+                      "deploy.budget_hours {value} counts an endpoint's hours in budget_usd: it needs deploy.enabled "
+                      "true", subject="deploy.budget_hours"))
+    # SageMaker developer guide, train-warm-pools, "Considerations": "SageMaker Managed Warm Pools cannot be used
+    # with spot instances": CreateTrainingJob would fail, after the prepare job ran.
+    found.append(rule("spot.keep_alive_seconds", All((Is("spot", True), Above("keep_alive_seconds", 0))),
+                      "spot true and keep_alive_seconds {value}: SageMaker keeps no warm pool of spot instances; "
+                      "set keep_alive_seconds to 0, or spot to false", subject="keep_alive_seconds"))
     for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),

@@ -5,6 +5,7 @@ per stage (the part of a state's name before the first dot), one edge wherever a
 one stage can go to a state of another. tests/test_readme.py checks the README holds
 exactly this text, so the picture cannot drift from the definition.
 """
+import argparse
 import collections
 
 from stacks.settings import Settings
@@ -47,7 +48,8 @@ def mermaid(definition):
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(prog="python -m lmstack.diagram", description=__doc__.split("\n\n")[1]).parse_args(argv)
     print(mermaid(build_training_definition(Settings())))
 
 

@@ -7,8 +7,10 @@ read operations of the Service Quotas API (API reference 2019-06-24) from its ta
 protocol, and refuses any other request:
 
 - ListServiceQuotas(ServiceCode, MaxResults, NextToken): the quotas of the service whose applied value is
-  available ("If the applied quota value is not available for a quota, the quota is not retrieved"), a page
-  at a time: MaxResults 1 to 100, NextToken only from the page before, none after the last page;
+  available ("If the applied quota value is not available for a quota, the quota is not retrieved"), and those
+  Service Quotas could not read (`Quota.error`: the entry has an ErrorReason {ErrorCode, ErrorMessage} and no
+  Value, as the ServiceQuota shape of botocore's service-quotas model allows), a page at a time: MaxResults 1
+  to 100, NextToken only from the page before, none after the last page;
 - ListAWSDefaultServiceQuotas(ServiceCode, MaxResults, NextToken): every quota with its default value;
 - GetServiceQuota(ServiceCode, QuotaCode): one quota's applied value; NoSuchResourceException without one;
 - a ServiceCode that is not in the table: NoSuchResourceException, as for a service the region lacks;
@@ -36,20 +38,35 @@ OPERATIONS = ("ListServiceQuotas", "ListAWSDefaultServiceQuotas", "GetServiceQuo
 
 @dataclasses.dataclass(frozen=True)
 class Quota:
-    """One quota of the table. `applied` None: only the default value is available."""
+    """One quota of the table. `applied` None: only the default value is available. `error` (ErrorCode,
+    ErrorMessage): Service Quotas cannot read the applied value (ErrorReason; ErrorCode one of the model's enum,
+    e.g. DEPENDENCY_ACCESS_DENIED_ERROR)."""
     service: str
     code: str
     name: str
     default: float
     applied: Optional[float] = None
     adjustable: bool = True
+    error: Optional[tuple] = None
 
     def shape(self, value):
-        """The ServiceQuota structure of the API with `value` (botocore's service-quotas model)."""
-        return {"ServiceCode": self.service, "ServiceName": SERVICE_NAMES.get(self.service, self.service),
-                "QuotaArn": "arn:aws:servicequotas:%s:%s:%s/%s" % (REGION, ACCOUNT, self.service, self.code),
-                "QuotaCode": self.code, "QuotaName": self.name, "Value": float(value), "Unit": "None",
-                "Adjustable": self.adjustable, "GlobalQuota": False, "QuotaAppliedAtLevel": "ACCOUNT"}
+        """The ServiceQuota structure of the API with `value`, None for an entry with only an ErrorReason
+        (botocore's service-quotas model)."""
+        shape = {"ServiceCode": self.service, "ServiceName": SERVICE_NAMES.get(self.service, self.service),
+                 "QuotaArn": "arn:aws:servicequotas:%s:%s:%s/%s" % (REGION, ACCOUNT, self.service, self.code),
+                 "QuotaCode": self.code, "QuotaName": self.name, "Unit": "None",
+                 "Adjustable": self.adjustable, "GlobalQuota": False, "QuotaAppliedAtLevel": "ACCOUNT"}
+        if value is None:
+            shape["ErrorReason"] = {"ErrorCode": self.error[0], "ErrorMessage": self.error[1]}
+        else:
+            shape["Value"] = float(value)
+        return shape
+
+    def applied_shape(self):
+        """The entry of ListServiceQuotas and GetServiceQuota, None where they leave the quota out."""
+        if self.error is not None:
+            return self.shape(None)
+        return None if self.applied is None else self.shape(self.applied)
 
 
 class ServiceQuotas:
@@ -101,12 +118,12 @@ class ServiceQuotas:
         if not quotas:
             return _error("NoSuchResourceException", "The request failed because the specified service does not exist.")
         if operation == "GetServiceQuota":
-            found = [quota for quota in quotas if quota.code == parameters.get("QuotaCode")]
-            if not found or found[0].applied is None:
+            found = [quota.applied_shape() for quota in quotas if quota.code == parameters.get("QuotaCode")]
+            if not found or found[0] is None:
                 return _error("NoSuchResourceException", "The request failed because the specified quota does not exist.")
-            return 200, {"Quota": found[0].shape(found[0].applied)}
+            return 200, {"Quota": found[0]}
         if operation == "ListServiceQuotas":
-            listed = [quota.shape(quota.applied) for quota in quotas if quota.applied is not None]
+            listed = [shape for shape in (quota.applied_shape() for quota in quotas) if shape is not None]
         else:
             listed = [quota.shape(quota.default) for quota in quotas]
         return _page(listed, parameters)
@@ -121,17 +138,19 @@ def unreachable(request, event_name, **kwargs):
         raise EndpointConnectionError(endpoint_url=request.url)
 
 
-def _page(listed, parameters):
+def _page(listed, parameters, key="Quotas", errors=("IllegalArgumentException", "InvalidPaginationTokenException")):
+    """(status, answer) of one page of `listed` under `key`: MaxResults 1 to MAX_RESULTS, NextToken only from the
+    page before; `errors`: the service's codes for a MaxResults and a NextToken it refuses."""
     size = parameters.get("MaxResults", MAX_RESULTS)
     if not 1 <= size <= MAX_RESULTS:
-        return _error("IllegalArgumentException", "MaxResults must be between 1 and %d" % MAX_RESULTS)
+        return _error(errors[0], "MaxResults must be between 1 and %d" % MAX_RESULTS)
     token = parameters.get("NextToken")
     start = 0
     if token is not None:
         if not token.isdigit() or not 0 < int(token) < len(listed):
-            return _error("InvalidPaginationTokenException", "Invalid NextToken.")
+            return _error(errors[1], "Invalid NextToken.")
         start = int(token)
-    answer = {"Quotas": listed[start:start + size]}
+    answer = {key: listed[start:start + size]}
     if start + size < len(listed):
         answer["NextToken"] = str(start + size)
     return 200, answer

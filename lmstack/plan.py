@@ -1,21 +1,33 @@
 """`python -m lmstack.plan`: memory, strategy, time and cost of a run, as a table, JSON or a chart.
 
     python -m lmstack.plan --preset gpt-1.3b --instance-type ml.p4d.24xlarge --instance-count 2
+    python -m lmstack.plan --input '{"preset": "gpt-125m", "instance_type": "ml.g5.2xlarge"}'
     python -m lmstack.plan --list               every preset of every family, one a line
     python -m lmstack.plan --describe gpt-1.3b  one preset's shape and size as JSON
 
-The arithmetic is `controlplane.planner`'s (its docstring says what is counted and why).
+Costs are at the table's on-demand price (`controlplane.prices`); `--region` reads the type's price from the
+AWS Price List for that region instead (`controlplane.pricing`: it needs AWS credentials allowed
+pricing:GetProducts; where the Price List cannot answer, the table's price is used and the output says why).
+
+The arithmetic is `controlplane.planner`'s (its docstring says what is counted and why). The deployment's
+settings come from the app's cdk.json as `lmstack.start` reads them (`--cdk-json`): its
+`inter_container_traffic_encryption` and `spot` unless a flag says otherwise, and with `--input` everything
+the gate reads, so an execution input is planned exactly as the gate plans it (`controlplane.gate`), and the
+gate's verdict is printed after the plan. Exit status 0: the run fits; 1: it does not (the plan says why).
 """
 import argparse
+import collections
 import json
 import re
 import sys
 
-from controlplane import budget, checkpoint_plan, prices
+from controlplane import budget, checkpoint_plan, gate, prices, pricing
 from controlplane.planner import DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, SMP_PIPELINES, plan, resolve_config
 from lm.spec import hardware, job
 from controlplane.presets import ALL_PRESETS, get_preset
 from lm.spec.families import FAMILIES, flops_per_token, get_family
+from lmstack import cdk_settings
+from stacks.settings import SettingsError
 
 
 def parse_global_batch(text, seq_len):
@@ -173,8 +185,12 @@ def _price_label(instance):
     if instance["on_demand_usd_per_hour"] is None:
         return ("no on-demand price (%s: none found, looked for %s; --usd-per-instance-hour gives a training "
                 "plan's)" % (instance["price_region"], instance["price_date"]))
-    return "$%s/h on demand (%s, read %s)" % (
-        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"])
+    if instance["price_source"].startswith(pricing.PRICE_LIST):
+        return "$%s/h on demand (%s, %s, effective %s)" % (instance["on_demand_usd_per_hour"], pricing.PRICE_LIST,
+                                                           instance["price_region"], instance["price_date"])
+    return "$%s/h on demand (%s, read %s%s)" % (
+        instance["on_demand_usd_per_hour"], instance["price_region"], instance["price_date"],
+        "; the table's, as %s" % instance["price_note"] if instance["price_note"] else "")
 
 
 def describe(config):
@@ -227,25 +243,54 @@ def build_parser():
     parser.add_argument("--microbatches", type=int, default=None, help="SMP microbatches (default: searched)")
     parser.add_argument("--pipeline", default=None, choices=SMP_PIPELINES, help="SMP pipeline (default: searched)")
     parser.add_argument("--learning-rate", type=float, default=0.0,
-                        help="peak learning rate at GPT-3's batch for the size (default 0: GPT-3's, Table 2.1)")
+                        help="peak learning rate (default 0: the rate GPT-3 trained the size with, Table 2.1), used at any "
+                             "global batch unless --scale-lr")
     parser.add_argument("--scale-lr", dest="scale_lr", action="store_true", default=SCALE_LR_DEFAULT,
                         help="scale the learning rate by the square root of the global batch / GPT-3's batch "
                              "(Adam's rule), never up (lm.training.train's scale_lr)")
     parser.add_argument("--no-scale-lr", dest="scale_lr", action="store_false",
                         help="use the learning rate as given, whatever the global batch (the default)")
-    parser.add_argument("--spot", action="store_true", help="headline cost with managed spot")
-    parser.add_argument("--traffic-encryption", action="store_true",
-                        help="EnableInterContainerTrafficEncryption on (a slower all-reduce between hosts)")
+    parser.add_argument("--spot", action="store_true", default=None,
+                        help="headline cost with managed spot (default: the deployment's spot setting)")
+    parser.add_argument("--no-spot", dest="spot", action="store_false", help="headline cost on demand")
+    parser.add_argument("--traffic-encryption", action="store_true", default=None,
+                        help="EnableInterContainerTrafficEncryption on, a slower all-reduce between hosts (default: "
+                             "the deployment's inter_container_traffic_encryption)")
+    parser.add_argument("--no-traffic-encryption", dest="traffic_encryption", action="store_false",
+                        help="EnableInterContainerTrafficEncryption off")
+    parser.add_argument("--cdk-json", default=cdk_settings.DEFAULT_CDK_JSON,
+                        help="the app's cdk.json: the deployment's settings the gate plans with (default: this "
+                             "repository's)")
+    parser.add_argument("--input", metavar="JSON", default=None,
+                        help="an execution input, planned exactly as the gate plans it (the deployment's defaults "
+                             "for what it does not give); instead of the model and run flags")
     parser.add_argument("--mfu", type=float, default=None, help="model FLOP utilization; default per GPU: bench/gpu.py's measurement where "
                         "recorded (controlplane/measured_mfu.json), else a published run's (lm.spec.hardware)")
     parser.add_argument("--usd-per-instance-hour", type=float, default=None,
                         help="price of a SageMaker training plan's reserved instance-hour (default: on-demand)")
+    parser.add_argument("--region", default=None,
+                        help="read the on-demand price from the AWS Price List for this region (AWS credentials "
+                             "allowed pricing:GetProducts; not with --input, which the gate prices from the "
+                             "table); default: the table's (%s)" % prices.PRICE_REGION)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--chart", default=None, help="write a PNG of time and cost against instance count")
     return parser
 
 
-def main(argv=None):
+def price_list_price(instance_type, region, clients=None):
+    """The training price of `instance_type` in `region` from the AWS Price List (`clients`: a factory of boto3
+    clients, default the default session's), or the table's with a note saying why."""
+    hardware.get_instance(instance_type)  # an unknown type is refused before AWS is asked
+    wanted = (instance_type, pricing.TRAINING)
+    return pricing.prices_of([wanted], region, clients or default_clients())[wanted]
+
+
+def default_clients():
+    import boto3
+    return boto3.session.Session().client
+
+
+def main(argv=None, clients=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
@@ -255,28 +300,112 @@ def main(argv=None):
         if args.describe:
             print(json.dumps(describe(get_preset(args.describe)), indent=2, sort_keys=True))
             return 0
-        if bool(args.preset) == bool(args.config):
-            raise ValueError("give exactly one of --preset or --config")
-        if not args.instance_type:
-            raise ValueError("--instance-type is required to plan a run")
-        model = args.preset if args.preset else get_family(args.family).config_class.from_dict(json.loads(args.config))
-        config = resolve_config(model)
-        seq_len = args.seq_len or config.block_size
-        settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
+        settings, source = cdk_settings.load(args.cdk_json)
+        if args.input:
+            result = input_plan(args.input, gate.Deployment.of(settings))
+        else:
+            result = flags_plan(args, settings, clients)
+        result["deployment"] = deployment_used(args, settings, source)
+    except (ValueError, SettingsError, gate.Refusal) as error:
+        parser.error(str(error))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_deployment(result["deployment"]))
+        print(format_table(result))
+        if "gate" in result:
+            print(format_gate(result["gate"]))
+    fits = result["gate"]["accepted"] if "gate" in result else result["ok"]
+    return 0 if fits else 1
+
+
+def flags_plan(args, settings, clients=None):
+    """The plan of the run the flags describe; the deployment's spot and traffic encryption where no flag says."""
+    if bool(args.preset) == bool(args.config):
+        raise ValueError("give exactly one of --preset or --config (or an execution input with --input)")
+    if not args.instance_type:
+        raise ValueError("--instance-type is required to plan a run")
+    model = args.preset if args.preset else get_family(args.family).config_class.from_dict(json.loads(args.config))
+    config = resolve_config(model)
+    seq_len = args.seq_len or config.block_size
+    run_settings = dict(global_batch=parse_global_batch(args.global_batch, seq_len), seq_len=seq_len,
                         precision=args.precision, recompute=args.recompute, xla=args.xla,
                         tokens=parse_tokens(args.tokens) if args.tokens else None, mfu=args.mfu,
                         partitions=args.partitions, microbatches=args.microbatches, pipeline=args.pipeline,
                         learning_rate=args.learning_rate, scale_lr=args.scale_lr,
-                        traffic_encryption=args.traffic_encryption,
-                        usd_per_instance_hour=args.usd_per_instance_hour)
-        result = plan(model, args.instance_type, args.instance_count, args.strategy, spot=args.spot, **settings)
-        if args.chart:
-            chart(model, args.instance_type, args.chart, args.strategy, **settings)
-            result["chart"] = args.chart
+                        traffic_encryption=_given(args.traffic_encryption, settings.inter_container_traffic_encryption),
+                        usd_per_instance_hour=args.usd_per_instance_hour,
+                        on_demand=price_list_price(args.instance_type, args.region, clients) if args.region else None)
+    result = plan(model, args.instance_type, args.instance_count, args.strategy,
+                  spot=_given(args.spot, settings.spot), **run_settings)
+    if args.chart:
+        chart(model, args.instance_type, args.chart, args.strategy, **run_settings)
+        result["chart"] = args.chart
+    return result
+
+
+def input_plan(text, deployment):
+    """The planner's whole plan of execution input `text` as the gate plans it (`controlplane.gate.planned` of
+    the config the gate decides on), with the gate's verdict under "gate": accepted, or refused with its error
+    and reason. Refusal where the input itself is invalid (a field, a rule), which the gate refuses unplanned."""
+    try:
+        execution_input = json.loads(text)
     except ValueError as error:
-        parser.error(str(error))
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0 if result["ok"] else 1
+        raise ValueError("--input is not valid JSON: %s" % error)
+    context = gate.Context(deployment)
+    try:
+        decision = gate.decide(execution_input, context)
+        verdict = {"accepted": True, "plan": decision.plan, "notes": decision.notes}
+    except gate.Refusal as refusal:
+        decision = gate.decide(execution_input, context, checks=UNPLANNED_CHECKS)
+        verdict = {"accepted": False, "error": refusal.error, "cause": str(refusal)}
+    if gate.deploy_only(decision.config):
+        raise ValueError("--input: deploy.model_artifact serves an existing model; there is no training to plan")
+    result = gate.planned(decision.config, deployment)
+    result["gate"] = verdict
+    return result
+
+
+# The gate's checks before it plans: an input they refuse has nothing to plan.
+UNPLANNED_CHECKS = (gate.check_fields, gate.check_deploy_only, gate.check_fallback_instance_types, gate.check_rules)
+
+
+def _given(flag, setting):
+    return setting if flag is None else flag
+
+
+def deployment_used(args, settings, source):
+    """Which of the deployment's settings the plan used, and where each came from (with --input, all of them:
+    the input's own `spot` is in the plan)."""
+    def used(flag, setting, name):
+        value = _given(flag, setting)
+        origin = source if flag is None else "--%s%s" % ("" if value else "no-", name)
+        return collections.OrderedDict([("value", value), ("from", origin)])
+
+    found = collections.OrderedDict([("settings", source), ("inter_container_traffic_encryption", used(
+        None if args.input else args.traffic_encryption, settings.inter_container_traffic_encryption,
+        "traffic-encryption"))])
+    if not args.input:
+        found["spot"] = used(args.spot, settings.spot, "spot")
+    return found
+
+
+def format_deployment(deployment):
+    return "deployment: %s; %s" % (deployment["settings"], ", ".join(
+        "%s %s%s" % (name, json.dumps(used["value"]), "" if used["from"] == deployment["settings"] else
+                     " (%s)" % used["from"]) for name, used in deployment.items() if name != "settings"))
+
+
+def format_gate(verdict):
+    """The gate's verdict on an --input run, in the words the execution would get."""
+    if not verdict["accepted"]:
+        return "\ngate: refused, %s: %s" % (verdict["error"], verdict["cause"])
+    summary = verdict["plan"]
+    return "\n".join(["", "gate: accepted: %s on %d x %s, %s hours, %s" % (
+        summary["strategy"], summary["instance_count"], summary["instance_type"],
+        "-" if summary["hours"] is None else "%.1f" % summary["hours"],
+        "-" if summary["cost_usd"] is None else "$%.2f" % summary["cost_usd"])] + [
+        "  note: %s" % note for note in verdict["notes"]])
 
 
 if __name__ == "__main__":

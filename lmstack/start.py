@@ -33,11 +33,12 @@ import uuid
 from botocore.exceptions import BotoCoreError, ClientError
 
 from controlplane import bucket_layout
-from controlplane import gate, request, rules
+from controlplane import aws_clients, gate, inputs, request, rules
 from controlplane.presets import ALL_PRESETS
 from lm.data.pile import INPUT_SUFFIXES
-from lm.spec.job import HYPERPARAMETERS, STRATEGIES
-from stacks.settings import CONTEXT_KEY, Settings, SettingsError
+from lm.spec.job import STRATEGIES
+from lmstack import cdk_settings
+from stacks.settings import SettingsError
 from stacks.state_machine import jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,12 +170,13 @@ def upload_corpus(s3, bucket, path, name, out):
     return corpus_uri(bucket, name)
 
 
-def validate_input(execution_input, settings, clients=None):
+def validate_input(execution_input, settings, clients=None, region=None):
     """The gate's decision about the input (`controlplane.gate.decide`: the same checks and plan as the state
     machine's Validate state), or StartError with the gate's words; nothing starts on a refused input.
-    `clients`: the AWS clients of the session (the quota check asks Service Quotas), None to ask no AWS."""
+    `clients`: the AWS clients of the session (the quota check asks Service Quotas, the prices the AWS Price List),
+    None to ask no AWS; `region`: the stack's, whose prices the plan uses."""
     try:
-        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients))
+        return gate.decide(execution_input, gate.Context(gate.Deployment.of(settings), clients=clients, region=region))
     except gate.Refusal as refusal:
         raise StartError(str(refusal))
 
@@ -183,11 +185,23 @@ def plan_line(plan):
     """One line of the gate's plan: what the run will use and cost."""
     if plan.get("deploy_only"):
         return "plan: serve %s (preset %s), no prepare or training job" % (plan["model_artifact"], plan["preset"])
-    cost = "-" if plan["cost_usd"] is None else "$%.0f" % plan["cost_usd"]
+    cost = "-" if plan["cost_usd"] is None else ("$%.0f" if plan["cost_usd"] >= 100 else "$%.2f") % plan["cost_usd"]
     hours = "-" if plan["hours"] is None else "%.1f hours" % plan["hours"]
     return "plan: %s on %d x %s, %d sequences per device, %.1f of %.1f GiB per GPU, %s, %s" % (
         plan["strategy"], plan["instance_count"], plan["instance_type"], plan["per_device_batch"],
         plan["memory_gib"], plan["usable_gib"], hours, cost)
+
+
+def write_notes(decision, out):
+    for note in decision.notes:
+        out.write("note: %s\n" % note)
+
+
+def write_decision(decision, out):
+    """What the gate decided about the input, as the execution would get it: the plan in a line (strategy,
+    memory, hours, dollars) and the notes."""
+    out.write(plan_line(decision.plan) + "\n")
+    write_notes(decision, out)
 
 
 def training_request(execution_input, settings, name):
@@ -218,17 +232,9 @@ def execution_name(given, execution_input, now):
 def load_settings(cdk_json):
     """The app's settings as `cdk deploy` saw them: the `lmstack` context of cdk.json (defaults if absent)."""
     try:
-        with open(cdk_json) as handle:
-            context = json.load(handle).get("context", {})
-    except FileNotFoundError:
-        context = {}
-    except (OSError, ValueError) as error:
-        raise StartError("cannot read %s: %s" % (cdk_json, error))
-    try:
-        return Settings.from_context({key: value for key, value in context.items()
-                                      if key == CONTEXT_KEY or key.startswith(CONTEXT_KEY + ":")})
+        return cdk_settings.load(cdk_json)[0]
     except SettingsError as error:
-        raise StartError("%s: %s" % (cdk_json, error))
+        raise StartError(str(error))
 
 
 def stack_output(cloudformation, stack_name, key):
@@ -322,7 +328,7 @@ def parse_args(argv):
     parser.add_argument("--dataset", help="dataset directory on the EFS file system")
     parser.add_argument("--hp", action="append", metavar="KEY=VALUE",
                         help="a training hyperparameter, value JSON-decoded; repeatable; names: %s"
-                             % ", ".join(name for name in HYPERPARAMETERS if name not in ("preset", "strategy")))
+                             % ", ".join(spec.name for spec in inputs.input_hyperparameters()))
     parser.add_argument("--prepare", action="store_true", default=None,
                         help="prepare the dataset first (skipped when it exists)")
     parser.add_argument("--upload-corpus", metavar="PATH",
@@ -338,7 +344,9 @@ def parse_args(argv):
     parser.add_argument("--name", help="execution name (default: generated)")
     parser.add_argument("--watch", action="store_true", help="follow the execution until it ends")
     parser.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between status polls")
-    parser.add_argument("--dry-run", action="store_true", help="print the input and start nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the input and the gate's decision (plan and notes; quotas not asked) and start "
+                             "nothing")
     parser.add_argument("--show-request", action="store_true",
                         help="print the CreateTrainingJob request the run would send and start nothing")
     return parser.parse_args(argv)
@@ -349,20 +357,24 @@ def main(argv=None, session=None, out=sys.stdout, sleep=time.sleep):
     try:
         settings = load_settings(args.cdk_json)
         execution_input = build_input(args)
-        validate_input(execution_input, settings)  # a bad input stops here, before anything asks AWS
+        decision = validate_input(execution_input, settings)  # a bad input stops here, before anything asks AWS
         name = execution_name(args.name, execution_input, datetime.datetime.now(datetime.timezone.utc))
         if args.show_request:
             out.write(json.dumps(training_request(execution_input, settings, name), indent=2) + "\n")
             return 0
         if args.dry_run:
             out.write(json.dumps(execution_input, indent=2) + "\n")
+            write_decision(decision, out)
             return 0
         if session is None:
             import boto3
             session = boto3.Session(profile_name=args.profile, region_name=args.region or settings.region)
-        decision = validate_input(execution_input, settings, clients=session.client)  # the account's quotas too
-        for note in decision.notes:
-            out.write("note: %s\n" % note)
+        # the account's quotas and the Price List's prices too, each call ending within the time the gate's
+        # function gives it
+        decision = validate_input(execution_input, settings, region=session.region_name,
+                                  clients=lambda service, region_name=None: session.client(
+                                      service, region_name=region_name, config=aws_clients.config(gate.AWS_CALL_SECONDS)))
+        write_notes(decision, out)
         cloudformation = session.client("cloudformation")
         stack_name = args.stack_name or settings.name_prefix
         arn = state_machine_arn(cloudformation, stack_name)

@@ -28,6 +28,14 @@ QUOTA_REASON = ("servicequotas:ListServiceQuotas and ListAWSDefaultServiceQuotas
                 "resource-level permissions, so IAM only accepts Resource \"*\"; the gate reads SageMaker's quotas "
                 "before any job starts.")
 
+# What the price lookup (controlplane.pricing) calls: the Price List Query API's GetProducts. Service
+# Authorization Reference, "Actions, resources, and condition keys for AWS Price List": its actions list no
+# resource type, so a statement with them must name Resource "*".
+PRICING_ACTIONS = ["pricing:GetProducts"]
+PRICING_REASON = ("pricing:GetProducts (read-only, public prices): the AWS Price List's actions have no resource-level "
+                  "permissions, so IAM only accepts Resource \"*\"; the gate reads the on-demand price of each "
+                  "instance type it plans or budgets.")
+
 
 class Gate(Construct):
     """The gate's function, its published version, its log group and its role."""
@@ -41,7 +49,7 @@ class Gate(Construct):
         # aws:SourceAccount in a Lambda execution role's trust policy, as AWS's own lambda-trust-policy.json
         # has it (GitHub aws/agent-toolkit-for-aws, skills/.../deploying-custom-domain-rest-api/scripts).
         self.role = iam.Role(
-            self, "Role", description="lmstack gate: decides about an execution input; reads quotas, writes its own logs",
+            self, "Role", description="lmstack gate: decides about an execution input; reads quotas and prices, writes its own logs",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com", conditions={
                 "StringEquals": {"aws:SourceAccount": stack.account}}))
         policy = iam.Policy(self, "Policy", roles=[self.role])
@@ -50,6 +58,7 @@ class Gate(Construct):
                   reason="The function's own log group: Lambda names a stream per execution environment at run "
                          "time (the group's ARN ends with :*, covering its streams)."),
             Grant(QUOTA_ACTIONS, ["*"], reason=QUOTA_REASON),
+            Grant(PRICING_ACTIONS, ["*"], reason=PRICING_REASON),
         ])
         self.function = lambda_.Function(
             self, "Function", description="lmstack: checks and plans an execution input (controlplane.gate)",

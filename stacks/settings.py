@@ -147,9 +147,17 @@ class Settings:
                 errors.append("%s: unknown setting; allowed: %s" % (key, ", ".join(fields)))
                 continue
             try:
-                values[name] = _parse_text(name, fields[name].type, value) if isinstance(value, str) else value
+                value = _parse_text(name, fields[name].type, value) if isinstance(value, str) else value
             except SettingsError as error:
                 errors.append(str(error))
+                continue
+            if _is_pairs(fields[name].type) and isinstance(value, dict):
+                # An override of a JSON-object setting adds to its entries (or changes them), so
+                # `-c 'lmstack:default_hyperparameters={"max_steps":500}'` keeps the other defaults.
+                base = values.get(name, fields[name].default)
+                base = dict(base) if isinstance(base, tuple) else base  # the field's default: (name, value) pairs
+                value = dict(base, **value) if isinstance(base, dict) else value
+            values[name] = value
         for name, value in values.items():
             message = _check_type(name, fields[name].type, value)
             if message:

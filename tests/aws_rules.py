@@ -310,7 +310,18 @@ def profiler_off_tensorboard_on(operation, parameters):
     return problems
 
 
-REQUEST_RULES = (api_constraints, profiler_off_tensorboard_on)
+def warm_pool_not_spot(operation, parameters):
+    """SageMaker Developer Guide, "SageMaker Managed Warm Pools", Considerations: "SageMaker Managed Warm Pools
+    cannot be used with spot instances": a CreateTrainingJob with EnableManagedSpotTraining true must not ask
+    for ResourceConfig.KeepAlivePeriodInSeconds."""
+    if operation != "CreateTrainingJob" or not parameters.get("EnableManagedSpotTraining"):
+        return []
+    keep_alive = parameters.get("ResourceConfig", {}).get("KeepAlivePeriodInSeconds")
+    return ["ResourceConfig.KeepAlivePeriodInSeconds: %r with EnableManagedSpotTraining (warm pools cannot be used "
+            "with spot instances)" % keep_alive] if keep_alive else []
+
+
+REQUEST_RULES = (api_constraints, profiler_off_tensorboard_on, warm_pool_not_spot)
 
 
 

@@ -14,6 +14,7 @@ import botocore.validate
 from controlplane import quotas
 from lm.spec.hardware import INSTANCES
 from controlplane.containers import HOSTING_INSTANCE_TYPES
+from lmstack.local_pricing import PriceList
 from lmstack.local_service_quotas import Quota, ServiceQuotas
 
 _MODEL = botocore.session.get_session().get_service_model("service-quotas")
@@ -35,32 +36,37 @@ def names():
 
 
 def checked(quota):
-    """`quota` after botocore's validation of its answer shape (ServiceQuota)."""
-    for value in (quota.default, quota.applied):
-        if value is not None:
-            report = botocore.validate.ParamValidator().validate(quota.shape(value), _MODEL.shape_for("ServiceQuota"))
+    """`quota` after botocore's validation of its answer shapes (ServiceQuota; an ErrorReason's ErrorCode one of
+    the model's enum, which the validator does not check)."""
+    for shape in (quota.shape(quota.default), quota.applied_shape()):
+        if shape is not None:
+            report = botocore.validate.ParamValidator().validate(shape, _MODEL.shape_for("ServiceQuota"))
             if report.has_errors():
                 raise ValueError(report.generate_report())
+    if quota.error is not None and quota.error[0] not in _MODEL.shape_for("ErrorReason").members["ErrorCode"].enum:
+        raise ValueError("ErrorCode %r is not one of the model's" % quota.error[0])
     return quota
 
 
-def account(values=None, default=1000.0, defaults_only=(), errors=None):
+def account(values=None, default=1000.0, defaults_only=(), errors=None, errors_of=None):
     """The Service Quotas of an account where every SageMaker quota is `default` (instances), except `values`
-    {name: value}; the names in `defaults_only` have no applied value (ListServiceQuotas leaves them out);
-    `errors` {operation: (code, message)} fail every such request."""
-    values = dict(values or {})
-    unknown = set(values) - set(names())
+    {name: value}; the names in `defaults_only` have no applied value (ListServiceQuotas leaves them out), those
+    of `errors_of` {name: (ErrorCode, ErrorMessage)} an ErrorReason instead; `errors` {operation: (code,
+    message)} fail every such request."""
+    values, errors_of = dict(values or {}), dict(errors_of or {})
+    unknown = (set(values) | set(errors_of)) - set(names())
     if unknown:
         raise ValueError("no such quota in the made-up account: %s" % ", ".join(sorted(unknown)))
     table = []
     for name in names():
         value = float(values.get(name, default))
-        table.append(checked(Quota("sagemaker", code(name), name, value, None if name in defaults_only else value)))
+        table.append(checked(Quota("sagemaker", code(name), name, value, None if name in defaults_only else value,
+                                   error=errors_of.get(name))))
     return ServiceQuotas(table, errors)
 
 
 def answered_by(table, client):
-    """`client` (a boto3 Service Quotas client) answered by `table`. botocore calls every before-send handler,
+    """`client` (a boto3 client) answered by `table` (a ServiceQuotas, or a local_pricing.PriceList). botocore calls every before-send handler,
     and moto's stub, which every session gets while moto is imported, refuses ListServiceQuotas
     (NotImplementedError) under an active mock: it is taken off this client."""
     from moto.core.models import botocore_stubber
@@ -78,9 +84,12 @@ class Session:
 
         self.table = table
         self.boto = boto3.session.Session(region_name=region, **credentials)
+        self.region_name = region
 
     def client(self, service, **options):
         client = self.boto.client(service, **options)
+        if service == "pricing":  # no network: the gate's price lookups fall back to the table (tests/price_lists.py)
+            return answered_by(PriceList(reachable=False), client)
         return answered_by(self.table, client) if service == "service-quotas" else client
 
 

@@ -43,6 +43,7 @@ VARIANT_NAME = "AllTraffic"
 MODEL_SERVER_WORKERS = "2"
 NOT_FOUND_PATTERN = "*Could not find endpoint*"
 SERVING_ENVIRONMENT_PATH = "$.plan.serving_environment"  # controlplane.gate.check_serving
+ENDPOINT_BILLS_PATH = "$.plan.endpoint.bills"  # what the endpoint bills an hour (controlplane.gate.check_prices)
 # The model to serve: the training job's model.tar.gz, or a deploy-only run's deploy.model_artifact (Serve stage).
 MODEL_PATH = TRAIN.slot + ".result.model_artifacts"
 
@@ -189,7 +190,8 @@ def states(settings, first, next_state):
         "console_url.$": asl.fmt("https://%s.console.aws.amazon.com/sagemaker/home?region=%s#/endpoints/{}" % (
             settings.region, settings.region), names + ".endpoint")}, result_path="$.deploy_result")
     result[d + ".Succeeded"] = asl.publish("${TopicArn}", asl.fmt(
-        "endpoint {} is InService with model {}", names + ".endpoint", names + ".model"), next_state)
+        "endpoint {} is InService with model {}: {}", names + ".endpoint", names + ".model", ENDPOINT_BILLS_PATH),
+        next_state)
     return result
 
 

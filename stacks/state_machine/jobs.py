@@ -51,11 +51,12 @@ RETRY = [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 10, "MaxAttempts": 6
 THROTTLED = "SageMaker.ThrottlingException"
 THROTTLE_RETRY = [{"ErrorEquals": [THROTTLED], "IntervalSeconds": 5, "MaxAttempts": 8, "BackoffRate": 2,
                    "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}]
-# Lambda's transient errors, as the Step Functions developer guide's "Handling Lambda service exceptions"
-# lists them for a Task that invokes a function: the invocation did not run the function, so it is
-# repeated; the function's own errors are not.
-LAMBDA_SERVICE_ERRORS = ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
-                         "Lambda.TooManyRequestsException"]
+# Lambda's transient errors, the four of the Step Functions developer guide's "Handle Lambda service
+# exceptions" (bp-lambda-serviceexception) for a Task that invokes a function, and its note's
+# TooManyRequestsException (Lambda at its concurrency): the invocation did not run the function, so it is
+# repeated; the function's own errors (Lambda.Unknown: a timeout, out of memory) are not.
+LAMBDA_SERVICE_ERRORS = ["Lambda.ClientExecutionTimeoutException", "Lambda.ServiceException",
+                         "Lambda.AWSLambdaException", "Lambda.SdkClientException", "Lambda.TooManyRequestsException"]
 LAMBDA_RETRY = [{"ErrorEquals": LAMBDA_SERVICE_ERRORS, "IntervalSeconds": 1, "MaxAttempts": 6, "BackoffRate": 2,
                  "JitterStrategy": "FULL"}]
 GATE_FAILED = "GateFailed"  # the gate's function itself failed (not a refusal): its error is the cause

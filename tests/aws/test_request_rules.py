@@ -38,6 +38,8 @@ def _wrong(call, change):
     (lambda p: p.pop("ProfilerConfig"), "ProfilerConfig.DisableProfiler"),
     (lambda p: p.pop("TensorBoardOutputConfig"), "TensorBoardOutputConfig.S3OutputPath"),
     (lambda p: p.update(RetryStrategy={"MaximumRetryAttempts": 31}), "RetryStrategy.MaximumRetryAttempts"),
+    (lambda p: (p.update(EnableManagedSpotTraining=True), p["ResourceConfig"].update(KeepAlivePeriodInSeconds=600)),
+     "KeepAlivePeriodInSeconds"),
 ])
 def test_request_rules_fail_on_a_wrong_request_and_pass_on_ours(deployment, executed_request, change, field):
     call = _our_request(deployment, executed_request)

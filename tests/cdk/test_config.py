@@ -49,9 +49,16 @@ def test_the_default_preset_may_be_of_any_family_and_the_empty_input_runs_it(pre
     assert decision.config["hyperparameters"]["recompute"] is families.get_family(family).supports("recompute")
 
 
-def test_default_hyperparameters_from_the_command_line_are_a_json_object():
-    settings = Settings.from_context({"lmstack:default_hyperparameters": '{"max_steps": 10, "recompute": true}'})
-    assert settings.default_hyperparameters == (("max_steps", 10), ("recompute", True))
+def test_default_hyperparameters_from_the_command_line_are_a_json_object_added_to_the_defaults():
+    settings = Settings.from_context({"lmstack:default_hyperparameters": '{"max_steps": 10, "recompute": false}'})
+    assert settings.default_hyperparameters == (("global_batch_size", 16), ("max_steps", 10), ("recompute", False))
+    # over cdk.json's own: `{}` still fits (settings.md's example)
+    context = dict(json.loads(CDK_JSON.read_text())["context"], **{
+        "lmstack:default_hyperparameters": '{"max_steps": 500}'})
+    settings = Settings.from_context(context)
+    assert dict(settings.default_hyperparameters) == {"global_batch_size": 16, "recompute": True, "max_steps": 500}
+    decision = gate.decide({}, gate.Context(gate.Deployment.of(settings)))
+    assert decision.config["hyperparameters"]["max_steps"] == 500 and decision.plan["global_batch"] == 16
 
 
 def test_cdk_json_runs_the_app_from_the_venv_quietly():

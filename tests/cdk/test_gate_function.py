@@ -45,12 +45,12 @@ def test_the_function_runs_the_gate_with_the_deployment_s_settings(default):
                   if {"Ref": role} in policy["Properties"]["Roles"]
                   for statement in policy["Properties"]["PolicyDocument"]["Statement"]]
     log_group = properties["LoggingConfig"]["LogGroup"]
-    # its logs, and the two read-only listings of Service Quotas its quota check makes (no resource-level
-    # permissions there: Resource "*"); nothing else
+    # its logs, the two read-only listings of Service Quotas its quota check makes and the Price List's
+    # GetProducts its prices read (no resource-level permissions there: Resource "*"); nothing else
     assert statements == [{"Action": ["logs:CreateLogStream", "logs:PutLogEvents"], "Effect": "Allow",
                            "Resource": {"Fn::GetAtt": [log_group["Ref"], "Arn"]}},
-                          {"Action": ["servicequotas:ListAWSDefaultServiceQuotas", "servicequotas:ListServiceQuotas"],
-                           "Effect": "Allow", "Resource": "*"}]
+                          {"Action": ["pricing:GetProducts", "servicequotas:ListAWSDefaultServiceQuotas",
+                                      "servicequotas:ListServiceQuotas"], "Effect": "Allow", "Resource": "*"}]
 
 
 def test_only_the_training_machine_invokes_only_the_published_version(default):
@@ -86,8 +86,10 @@ def test_the_code_is_the_staged_directory_and_nothing_else(default):
             foreign += ["%s: %s" % (name, module) for module in imported
                         if module.split(".")[0] not in sys.stdlib_module_names and module not in modules
                         and not any(module.startswith(package + ".") or module == package for package in modules)]
-    # boto3 only where a check asks AWS (the Lambda runtime has it); nothing of TensorFlow or NumPy
-    assert foreign == ["controlplane/gate.py: boto3"]
+    # the AWS SDK only where clients are made (the Lambda runtime has it) and the errors the prices catch; nothing
+    # of TensorFlow or NumPy
+    assert sorted(set(foreign)) == ["controlplane/aws_clients.py: boto3", "controlplane/aws_clients.py: botocore.config",
+                                    "controlplane/pricing.py: botocore.exceptions"]
 
 
 GIVEN = [{"preset": "gpt-125m", "strategy": "single", "instance_type": "ml.g5.2xlarge",
@@ -112,7 +114,7 @@ def test_the_staged_code_runs_alone_and_answers_as_the_gate_here(default, given)
     answered = subprocess.run([interpreter, "-I", "-S", "-c", program, str(_code_directory(default)),
                                json.dumps(event)], env=environment, capture_output=True, text=True, timeout=60)
     assert answered.returncode == 0, answered.stderr
-    def without_sdk(service):  # what `aws_client` meets in a Python without boto3, as here
+    def without_sdk(service, region_name=None):  # what `aws_client` meets in a Python without boto3, as here
         raise ModuleNotFoundError("No module named 'boto3'", name="boto3")
 
     here = gate.answer(event, gate.Context(gate.Deployment.of(default.settings), execution_name="run-1",

@@ -140,5 +140,33 @@ def make_published(root, tokenizer_file, inputs_file):
     print(json.dumps(report))
 
 
+def config_check(*hf_dirs):
+    """Load each directory's config.json as transformers does (AutoConfig), recording what its logging
+    and Python's warnings report meanwhile; prints {directory: {warnings, max_position_embeddings,
+    rope_scaling}}."""
+    import logging
+    import warnings
+
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    hf_logging.set_verbosity_warning()
+    hf_logging.get_logger().addHandler(Recorder(logging.WARNING))
+    report = {}
+    for hf_dir in hf_dirs:
+        messages = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            config = AutoConfig.from_pretrained(hf_dir)
+        report[hf_dir] = {"warnings": messages + [str(warning.message) for warning in caught],
+                          "max_position_embeddings": config.max_position_embeddings,
+                          "rope_scaling": config.rope_scaling}
+    print(json.dumps(report))
+
+
 if __name__ == "__main__":
-    {"export": export_check, "make_published": make_published}[sys.argv[1]](*sys.argv[2:])
+    {"export": export_check, "make_published": make_published, "config": config_check}[sys.argv[1]](*sys.argv[2:])

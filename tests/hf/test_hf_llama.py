@@ -144,6 +144,38 @@ def test_transformers_llama_loads_the_export_with_the_same_logits_and_greedy_tok
                                                            temperature=0.0)
 
 
+def write_hf_config(hf_dir, config, **overrides):
+    """The config.json lm.hf writes for `config` (with `overrides`), alone in `hf_dir`."""
+    os.makedirs(hf_dir)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(dict(hf.LAYOUTS["llama"].hf_config(config, 0), **overrides), f)
+    return hf_dir
+
+
+@requires_hf_venv
+def test_transformers_loads_the_exported_llama_3_2_config_without_a_warning(tmp_path):
+    """The Llama 3.2 presets declare the release's 131072 positions (their block_size is the 8192 of
+    rope scaling's original_max_position_embeddings), and factors given as ints are written as floats:
+    transformers' rope validation warns at neither. The last directory holds the config.json written
+    before (max_position_embeddings 8192, int factors): the warnings it gets show the check sees them."""
+    integers = dict(LLAMA3_SCALING, factor=8, low_freq_factor=1, high_freq_factor=4)
+    configs = {name: get_preset(name) for name in ("llama3.2-1b", "llama3.2-3b")}
+    configs["llama-tiny-int-factors"] = get_preset("llama-tiny").replace(rope_scaling=integers)
+    dirs = {name: write_hf_config(str(tmp_path / name), config) for name, config in configs.items()}
+    before = write_hf_config(str(tmp_path / "before"), configs["llama3.2-1b"], max_position_embeddings=8192,
+                             rope_scaling=dict(integers, original_max_position_embeddings=8192))
+    report = run_side("config", before, *dirs.values())
+    for name, config in configs.items():
+        loaded = report[dirs[name]]
+        assert loaded["warnings"] == [], (name, loaded)
+        assert loaded["max_position_embeddings"] == (131072 if name.startswith("llama3.2") else config.block_size)
+        assert all(isinstance(loaded["rope_scaling"][field], float)
+                   for field in ("factor", "low_freq_factor", "high_freq_factor"))
+    warned = " ".join(report[before]["warnings"])
+    assert all(field in warned for field in ("factor", "low_freq_factor", "high_freq_factor",
+                                             "original_max_position_embeddings")), warned
+
+
 @requires_hf_venv
 def test_checkpoints_as_published_import_with_transformers_logits_loss_and_greedy_tokens(tmp_path, tokenizer_file):
     """bfloat16; bfloat16 in shards; "llama3" rope scaling on 64-token sequences, four times the 16 positions it

@@ -138,6 +138,8 @@ def test_the_llama_3_2_presets_carry_llama_3_2s_rope_scaling_and_it_round_trips(
         config = presets.get_preset(name)
         assert config.to_dict()["rope_scaling"] == LLAMA_3_2_ROPE_SCALING and config.rope_theta == 500000.0
         assert LlamaConfig.from_dict(config.to_dict()) == config
+        # they train at the 8192 original positions and declare the release's context
+        assert (config.block_size, config.supported_context) == (8192, 131072)
     assert presets.get_preset("llama3-8b").rope_scaling is None  # Meta-Llama-3-8B has none
     legacy = dict(LLAMA_3_2_ROPE_SCALING, type="llama3")
     del legacy["rope_type"]  # older config.json files name it "type"
@@ -220,6 +222,7 @@ def test_dropout_masks_come_from_the_dropout_key():
     ({"d_model": 60}, r"d_model \(60\) must be n_head \(4\) times an even head size"),
     ({"rope_theta": 0}, "rope_theta must be a number > 0"),
     ({"d_ff": 0}, "LlamaConfig.d_ff must be a positive integer"),
+    ({"max_position_embeddings": 8192.0}, "LlamaConfig.max_position_embeddings must be a positive integer"),
     ({"family": "gpt"}, "family must be 'llama'"),
 ])
 def test_bad_configs_are_refused_naming_the_field(changes, message):

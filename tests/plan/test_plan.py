@@ -680,3 +680,50 @@ def test_training_plan_price_replaces_the_on_demand_price():
     assert priced["cost_on_demand_usd"] == pytest.approx(priced["hours"] * 10.0)
     table = plan.format_table(planner.plan("gpt-125m", "ml.p5.4xlarge", 1, "single"))
     assert "$- on demand" in table
+
+
+# ---- the deployment's settings, as lmstack.start and the gate read them (issue 40 item 10) ----
+
+MULTI_HOST = ["--preset", "gpt-125m", "--instance-type", "ml.p3.16xlarge", "--instance-count", "4",
+              "--strategy", "horovod", "--global-batch", "32", "--recompute", "--json"]
+
+
+def _planned(argv, capsys):
+    status = plan.main(argv)
+    return status, json.loads(capsys.readouterr().out)
+
+
+def _cdk_json(tmp_path, **settings):
+    path = tmp_path / "cdk.json"
+    path.write_text(json.dumps({"context": {"lmstack": settings}}))
+    return str(path)
+
+
+def test_the_plan_takes_traffic_encryption_and_spot_from_the_deployment_and_says_so(tmp_path, capsys):
+    encrypted = _cdk_json(tmp_path, inter_container_traffic_encryption=True, spot=True)
+    _, used = _planned(MULTI_HOST + ["--cdk-json", encrypted], capsys)
+    assert used["deployment"]["inter_container_traffic_encryption"] == {"value": True, "from": os.path.relpath(encrypted)}
+    assert used["deployment"]["spot"]["value"] is True and used["settings"]["spot"] is True
+    _, plain = _planned(MULTI_HOST + ["--cdk-json", encrypted, "--no-traffic-encryption", "--no-spot"], capsys)
+    assert plain["deployment"]["inter_container_traffic_encryption"] == {"value": False,
+                                                                         "from": "--no-traffic-encryption"}
+    assert plain["chosen"]["time"]["hours"] < used["chosen"]["time"]["hours"]
+    assert plan.main(MULTI_HOST[:-1] + ["--cdk-json", encrypted]) == 0
+    assert capsys.readouterr().out.startswith(
+        "deployment: %s; inter_container_traffic_encryption true, spot true\n" % os.path.relpath(encrypted))
+
+
+def test_an_input_is_planned_as_the_gate_plans_it_and_its_refusal_is_exit_status_1(tmp_path, capsys):
+    from controlplane import gate
+    from stacks.settings import Settings
+
+    cdk_json = _cdk_json(tmp_path, inter_container_traffic_encryption=False)
+    run = {"preset": "gpt-125m", "strategy": "horovod", "instance_type": "ml.p3.16xlarge", "instance_count": 4,
+           "hyperparameters": {"global_batch_size": 32, "recompute": True, "max_steps": 3000}}
+    status, result = _planned(["--input", json.dumps(run), "--cdk-json", cdk_json, "--json"], capsys)
+    decided = gate.decide(run, gate.Context(gate.Deployment.of(Settings(inter_container_traffic_encryption=False))))
+    assert status == 0 and result["gate"]["accepted"] and result["gate"]["plan"]["hours"] == decided.plan["hours"]
+    assert result["chosen"]["time"]["hours"] == decided.plan["hours"]
+    too_big = dict(run, hyperparameters={"global_batch_size": 512, "recompute": False})
+    assert plan.main(["--input", json.dumps(too_big), "--cdk-json", cdk_json]) == 1
+    assert "\ngate: refused, PlanRejected: lmstack.plan: horovod on 4 x ml.p3.16xlarge: needs" in capsys.readouterr().out

@@ -443,7 +443,7 @@ def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
 
 
-def _export_under_the_message_limit():
+def _export_in_transfer_chunks():
     from lm.distributed.smp import weight_paths
     strategy = get_strategy("smp").setup()
     model = strategy.build_model(build_tiny)
@@ -453,35 +453,38 @@ def _export_under_the_message_limit():
 
 
 @pytest.mark.tf26
-def test_the_export_gathers_each_partition_in_messages_under_the_librarys_limit(fake_smdist, monkeypatch):
-    # The library's messages carry their size as a C int (backend/collectives.py): at most 2 GiB, and a
-    # partition of gpt-1.3b is about 2.6 GB. Scaled down here: 64 KiB, less than the tiny model's token
-    # table (128 KiB), which must go in pieces, and than a partition of it.
-    from lm.distributed import smp as adapter
-    limit = 64 * 1024
-    monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", str(limit))
-    monkeypatch.setattr(adapter, "MESSAGE_LIMIT", limit)
-    (held0, whole), (held1, nothing) = _job(monkeypatch, 2, _export_under_the_message_limit, partitions=2, **MANUAL)
+def test_the_export_gathers_each_partition_in_pieces_of_the_librarys_transfer_chunk(fake_smdist, monkeypatch):
+    # The library moves its checkpoint files in pieces of SMP_CKPT_TRANSFER_CHUNK_SIZE (1 GiB unset:
+    # tensorflow/utils.py), and a partition of gpt-1.3b is about 2.6 GB. Scaled down here through the same
+    # variable: 60 KiB, less than the tiny model's MLP kernels (64 KiB) and token table (128 KiB), which must
+    # go in pieces, and than a partition of it.
+    chunk = 60 * 1024
+    monkeypatch.setenv("SMP_CKPT_TRANSFER_CHUNK_SIZE", str(chunk))
+    (held0, whole), (held1, nothing) = _job(monkeypatch, 2, _export_in_transfer_chunks, partitions=2, **MANUAL)
     assert nothing is None and sorted(whole) == sorted(list(held0) + list(held1))
     for path, value in list(held0.items()) + list(held1.items()):
         np.testing.assert_array_equal(whole[path], value)
     # Rank 1 sent each of its weights to the chief, block_1's MLP kernels (64 KiB each) in two pieces.
     sent = [details["bytes"] for name, details in fake_smdist.calls if name == "smp.send"]
-    assert max(sent) <= limit and len(sent) == len(held1) + 2
+    assert len(sent) == len(held1) + 2
+
+
+def _gather(payload):
+    import smdistributed.modelparallel.tensorflow as smp
+    smp.init()
+    return smp.allgather(payload, smp.CommGroup.MP_GROUP)
 
 
 @pytest.mark.tf26
-def test_the_fake_refuses_a_message_over_the_librarys_limit(fake_smdist, monkeypatch):
-    import smdistributed.modelparallel.tensorflow as smp
-    monkeypatch.setenv("FAKE_SMP_MESSAGE_BYTES", "1000")
-
-    def gather(size):
-        smp.init()
-        return smp.allgather(b"x" * size, smp.CommGroup.MP_GROUP)
-
-    assert len(_job(monkeypatch, 2, lambda: gather(900), partitions=2, **MANUAL)[0]) == 2
-    with pytest.raises(OverflowError, match="at most 1000 bytes"):
-        _job(monkeypatch, 2, lambda: gather(1000), partitions=2, **MANUAL)
+@pytest.mark.parametrize("variable, fits, message", [
+    ("FAKE_SMP_MESSAGE_BYTES", 900, "at most 1000 bytes"),  # the pickle's size, a C int (scaled down)
+    ("SMP_CKPT_TRANSFER_CHUNK_SIZE", 1000, "pieces of at most SMP_CKPT_TRANSFER_CHUNK_SIZE = 1000 bytes"),
+])
+def test_the_fake_refuses_a_message_over_the_librarys_limits(fake_smdist, monkeypatch, variable, fits, message):
+    monkeypatch.setenv(variable, "1000")
+    assert len(_job(monkeypatch, 2, lambda: _gather(b"x" * fits), partitions=2, **MANUAL)[0]) == 2
+    with pytest.raises(OverflowError, match=message):
+        _job(monkeypatch, 2, lambda: _gather(b"x" * (fits + 100)), partitions=2, **MANUAL)
 
 
 def _norm_of_partitions(squares):
@@ -680,6 +683,25 @@ def test_a_model_around_layers_built_outside_it_is_refused(fake_smdist, monkeypa
     copy = built._fake_copy.value
     assert type(copy) is type(built) and copy.model_config == built.model_config
     assert not {id(layer) for layer in copy.layers} & {id(layer) for layer in built.layers}
+
+
+@pytest.mark.tf26
+def test_the_tracing_copy_lacks_the_dropout_key_so_dropout_is_refused_with_smp(fake_smdist, monkeypatch):
+    # lm.training.train attaches the run's dropout key to the model it built; the library traces the copy it
+    # made from the constructor's arguments before that (v2/model.py, lines 62-64 and 263), which draws its
+    # masks from TensorFlow's global generator: not reproducible on resume. Every path refuses the pair.
+    from controlplane.presets import train_arguments
+    from lm.checkpoint import DropoutKey
+    from lm.training.train import parse_args
+    _mp_parameters(monkeypatch, partitions=1, microbatches=2)
+    key = DropoutKey(seed=1, data_parallel_rank=0)
+    built = get_strategy("smp").setup().build_model(lambda **options: key.attach(build_tiny(**options)))
+    assert built.dropout_key is key and built._fake_copy.value.dropout_key is None
+    with pytest.raises(ValueError, match="hyperparameters.dropout must be 0 with strategy smp, got 0.1"):
+        parse_args(["--strategy", "smp", "--dropout", "0.1", "--data-dir", "x"])
+    tiny = train_arguments("tiny") + ["--data-dir", "x"]
+    assert parse_args(["--strategy", "smp", "--dropout", "0"] + tiny)[0].dropout == 0
+    assert parse_args(["--strategy", "horovod", "--dropout", "0.1"] + tiny)[0].dropout == 0.1
 
 
 def _librarys_keras(monkeypatch):

@@ -3,6 +3,7 @@ Functions state machine, both created in moto, the machine executed by moto's en
 moto does not answer for SageMaker, is `lmstack.local_service_quotas` with a made-up account's table."""
 import io
 import json
+import re
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import quota_tables
 from family_cases import ASKING, having_message, lacking_cases
 from moto import mock_aws
 
+from controlplane import inputs
 from lmstack import start
 from stacks.settings import Settings
 
@@ -240,8 +242,30 @@ def test_dry_run_prints_the_input_and_calls_nothing(capsys):
 
     out = io.StringIO()
     assert start.main(["--preset", "tiny", "--hp", "max_steps=5", "--dry-run"], session=NoAws(), out=out) == 0
-    printed = json.loads(out.getvalue())
+    printed, decision = dry_run_output(out.getvalue())
     assert printed == {"preset": "tiny", "hyperparameters": {"max_steps": 5}}
+    # and the gate's decision, as the execution would get it: the plan and the notes
+    expected = start.validate_input(printed, start.load_settings(str(start.ROOT) + "/cdk.json"))
+    assert decision == [start.plan_line(expected.plan)] + ["note: %s" % note for note in expected.notes]
+    assert "quotas not checked: this caller does not ask AWS" in decision[-1]
+
+
+def test_dry_run_plans_with_the_deployments_settings(cdk_json):
+    run = ["--preset", "gpt-125m", "--strategy", "horovod", "--instance-type", "ml.p3.16xlarge", "--instance-count",
+           "4", "--hp", "global_batch_size=32", "--hp", "recompute=true", "--dry-run", "--cdk-json", str(cdk_json)]
+    lines = {}
+    for encrypted in (True, False):
+        cdk_json.write_text(json.dumps({"context": {"lmstack": {"inter_container_traffic_encryption": encrypted}}}))
+        out = io.StringIO()
+        assert start.main(run, out=out) == 0
+        lines[encrypted] = dry_run_output(out.getvalue())[1][0]
+    assert lines[True] != lines[False] and lines[True].startswith("plan: horovod on 4 x ml.p3.16xlarge")
+
+
+def dry_run_output(text):
+    """(the input a dry run printed, the lines after it)."""
+    printed, end = json.JSONDecoder().raw_decode(text)
+    return printed, text[end:].strip().splitlines()
 
 
 def test_watch_follows_the_states_until_success(aws):
@@ -385,11 +409,11 @@ def test_upload_corpus_dry_run_uploads_nothing_and_a_bad_path_starts_nothing(aws
     code, out = run(aws, ["--upload-corpus", str(_corpus(tmp_path)), "--corpus-name", "pile", "--preset", "tiny",
                           "--dry-run"])
     assert code == 0
-    assert json.loads(out)["prepare"]["raw_s3_uri"] == "s3://<ArtifactBucketName>/raw/pile/"
-    assert json.loads(out)["data_directory"] == "/corpora/pile"
+    assert dry_run_output(out)[0]["prepare"]["raw_s3_uri"] == "s3://<ArtifactBucketName>/raw/pile/"
+    assert dry_run_output(out)[0]["data_directory"] == "/corpora/pile"
     code, out = run(aws, ["--upload-corpus", str(tmp_path / "pile-sample"), "--dataset", "/datasets/mine",
                           "--preset", "tiny", "--dry-run"])
-    assert code == 0 and json.loads(out)["data_directory"] == "/datasets/mine"
+    assert code == 0 and dry_run_output(out)[0]["data_directory"] == "/datasets/mine"
     assert "Contents" not in aws.client("s3").list_objects_v2(Bucket="lmstack-artifacts")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -423,6 +447,17 @@ def test_a_quota_below_the_run_stops_start_before_anything_starts(capsys):
         silent = session(quotas=quota_tables.account(errors={"ListServiceQuotas": ("AccessDeniedException", "no")}))
         code, out = run(silent, FULL_FLAGS)
         assert code == 0 and "note: Service Quotas could not answer (AccessDeniedException: no)" in out
+        # its Service Quotas client ends a call within the time the gate's function gives one (aws_clients)
+        asked, client = [], refused.client
+
+        def recording(service, **options):
+            asked.append((service, options))
+            return client(service, **options)
+
+        refused.client = recording
+        run(refused, FULL_FLAGS)
+        (config,) = [options["config"] for service, options in asked if service == "service-quotas"]
+        assert (config.connect_timeout, config.read_timeout) == start.aws_clients.timeouts(start.gate.AWS_CALL_SECONDS)
 
 
 def test_a_deploy_only_run_starts_with_its_own_plan_line(aws, capsys):
@@ -435,3 +470,12 @@ def test_a_deploy_only_run_starts_with_its_own_plan_line(aws, capsys):
            "training job" in out
     assert run(aws, ["--input", json.dumps(served), "--show-request"])[0] == 2
     assert "sends no CreateTrainingJob" in capsys.readouterr().err
+
+
+def test_help_names_only_the_hyperparameters_an_input_may_give(capsys):
+    with pytest.raises(SystemExit):
+        start.parse_args(["--help"])
+    names = re.search(r"names: ([a-z_, \n]+)", capsys.readouterr().out).group(1)
+    listed = {name.strip() for name in names.replace("\n", " ").split(",")} - {""}
+    assert listed == {spec.name for spec in inputs.input_hyperparameters()}
+    assert not {"model_config", "stop_after_seconds", "preset", "strategy"} & listed  # the gate sets these

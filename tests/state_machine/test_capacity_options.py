@@ -76,10 +76,13 @@ def test_without_a_training_plan_the_request_names_none(deployment):
     ({"infra_check": "yes"}, "infra_check must be true or false"),
     ({"keep_alive_seconds": 21601}, "keep_alive_seconds must be between 0 and 21600"),
     ({"training_plan_arn": "plan-1"}, "training_plan_arn must start with arn:aws"),
+    ({"spot": True, "keep_alive_seconds": 600, "prepare": {"enabled": True, "raw_s3_uri": "s3://bucket/raw/"}},
+     "spot true and keep_alive_seconds 600: SageMaker keeps no warm pool of spot instances"),
 ])
 def test_the_validate_stage_refuses_bad_capacity_inputs(deployment, execution_input, message):
     run = deployment.run(execution_input)
     assert run.status == "FAILED" and run.description["error"] == "InvalidInput", run.description
     assert message in run.description["cause"]
+    assert deployment.jobs.created == []  # not even the prepare job
 
 

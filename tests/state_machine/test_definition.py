@@ -37,3 +37,26 @@ def _map_state(item_state_name, next_state=None):
 def test_the_generator_refuses_a_duplicate_state_name(states):
     with pytest.raises(ValueError, match="state names used more than once in the definition: (First|Item|Branch)"):
         asl.state_machine("duplicate", "First", states)
+
+
+# The Step Functions developer guide, "Handle Lambda service exceptions" (bp-lambda-serviceexception): the
+# errors of an invocation that did not run the function, which its example Retry lists.
+LAMBDA_TRANSIENT_ERRORS = {"Lambda.ClientExecutionTimeoutException", "Lambda.ServiceException",
+                           "Lambda.AWSLambdaException", "Lambda.SdkClientException"}
+
+
+def _states(machine):
+    for name, state in machine["States"].items():
+        yield name, state
+        for inner in [state[key] for key in ("ItemProcessor", "Iterator") if key in state] + state.get("Branches", []):
+            yield from _states(inner)
+
+
+@pytest.mark.parametrize("settings", SETTINGS[:2])
+def test_every_invocation_of_the_gate_retries_lambdas_transient_errors(settings):
+    invocations = {name: state for name, state in _states(build_training_definition(settings))
+                   if state.get("Resource") == "arn:aws:states:::lambda:invoke"}
+    assert len(invocations) >= 2  # Validate and the re-plan of a fallback instance type
+    for name, state in invocations.items():
+        retried = {error for retrier in state["Retry"] for error in retrier["ErrorEquals"]}
+        assert LAMBDA_TRANSIENT_ERRORS <= retried, (name, LAMBDA_TRANSIENT_ERRORS - retried)

@@ -118,6 +118,10 @@ def test_deploy_creates_model_config_endpoint_and_waits(deployment, waits):
     assert endpoint["EndpointConfigName"] == config["EndpointConfigName"]
     assert run.output["deploy"]["endpoint_name"] == "lmstack-gpt"
     assert run.output["deploy"]["status"] == "InService"
+    # the deploy note says what the endpoint bills (the plan's endpoint; the function's SDK reaches no Price
+    # List here and the table has no hosting prices)
+    assert "endpoint lmstack-gpt is InService with model %s: 1 x ml.g4dn.12xlarge bills every hour until deleted " \
+           "(no price (controlplane.prices, us-east-1))" % model["ModelName"] in deployment.notifications()
     assert 60 in waits[-2:]
     assert invalid_sagemaker_requests(run) == []
 

@@ -47,6 +47,8 @@ CASES = [
      "prepare trains its tokenizer (prepare.hyperparameters.tokenizer is empty, init_from is null) on one instance, "
      "got prepare.instance_count=3", ""),
     ({"resume_from": 7}, "resume_from must be a string or null", "7"),
+    ({"strategy": "smp", "instance_type": "ml.p3.16xlarge", "hyperparameters": {"dropout": 0.1}},
+     "hyperparameters.dropout must be 0 with strategy smp", "got 0.1"),
 ]
 
 

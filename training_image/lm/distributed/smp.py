@@ -53,8 +53,8 @@ ships 1.4.0) does beyond it, and where it happens here:
   that also reads other partitions' files cannot assign them to this partition's variables.
 - the export gathers every partition's weights on the chief by layer path (`weight_paths`) into one
   plain model, which `lm.serving.export` writes as for any strategy: a weight per message
-  (`smp.send` to the chief), cut in pieces where it exceeds what one message of the library holds
-  (its size travels as a C int: 2 GiB).
+  (`smp.send` to the chief), cut in pieces of at most the library's own checkpoint transfer chunk
+  (`transfer_chunk_bytes`: 1 GiB unless SMP_CKPT_TRANSFER_CHUNK_SIZE says otherwise).
 - data is sharded and seeded by `smp.dp_rank()` (`data_parallel_rank`), batches divide into
   microbatches (`drop_remainder=True`; checked before each step).
 - XLA through `tf.config.optimizer.set_jit`: `jit_compile` on `smp.step` interferes with the
@@ -184,25 +184,27 @@ def distributed_gpt_class(smp, model_class):
     return DistributedGPT
 
 
-# smp.allgather, smp.send and smp.recv_from pickle the object and pass its size to the library's
-# backend as a C int (smdistributed/modelparallel/backend/collectives.py, lines 237-247, 254-263,
-# 334-348): one message is at most 2**31 - 1 bytes. A piece leaves room for pickle's framing.
-MESSAGE_LIMIT = 2 ** 31 - 1
-PICKLE_FRAMING = 1024
+# The library moves its own checkpoint files between ranks in pieces of at most this many bytes
+# (smdistributed/modelparallel/tensorflow/utils.py of 1.12.1, get_transfer_chunk_size, lines 564-567:
+# SMP_CKPT_TRANSFER_CHUNK_SIZE, else 1 GiB, "as ctypes string_buffer adds this limitation"; break_data,
+# lines 570-585); the export's pieces are no larger. A message's size also travels as a C int
+# (backend/collectives.py, lines 237-247, 254-263, 334-348): 2 GiB, well above a chunk and its framing.
+TRANSFER_CHUNK_ENV = "SMP_CKPT_TRANSFER_CHUNK_SIZE"
+DEFAULT_TRANSFER_CHUNK_BYTES = 1024 ** 3
 
 
-def piece_bytes():
-    return MESSAGE_LIMIT - PICKLE_FRAMING
+def transfer_chunk_bytes():
+    return int(os.environ.get(TRANSFER_CHUNK_ENV) or DEFAULT_TRANSFER_CHUNK_BYTES)
 
 
 def count_pieces(nbytes):
     """How many messages `message_pieces` cuts `nbytes` bytes into (one for none)."""
-    return max(1, -(-nbytes // piece_bytes()))
+    return max(1, -(-nbytes // transfer_chunk_bytes()))
 
 
 def message_pieces(data):
-    """`data` (bytes) in consecutive pieces that each fit one message of the library's collectives."""
-    size = piece_bytes()
+    """`data` (bytes) in consecutive pieces of at most the library's transfer chunk."""
+    size = transfer_chunk_bytes()
     return [data[start:start + size] for start in range(0, max(len(data), 1), size)]
 
 
@@ -391,8 +393,8 @@ class SMPStrategy(Strategy):
         Each rank holds only its partition's layers, so the weights travel by layer path
         (`weight_paths`): the partitions of the first replica tell each other what they hold (one small
         `smp.allgather` over the model-parallel group), then each weight goes to the chief by itself
-        (`smp.send` / `smp.recv_from`, in the order of the paths), cut into pieces where one message
-        could not hold it (`message_pieces`): a partition of gpt-1.3b is about 2.6 GB of fp32."""
+        (`smp.send` / `smp.recv_from`, in the order of the paths), cut into pieces of the library's
+        transfer chunk (`message_pieces`): a partition of gpt-1.3b is about 2.6 GB of fp32."""
         from lm import models
         smp = self._smp
         if self._dp_rank != 0:

@@ -87,6 +87,19 @@ def check(config):
     """Every LlamaConfig is in the Llama layout."""
 
 
+def hf_rope_scaling(scaling):
+    """transformers' rope_scaling of a Llama3RopeScaling: its factors as floats, which transformers'
+    rope validation requires (4.46.3, modeling_rope_utils.py lines 510-541: it warns at an int factor,
+    and at original_max_position_embeddings not below max_position_embeddings, hence
+    LlamaConfig.supported_context)."""
+    if scaling is None:
+        return None
+    values = dataclasses.asdict(scaling)
+    for name in ("factor", "low_freq_factor", "high_freq_factor"):
+        values[name] = float(values[name])
+    return values
+
+
 def hf_config(config, eos_id, dtype=EXPORT_DTYPE):
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -99,10 +112,10 @@ def hf_config(config, eos_id, dtype=EXPORT_DTYPE):
         "num_key_value_heads": config.n_kv_head,
         "head_dim": config.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": config.block_size,
+        "max_position_embeddings": config.supported_context,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None if config.rope_scaling is None else dataclasses.asdict(config.rope_scaling),
+        "rope_scaling": hf_rope_scaling(config.rope_scaling),
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": config.dropout,

@@ -60,7 +60,8 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("global_batch_size", int, 64, 1, 65536, help="sequences per optimizer step, all replicas together"),
     _hp("max_steps", int, 1000, 1, 10000000, help="optimizer steps"),
     _hp("learning_rate", float, 0.0, 0.0, 1.0,
-        help="peak learning rate at GPT-3's batch for the model's size (0 = GPT-3's rate, Table 2.1; lm.spec.families)"),
+        help="peak learning rate (0 = the rate GPT-3 trained the model's size with, Table 2.1; lm.spec.families), used "
+             "at any global_batch_size unless scale_lr"),
     _hp("scale_lr", bool, False,
         help="scale learning_rate by the square root of global_batch_size / GPT-3's batch (Adam's rule), at most 1x; "
              "false keeps it whatever the batch"),
@@ -271,6 +272,19 @@ def smp_recompute_rule():
                 "without it")
 
 
+def smp_dropout_rule():
+    """SMP with dropout would not resume to the run it continues: the model draws its masks from the
+    dropout key lm.training.train attaches to the model (lm.checkpoint.DropoutKey, a function of the
+    seed and the step), but SMP builds its graph from a tracing copy it constructs from the model's
+    constructor arguments (smdistributed/modelparallel/tensorflow/v2/model.py, lines 62-64), which
+    never gets the key and draws from TensorFlow's global generator instead."""
+    return rule("strategy.smp.dropout", All((Is(STRATEGY_FIELD, "smp"), Above("hyperparameters.dropout", 0))),
+                "hyperparameters.dropout must be 0 with strategy smp, got {value}: SMP traces a copy of the model that "
+                "does not draw its dropout masks from the run's seed and step, so a resumed run would not continue "
+                "the interrupted one; train with dropout under single, horovod, mwms or smddp",
+                subject="hyperparameters.dropout")
+
+
 def job_rules():
     """The rules between fields every job obeys (the deployment adds its own: `controlplane.rules`).
     Rules reading a path an input does not have are skipped (`conditions.broken`)."""
@@ -281,6 +295,7 @@ def job_rules():
                           "strategy %s runs only on instance_type %s (the SageMaker support list)"
                           % (strategy, ", ".join(instance_types))))
     found.append(smp_recompute_rule())
+    found.append(smp_dropout_rule())
     found.append(rule("strategy.single.instance_count", All((Is(STRATEGY_FIELD, "single"),
                                                             Above(INSTANCE_COUNT_FIELD, 1))),
                       "strategy single runs on one instance, got instance_count={value}: set instance_count to 1 "

@@ -35,7 +35,7 @@ What the fake emulates, and where it simplifies:
   arguments read in the frame that called DistributedModel.__init__, its shared-layer check and
   the per-rank build of the layers `get_layers` lists (through `_layers`), count_params failing,
   custom gradients failing on the ranks that import the graph (DistributedModel), the 2 GiB limit
-  of a message (the collectives), StepOutput.accumulate's accumulators in a tf.function, and
+  of a message and the checkpoint transfer chunk for bytes (the collectives), StepOutput.accumulate's accumulators in a tf.function, and
   CheckpointManager.restore reading every partition's directory. Where they are emulated, the
   code cites file and lines. Not
   emulated: the graph import itself (a rank's layers list only its own weights, but their
@@ -341,13 +341,26 @@ def _message(call, obj):
     (backend/collectives.py: `_serialize_object` and `pickle_obj`, lines 334-348; `ctypes.c_int(count)`
     in `async_bcast_global`, lines 237-247, which allgather and broadcast use, and `async_send_global`,
     lines 254-263, which send uses), so a message holds at most 2**31 - 1 bytes (ctypes wraps a larger
-    count silently). Tests scale the limit down with FAKE_SMP_MESSAGE_BYTES."""
+    count silently). Tests scale the limit down with FAKE_SMP_MESSAGE_BYTES. Bytes travel in pieces of at
+    most the library's own transfer chunk (`_check_transfer_chunk`)."""
+    _check_transfer_chunk(call, obj)
     payload = pickle.dumps(obj)
     limit = env_int(MESSAGE_LIMIT_ENV, 2 ** 31 - 1)
     if len(payload) > limit:
         raise OverflowError("%s: smp.%s of an object that pickles to %d bytes: the library passes a message's size "
                             "as a C int, so one message holds at most %d bytes" % (FAKE, call, len(payload), limit))
     return payload
+
+
+def _check_transfer_chunk(call, obj):
+    """The library sends its own checkpoint files' bytes in pieces of at most SMP_CKPT_TRANSFER_CHUNK_SIZE
+    bytes, 1 GiB when unset, "as ctypes string_buffer adds this limitation" (tensorflow/utils.py,
+    get_transfer_chunk_size and break_data, lines 564-585): the fake holds bytes sent through its
+    collectives to the same chunk. Tests scale it down by setting that variable."""
+    chunk = env_int("SMP_CKPT_TRANSFER_CHUNK_SIZE", 1024 ** 3)
+    if isinstance(obj, (bytes, bytearray)) and len(obj) > chunk:
+        raise OverflowError("%s: smp.%s of %d bytes: the library moves bytes in pieces of at most "
+                            "SMP_CKPT_TRANSFER_CHUNK_SIZE = %d bytes (ctypes string_buffer)" % (FAKE, call, len(obj), chunk))
 
 
 def _exchange(call, group, obj):

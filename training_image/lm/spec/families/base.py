@@ -156,7 +156,7 @@ GPT3_TRAINING = (
 
 def gpt3_training(config):
     """(learning rate, batch in sequences) GPT-3 trained the size nearest to `config`'s
-    parameter count with (by ratio; the GPT presets are Table 2.1's shapes, the smaller
+    parameter count with (by ratio; the GPT presets are Table 2.1's sizes, the smaller
     models get GPT-3 Small's)."""
     params = config.parameter_count()
     _, batch, rate = min(GPT3_TRAINING, key=lambda row: abs(math.log(row[0] / params)))

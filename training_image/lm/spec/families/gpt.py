@@ -105,7 +105,12 @@ class GPTConfig(ModelConfig):
 FAMILY = ModelFamily(GPTConfig, "lm.models.gpt:build_model", tuple(CAPABILITIES), "gpt2")
 
 # GPT-3 paper (Brown et al. 2020, "Language Models are Few-Shot Learners"), Table 2.1 (n_layers,
-# d_model, n_heads); context 2048 for all. `tiny` is the demo's model (the sample corpus trains it).
+# d_model, n_heads, d_head); context 2048 for all. Two rows of the table are not consistent
+# (n_heads x d_head != d_model), and the presets differ from them: XL (gpt-1.3b) lists 24 heads of
+# 128 for d_model 2048 (24 does not divide 2048): the preset keeps d_model and d_head, so 16 heads;
+# 13B lists d_model 5140 with 40 heads of 128 (40 does not divide 5140): the preset keeps the heads,
+# so d_model 5120. The other five rows are the table's. `tiny` is the demo's model (the sample corpus
+# trains it).
 PRESETS = collections.OrderedDict([
     ("tiny", GPTConfig(n_layer=2, d_model=64, n_head=4, block_size=128, vocab_size=512, pad_vocab_to=64)),
     ("gpt-125m", GPTConfig(n_layer=12, d_model=768, n_head=12)),

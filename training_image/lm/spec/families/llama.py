@@ -70,7 +70,8 @@ class Llama3RopeScaling:
 class LlamaConfig(ModelConfig):
     """Field names as in GPTConfig; transformers' LlamaConfig calls them num_hidden_layers (n_layer),
     hidden_size (d_model), num_attention_heads (n_head), num_key_value_heads (n_kv_head),
-    intermediate_size (d_ff), max_position_embeddings (block_size), rope_theta, rope_scaling,
+    intermediate_size (d_ff), max_position_embeddings (supported_context: block_size unless
+    max_position_embeddings is above it), rope_theta, rope_scaling,
     rms_norm_eps (norm_eps) and tie_word_embeddings (tie_embeddings)."""
     n_layer: int
     d_model: int
@@ -89,6 +90,11 @@ class LlamaConfig(ModelConfig):
     # None (Llama 2, Llama 3) or Llama 3.1/3.2's "llama3" scaling: a Llama3RopeScaling or its dict
     # (transformers' config.json form), which __post_init__ turns into one.
     rope_scaling: Llama3RopeScaling = None
+    # The longest context the positions are made for, when it exceeds block_size (None: block_size):
+    # the Llama 3.2 releases' 131072, which their rope scaling extends the 8192 original positions to.
+    # config.json's max_position_embeddings (`lm.hf.llama`); transformers warns when that is not above
+    # rope_scaling's original_max_position_embeddings.
+    max_position_embeddings: int = None
     family: str = "llama"
 
     def __post_init__(self):
@@ -107,6 +113,13 @@ class LlamaConfig(ModelConfig):
                 raise ValueError("LlamaConfig.%s must be a number > 0, got %r" % (name, value))
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
             object.__setattr__(self, "rope_scaling", Llama3RopeScaling.from_dict(self.rope_scaling))
+        if self.max_position_embeddings is not None:
+            check_positive_ints(self, ("max_position_embeddings",))
+
+    @property
+    def supported_context(self):
+        """The positions the model is made for: block_size, or max_position_embeddings above it."""
+        return max(self.block_size, self.max_position_embeddings or 0)
 
     @property
     def head_dim(self):
@@ -177,22 +190,24 @@ def llama3(**shape):
 # Llama 3.2's rope scaling (config.json of meta-llama/Llama-3.2-1B and -3B: rope_type llama3).
 LLAMA_3_2_ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+LLAMA_3_2_CONTEXT = 131072  # their max_position_embeddings
 
 # The released models' shapes, from their config.json on the Hugging Face Hub (meta-llama/Llama-3.2-1B,
 # Llama-3.2-3B, Llama-2-7b-hf, Meta-Llama-3-8B, Llama-2-13b-hf); tests/model/test_llama.py checks the
 # parameter counts against the totals of the Hub's safetensors. Llama 3.2's presets carry its rope
 # scaling, so their positions rotate as the released models' do; they train and serve 8192 positions
 # (block_size), not the 131072 of its config.json, which the planner, the dataset and the serving
-# memory estimates would otherwise take as the sequence length (an imported Llama 3.2 checkpoint
-# keeps its 131072).
+# memory estimates would otherwise take as the sequence length; 131072 is their
+# max_position_embeddings, the context an export declares (an imported Llama 3.2 checkpoint keeps
+# 131072 as its block_size).
 PRESETS = collections.OrderedDict([
     # The demo's shape (`tiny`: vocabulary 512, context 128), two query heads per key/value head.
     ("llama-tiny", LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=176, block_size=128,
                                vocab_size=512, pad_vocab_to=64)),
     ("llama3.2-1b", llama3(n_layer=16, d_model=2048, n_head=32, n_kv_head=8, d_ff=8192, tie_embeddings=True,
-                           rope_scaling=LLAMA_3_2_ROPE_SCALING)),
+                           rope_scaling=LLAMA_3_2_ROPE_SCALING, max_position_embeddings=LLAMA_3_2_CONTEXT)),
     ("llama3.2-3b", llama3(n_layer=28, d_model=3072, n_head=24, n_kv_head=8, d_ff=8192, tie_embeddings=True,
-                           rope_scaling=LLAMA_3_2_ROPE_SCALING)),
+                           rope_scaling=LLAMA_3_2_ROPE_SCALING, max_position_embeddings=LLAMA_3_2_CONTEXT)),
     ("llama2-7b", LlamaConfig(n_layer=32, d_model=4096, n_head=32, n_kv_head=32, d_ff=11008)),
     ("llama3-8b", llama3(n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336)),
     ("llama2-13b", LlamaConfig(n_layer=40, d_model=5120, n_head=40, n_kv_head=40, d_ff=13824)),
