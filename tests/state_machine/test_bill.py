@@ -3,9 +3,12 @@ import io
 import json
 
 import boto3
+import price_lists
 import pytest
+import quota_tables
+from state_machine.harness import StandInSettings
 
-from controlplane import bill, prices
+from controlplane import bill, gate, prices
 from lmstack import start
 from lmstack.local_sfn import REGION
 
@@ -109,3 +112,19 @@ def test_the_bill_lists_every_job_it_is_given_with_its_price_and_the_plans_estim
     assert evaluate["usd"] == pytest.approx(360 * prices.on_demand_price("ml.g5.xlarge") / 3600, abs=1e-4)
     assert "controlplane.prices table" in evaluate["price_source"]
     assert result["total_usd"] == pytest.approx(train["usd"] + evaluate["usd"])
+
+
+def test_the_bill_charges_the_price_the_gate_read_from_the_price_list():
+    price = 25.2513  # what the stand-in's Price List answers for ml.p4d.24xlarge: not the table's
+    clients = price_lists.clients(price_lists.training({"ml.p4d.24xlarge": price}, effective_date="2026-10-01"),
+                                  others=quota_tables.clients(quota_tables.account()))
+    decision = gate.decide({"preset": "gpt-125m", "strategy": "smddp", "instance_type": "ml.p4d.24xlarge",
+                            "instance_count": 2, "hyperparameters": {"global_batch_size": 64, "max_steps": 2000}},
+                           gate.Context(gate.Deployment.of(StandInSettings()), clients=clients))
+    planned = decision.plan["prices"]["train"]
+    assert planned["usd_per_hour"] == price and planned["source"] == "AWS Price List (us-east-1, 2026-10-01)"
+    assert planned["estimate_usd"] == pytest.approx(decision.plan["cost_usd"], abs=1e-4)
+    usage = {"train": {"name": "t", "status": "Completed", "instance_type": "ml.p4d.24xlarge", "instance_count": 2,
+                       "billable_seconds": BILLABLE, "training_seconds": TRAINING, "metrics": []}}
+    (line,) = bill.bill(usage, decision.plan)["jobs"]
+    assert round(line["usd"], 2) == round(BILLABLE * 2 * price / 3600, 2) and "Price List" in line["price_source"]
