@@ -24,7 +24,8 @@ The event of the Lambda function: {"input": <execution input>, "execution_name":
 k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the
 state machine asks again when a type's capacity errors outlast their retries; the plan then says what
 changed). Its answer: {"ok": true, "config", "plan", "notes", "launches"} or {"ok": false, "error",
-"cause"}; an exception is the function's error (the machine fails with GateFailed).
+"cause"}; an exception is the function's error (the machine fails with GateFailed). The machine asks the same
+function for an execution's bill at its end ({"bill": {"usage", "plan"}}: `controlplane.bill`).
 
 Pure Python, standard library only (boto3 only where a check calls AWS): no TensorFlow.
 """
