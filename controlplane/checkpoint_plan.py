@@ -57,8 +57,8 @@ def described(planned):
 
 
 def check_checkpoints(decision, context):
-    """The gate's check: the plan's `checkpoints`, a note with the interval when it is "auto", and the mean
-    time between interruptions written into the job's hyperparameters (its default made explicit)."""
+    """The gate's check: the plan's `checkpoints` (with the line `lmstack.plan` prints), and the mean time between
+    interruptions written into the job's hyperparameters (its default made explicit)."""
     config = decision.config
     if config["deploy"]["model_artifact"] is not None or not decision.plan.get("steps"):
         return
@@ -67,6 +67,4 @@ def check_checkpoints(decision, context):
     planned = plan(decision.plan["save_seconds"], step_seconds, config["instance_count"],
                    INSTANCES[config["instance_type"]].gpus, config["spot"], hyperparameters)
     hyperparameters["interruption_hours"] = planned["interruption_hours"]
-    decision.plan["checkpoints"] = planned
-    if planned["checkpoint_every"] == interruptions.AUTO:
-        decision.notes.append(described(planned))
+    decision.plan["checkpoints"] = dict(planned, described=described(planned))

@@ -65,10 +65,12 @@ def test_success_path_outputs_and_requests(deployment):
     assert {"Key": "lmstack:execution", "Value": "run-1"} in request["Tags"]
 
     messages = deployment.notifications()
-    phases = [message.split(": ")[1] for message in messages if ": " in message and "completed" not in message]
+    phases = [message.split(": ")[1] for message in messages  # the monitor's (not the notes', nor the bill)
+              if message.startswith("train job ") and "completed" not in message]
     assert phases == ["Starting (InProgress)", "Downloading (InProgress)", "Training (InProgress)",
                       "Uploading (InProgress)"]
     assert any("completed" in message for message in messages)
+    assert messages[-1] == "execution run-1: %s" % output["bill"]["text"]  # the end message: the bill
 
 
 def test_spot_sets_max_wait(deployment):
