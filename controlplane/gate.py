@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional
 from controlplane import (aws_clients, bill, bucket_layout, budget, checkpoint_plan, containers, history, inputs,
                           planner, presets, prices, pricing, quotas, rules)
 from controlplane.inputs import check_object, with_defaults
-from lm.spec import conditions, hardware, job
+from lm.spec import conditions, drill, hardware, job
 from lm.spec.fields import check
 
 INVALID = conditions.INVALID
@@ -243,10 +243,15 @@ def check_fallback_instance_types(decision, context):
 
 
 def check_rules(decision, context):
-    """Every rule between fields (`controlplane.rules.cross_field_rules` for the deployment's images)."""
+    """Every rule between fields (`controlplane.rules.cross_field_rules` for the deployment's images); a drill's
+    faults as the training job reads them (lm.spec.drill)."""
     message = conditions.broken(rules.cross_field_rules(context.deployment.runtimes), decision.config)
     if message:
         raise Refusal(message)
+    try:
+        drill.parse_faults(decision.config["drill"]["faults"], "drill.faults")
+    except ValueError as error:
+        raise Refusal(str(error))
 
 
 def check_names(decision, context):

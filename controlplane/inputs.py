@@ -12,7 +12,7 @@ import dataclasses
 
 from controlplane import bucket_layout
 from controlplane import containers, presets, request
-from lm.spec import job
+from lm.spec import drill, job
 from lm.spec.fields import Field, check
 from lm.spec.hardware import INSTANCES
 from controlplane.containers import HOSTING_INSTANCE_TYPES
@@ -49,6 +49,11 @@ DEFAULT_ENDPOINT_INSTANCE_TYPE = "ml.g5.xlarge"
 MODEL_ARTIFACT = "model_artifact"  # deploy.model_artifact: serve an existing model, train nothing
 # What a deploy-only input may give besides deploy: the preset (the model the artifact holds) and its family.
 DEPLOY_ONLY_FIELDS = ("preset", "deploy", "hyperparameters.model")
+
+
+# The gate accepts an input's drill.faults only with hyperparameters.max_steps below this: a drill, not a real run
+# (controlplane.rules).
+DRILL_MAX_STEPS = 1000
 
 
 def input_hyperparameters(defaults=()):
@@ -130,6 +135,11 @@ def schema(settings):
         Field("budget_usd", float, None, 0.01, None, nullable=True,
               help="the most the run's jobs may cost, in USD: refused when its estimate is more, else the training "
                    "job's MaxRuntimeInSeconds is capped to it (controlplane.budget); the endpoint counts for deploy.budget_hours"),
+        Field("drill", dict, fields=(
+            Field("faults", str, None, nullable=True,
+                  help="a divergence drill: LMSTACK_FAULTS for the training job (%s); only with "
+                       "hyperparameters.max_steps under %d (docs/execution.md)" % (drill.FORMS, DRILL_MAX_STEPS)),
+        )),
         # Checked by `controlplane.gate.check_fallback_instance_types` (a Field has no list type).
         Field(FALLBACK_FIELD, object, (),
               help="instance types to train on, in this order, when instance_type has no capacity after its "

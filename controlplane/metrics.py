@@ -1,9 +1,10 @@
 """The metrics SageMaker reads from a training job's log: the request's MetricDefinitions, and the same
 regexes applied here (`parse_metrics`: the demo's report and the tests read a log as SageMaker would).
 
-The lines they read are the image's: `lm.spec.job.format_train_log` and `format_eval_log` ("[train]",
-"[eval]"), `lm.training.gpu_usage` ("[gpu]") and `format_goodput_log`, `format_goodput_start_log` and
-`format_checkpoint_log` ("[goodput]", "[checkpoint]"); the dashboard's metric names are these `Name`s.
+The lines they read are the image's: `lm.spec.job.format_train_log`, `format_eval_log`,
+`format_divergence_log`, `format_goodput_log`, `format_goodput_start_log` and `format_checkpoint_log`
+("[train]", "[eval]", "[divergence]", "[goodput]", "[checkpoint]"), and `lm.training.gpu_usage` ("[gpu]");
+the dashboard's metric names are these `Name`s.
 """
 import re
 
@@ -19,6 +20,9 @@ METRIC_DEFINITIONS = [
     {"Name": "train:step_time", "Regex": r"\[train\].* step_time=" + _NUMBER},
     {"Name": "validation:loss", "Regex": r"\[eval\].* val_loss=" + _NUMBER},
     {"Name": "validation:perplexity", "Regex": r"\[eval\].* val_ppl=" + _NUMBER},
+    # lm.training.divergence: the run's counts so far, at each skipped step and rollback.
+    {"Name": "train:skipped_steps", "Regex": r"\[divergence\].* skipped_steps=" + _NUMBER},
+    {"Name": "train:rollbacks", "Regex": r"\[divergence\].* rollbacks=" + _NUMBER},
     # lm.training.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
     {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
     {"Name": "checkpoint:save_seconds", "Regex": r"\[checkpoint\].* save_seconds=" + _NUMBER},

@@ -20,6 +20,7 @@ from lm.spec import job
 from lm.spec.conditions import STRATEGY_FIELD, Above, All, Is, Not, OneOf, rule
 from lm.spec.families import FAMILIES, get_family
 from controlplane.containers import HOSTING_INSTANCE_TYPES
+from controlplane.inputs import DRILL_MAX_STEPS
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,6 +99,11 @@ def cross_field_rules(runtimes=None):
     found.append(rule("spot.keep_alive_seconds", All((Is("spot", True), Above("keep_alive_seconds", 0))),
                       "spot true and keep_alive_seconds {value}: SageMaker keeps no warm pool of spot instances; "
                       "set keep_alive_seconds to 0, or spot to false", subject="keep_alive_seconds"))
+    # A divergence drill (lm.spec.drill) damages the run on purpose: only a short one (DRILL_MAX_STEPS).
+    found.append(rule("drill.faults.max_steps", All((
+        Not(Is("drill.faults", None)), Above("hyperparameters.max_steps", DRILL_MAX_STEPS - 1))),
+        "drill.faults is a drill tool, accepted only with hyperparameters.max_steps under %d, got {value}"
+        % DRILL_MAX_STEPS, subject="hyperparameters.max_steps"))
     for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME)):
         if runtime not in built:
             found.append(rule("%s.runtime" % stage, Is("%s.enabled" % stage, True),

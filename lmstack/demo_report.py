@@ -26,6 +26,17 @@ def train_points(log_text):
     return points
 
 
+def divergence_counts(log_text):
+    """(skipped steps, rollbacks) of the run so far, from the last `[divergence]` line of a log (lm.training.divergence
+    logs one at the end of training); None without one."""
+    counts = None
+    for line in log_text.splitlines():
+        metrics = log_metrics.parse_metrics(line)
+        if "train:rollbacks" in metrics:
+            counts = int(metrics["train:skipped_steps"]), int(metrics["train:rollbacks"])
+    return counts
+
+
 def data_ratio(dataset_dir):
     """(shard bytes, text bytes, tokens) of a dataset, from its manifest."""
     manifest = shards.load_manifest(dataset_dir)
@@ -156,9 +167,13 @@ def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, 
         lines.append("| %s | %d..%d | %.4f | %.4f | %.0f |" % (
             label, points[0][0], points[-1][0], points[0][1]["train:loss"], points[-1][1]["train:loss"],
             median_tokens_per_second(points)))
+    counts = divergence_counts(training["chief_logs"][-1])
     lines += [
         "",
         "tokens/s: all workers together, from the `[train]` lines (CPU, 2 cores shared by both workers).",
+        "",
+        "Divergence defense (docs/execution.md): %s." % (
+            "%d non-finite steps skipped, %d rollbacks" % counts if counts else "no `[divergence]` line in the log"),
         "",
     ]
     found = goodput(training, request)

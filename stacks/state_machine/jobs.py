@@ -30,7 +30,7 @@ from controlplane import budget
 from controlplane import base_images
 from controlplane import history, presets, request
 from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
-from lm.spec import job
+from lm.spec import drill, job
 from lm.spec.hardware import INSTANCES
 from stacks.state_machine import asl, bill
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
@@ -88,6 +88,7 @@ DATASET_KEY_PATH = "$.run.dataset.key"  # what the prepare job is tagged with (s
 # The checkpoint prefix's name below checkpoints/: resume_from, or the execution's own name.
 CHECKPOINTS_PATH = "$.run.checkpoints.name"
 TRAINING_PLAN_PATH = "$.config.training_plan_arn"  # null: on-demand (or spot) capacity
+DRILL_FAULTS_PATH = "$.config.drill.faults"  # null: no drill (lm.spec.drill), the job's environment lacks it
 MODEL_CONFIG_PATH = "$.plan.model_config"  # the preset's configuration, as the gate planned the run
 STOP_AFTER_PATH = "$.plan.stop_after_seconds"  # the job's deadline (controlplane.budget)
 # Where the execution holds the hyperparameters the gate resolves (controlplane.inputs.RESOLVED_HYPERPARAMETERS).
@@ -178,6 +179,14 @@ def create_request(kind, settings):
         values, hyperparameter_map=request.Path(request_slot + ".hyperparameters"),
         stopping=request.Path(request_slot + ".stopping"), channels=request.Path(request_slot + ".channels"),
         job_tags=request.Path(request_slot + ".tags"), resources=request.Path(request_slot + ".resources")))
+
+
+def drill_request(parameters):
+    """The CreateTrainingJob Parameters of a divergence drill: LMSTACK_FAULTS added to the Environment."""
+    drilled = collections.OrderedDict(parameters)
+    drilled["Environment"] = collections.OrderedDict(parameters.get("Environment", {}))
+    drilled["Environment"][drill.FAULTS_ENVIRONMENT + ".$"] = DRILL_FAULTS_PATH
+    return drilled
 
 
 def request_states(kind, settings, first, next_state):
@@ -364,11 +373,18 @@ def job_states(kind, settings, on_success):
         "instance_type.$": kind.config + ".instance_type",
         "name.$": asl.fmt("%s-%s-{}-{}" % (settings.name_prefix, kind.token), "$.run.id", slot + ".attempt"),
     }, result_path=slot)
-    states.update(request_states(kind, settings, s + ".Request", s + ".Create"))
-    states[s + ".Create"] = asl.task(
-        asl.sdk("sagemaker", "createTrainingJob"), create_request(kind, settings), s + ".PollStart",
-        retry=THROTTLE_RETRY,
-        catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": slot + ".error", "Next": s + ".CreateError"}])
+    creates = {s + ".Create": create_request(kind, settings)}
+    if kind is TRAIN:  # a drill's faults in the environment, only when the input asks for one
+        states.update(request_states(kind, settings, s + ".Request", s + ".Drill"))
+        states[s + ".Drill"] = asl.choice([asl.rule({"Variable": DRILL_FAULTS_PATH, "IsNull": False},
+                                                    s + ".Create.Drill")], s + ".Create")
+        creates[s + ".Create.Drill"] = drill_request(creates[s + ".Create"])
+    else:
+        states.update(request_states(kind, settings, s + ".Request", s + ".Create"))
+    for name, parameters in creates.items():
+        states[name] = asl.task(
+            asl.sdk("sagemaker", "createTrainingJob"), parameters, s + ".PollStart", retry=THROTTLE_RETRY,
+            catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": slot + ".error", "Next": s + ".CreateError"}])
     states[s + ".CreateError"] = asl.pass_state(s + ".IsCapacity", {
         "reason.$": asl.fmt("CreateTrainingJob failed: {}: {}", slot + ".error.Error", slot + ".error.Cause")},
         result_path=slot + ".failure")
@@ -440,5 +456,7 @@ def job_states(kind, settings, on_success):
             "https://%s.console.aws.amazon.com/sagemaker/home?region=%s#/jobs/{}" % (settings.region, settings.region),
             name_path)}, result_path=slot + ".result")
     states[s + ".Succeeded"] = asl.publish("${TopicArn}", asl.fmt(
-        "%s {} completed: model {}" % label, name_path, slot + ".result.model_artifacts"), on_success)
+        # The final metrics: the losses, and the divergence defense's skipped steps and rollbacks (lm.training.divergence).
+        "%s {} completed: model {}, final metrics {}" % label, name_path, slot + ".result.model_artifacts",
+        asl.to_json(slot + ".metrics")), on_success)
     return states

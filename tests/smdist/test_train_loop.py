@@ -192,3 +192,21 @@ def test_smp_bad_mp_parameters_exit_with_the_field_named(dataset, tmp_path):
     assert status != 0
     assert "mp_parameters.pipeline must be one of simple, interleaved, got 'fast'" in output
     assert calls == []
+
+
+@pytest.mark.tf26
+def test_smp_skips_a_nan_step_and_rolls_a_spike_back_on_every_partition(dataset, tmp_path):
+    """lm.training.divergence under SMP: the decision is on the pipeline's reduced loss, so both partitions
+    skip the same step; a spike restores every partition's save from before it and skips its batches."""
+    out = str(tmp_path)
+    status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP, "LMSTACK_FAULTS":
+                                                            "nan@5,spike@20:3"}, ranks=2, steps=26, rollback_skip=4)
+    assert status == 0, output
+    assert "[divergence] skipped step=5 epoch=0 batch=4 skipped_steps=1" in output
+    assert ("a loss spike from step 20 to step 22: restored the checkpoint of step 18, skipping batches 18-21"
+            in output), output
+    restores = [(call["details"]["rank"], os.path.basename(call["details"]["directory"])) for call in calls
+                if call["call"] == "smp.CheckpointManager.restore"]
+    assert sorted(restores) == [(0, "smp-00000018"), (1, "smp-00000018")]
+    assert _files(out, "ckpt") == ["smp-00000024", "smp-00000026"]
+    assert "[divergence] summary step=26 epoch=0 batch=29 skipped_steps=1 rollbacks=1" in output

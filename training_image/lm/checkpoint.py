@@ -114,6 +114,12 @@ class Checkpointer:
     def path(self, step):
         return os.path.join(self.directory, checkpoint_name(step, self.tag))
 
+    def discard_after(self, step):
+        """Remove the checkpoints of steps after `step` (a rollback's: they hold the diverged weights)."""
+        for newer in self.steps():
+            if newer > step:
+                os.remove(self.path(newer))
+
     def latest(self):
         steps = self.steps()
         return self.path(steps[-1]) if steps else None

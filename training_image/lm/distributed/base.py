@@ -36,16 +36,18 @@ What an adapter must do (override only what differs from the single-device defau
   data-parallel replicas, inside a train/eval step's graph and eagerly from the loop
   (`lm.training.train` uses it to agree on stopping after SIGTERM).
 - `devices`: how many devices all processes drive together (MFU's denominator).
-- `build_train_step(...)`: a callable `(inputs, labels) -> {"loss", "grad_norm", "loss_scale"}`
+- `build_train_step(...)`: a callable `(inputs, labels) -> {"loss", "grad_norm", "loss_scale", "applied"}`
   of float32 scalars that does forward, backward, gradient all-reduce, clipping and the
-  optimizer update. "loss" is the mean over the GLOBAL batch; every replica applies the same
-  averaged gradient, so weights stay identical everywhere. The default composes
-  `compute_gradients` (XLA-compiled when `jit_compile`) with `reduce_gradients` and
+  optimizer update, skipped where the reduced loss or gradient norm is not finite (`apply_update`).
+  "loss" is the mean over the GLOBAL batch; every replica applies the same averaged gradient, so
+  weights stay identical everywhere. The default composes `compute_gradients` (XLA-compiled when `jit_compile`) with `reduce_gradients` and
   `apply_update`; an override must keep that meaning.
 - `build_eval_step(...)`: `(inputs, labels) -> loss`, the mean over the global batch.
 - `broadcast_initial_state(model, optimizer)`: make every rank's weights and optimizer state
   equal rank 0's (Horovod: `hvd.broadcast_variables`). Called once, after the first step, when
   the optimizer's variables exist. A no-op where variables are mirrored by construction.
+- `broadcast_restored_state(model, optimizer)`: after a rollback restored the checkpoint on the ranks that
+  write checkpoints, make every rank's state theirs (by default `broadcast_initial_state`).
 - `checkpoints(directory)`: where and how this strategy's checkpoints are kept (`Checkpoints`:
   lm.checkpoint's .npz files, written by the ranks with `writes_checkpoints`; SMP: its own).
 - `choose_checkpoint(newest_step)`: the step every rank resumes from: rank 0's newest, sent to
@@ -97,24 +99,27 @@ def compute_gradients(model, loss_fn, inputs, labels, loss_scale=None):
     return loss, grads
 
 
-def apply_update(optimizer, variables, grads, grad_clip=0.0, loss_scale=None, grad_norm=None):
-    """Clip by global norm, then apply; with a loss scale, skip the update on inf/nan gradients.
+def apply_update(optimizer, variables, grads, grad_clip=0.0, loss_scale=None, grad_norm=None, loss=None):
+    """Clip by global norm, then apply unless the step is not finite (lm.training.divergence): the global
+    gradient norm, or `loss` (the all-reduced loss), is inf or nan. Every replica decides on the same
+    reduced values, so all skip together; with a loss scale an overflow also halves the scale.
 
-    Returns {"grad_norm", "loss_scale"}. The same averaged gradients give the same update on
-    every replica. `grad_norm`: the norm of the whole model's gradients when `grads` are only
-    this process's share of them (SMP partitions); by default the norm of `grads`.
+    Returns {"grad_norm", "loss_scale", "applied"} ("applied": 1.0 or 0.0). The same averaged gradients
+    give the same update on every replica. `grad_norm`: the norm of the whole model's gradients when
+    `grads` are only this process's share of them (SMP partitions); by default the norm of `grads`.
     """
     if grad_norm is None:
         grad_norm = tf.linalg.global_norm(grads)
     if grad_clip and grad_clip > 0:
         grads, _ = tf.clip_by_global_norm(grads, grad_clip, use_norm=grad_norm)
-    if loss_scale is None:
-        optimizer.apply_gradients(grads, variables)
-        return {"grad_norm": grad_norm, "loss_scale": tf.constant(1.0)}
-    finite = tf.math.is_finite(grad_norm)
+    finite_grads = tf.math.is_finite(grad_norm)
+    finite = finite_grads if loss is None else tf.logical_and(finite_grads, tf.math.is_finite(loss))
     optimizer.apply_gradients(grads, variables, apply=finite)
-    loss_scale.update(finite)
-    return {"grad_norm": grad_norm, "loss_scale": tf.identity(loss_scale.value)}
+    metrics = {"grad_norm": grad_norm, "applied": tf.cast(finite, tf.float32), "loss_scale": tf.constant(1.0)}
+    if loss_scale is not None:
+        loss_scale.update(finite_grads)
+        metrics["loss_scale"] = tf.identity(loss_scale.value)
+    return metrics
 
 
 class Strategy:
@@ -172,7 +177,7 @@ class Strategy:
         return value
 
     def build_train_step(self, model, optimizer, loss_fn, *, grad_clip=0.0, loss_scale=None, jit_compile=False):
-        """(inputs, labels) -> {"loss", "grad_norm", "loss_scale"}; see the module docstring."""
+        """(inputs, labels) -> {"loss", "grad_norm", "loss_scale", "applied"}; see the module docstring."""
         forward_backward = tf.function(
             lambda inputs, labels: compute_gradients(model, loss_fn, inputs, labels, loss_scale),
             jit_compile=jit_compile, autograph=False)
@@ -181,8 +186,9 @@ class Strategy:
         def train_step(inputs, labels):
             loss, grads = forward_backward(inputs, labels)
             grads = self.reduce_gradients(grads)
-            metrics = apply_update(optimizer, model.trainable_variables, grads, grad_clip, loss_scale)
-            metrics["loss"] = self.allreduce_mean(loss)
+            loss = self.allreduce_mean(loss)
+            metrics = apply_update(optimizer, model.trainable_variables, grads, grad_clip, loss_scale, loss=loss)
+            metrics["loss"] = loss
             return metrics
 
         return train_step
@@ -201,6 +207,11 @@ class Strategy:
 
     def broadcast_initial_state(self, model, optimizer):
         """Single device: nothing to broadcast."""
+
+    def broadcast_restored_state(self, model, optimizer):
+        """After a rollback (lm.training.divergence), in which only the ranks that write checkpoints restored
+        one (the others' hosts may not hold it mid-run): every rank's state made the writers'."""
+        self.broadcast_initial_state(model, optimizer)
 
     def checkpoints(self, directory):
         """This strategy's checkpoints in `directory` (see `Checkpoints`)."""
@@ -253,9 +264,18 @@ class Checkpoints:
         self.strategy = strategy
         self.files = checkpoint.Checkpointer(directory)
 
+    def kept_steps(self):
+        """The steps of the checkpoints here, oldest first."""
+        return self.files.steps()
+
     def newest_step(self):
-        steps = self.files.steps()
+        steps = self.kept_steps()
         return steps[-1] if steps else None
+
+    def discard_after(self, step):
+        """This rank's checkpoints of steps after `step` removed (a rollback discards the diverged ones)."""
+        if self.strategy.writes_checkpoints:
+            self.files.discard_after(step)
 
     def has(self, step):
         return step in self.files.steps()

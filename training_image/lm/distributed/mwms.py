@@ -116,8 +116,9 @@ class MultiWorkerMirroredStrategy(Strategy):
             context = tf.distribute.get_replica_context()
             loss, grads = forward_backward(*self._local_share(inputs, labels))
             grads = context.all_reduce(MEAN, grads)
-            metrics = apply_update(optimizer, model.trainable_variables, grads, grad_clip, loss_scale)
-            metrics["loss"] = context.all_reduce(MEAN, loss)
+            loss = context.all_reduce(MEAN, loss)
+            metrics = apply_update(optimizer, model.trainable_variables, grads, grad_clip, loss_scale, loss=loss)
+            metrics["loss"] = loss
             return metrics
 
         @tf.function(autograph=False)
@@ -155,6 +156,21 @@ class MultiWorkerMirroredStrategy(Strategy):
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
             return tf.distribute.get_replica_context().all_reduce(MEAN, value)
         return self._reduce_value(value)
+
+    def broadcast_restored_state(self, model, optimizer):
+        """Mirrored variables stay equal by construction, but a rollback restores the chief's only (the other
+        hosts lack its checkpoint mid-run): each variable becomes a sum to which only the chief's first
+        replica contributes, which is exact (in float64: the optimizer's int64 step too)."""
+        strategy, chief = self.strategy, self.is_chief
+
+        def chief_value(value):
+            first = tf.distribute.get_replica_context().replica_id_in_sync_group == 0
+            return tf.where(tf.logical_and(tf.constant(chief), first), value, tf.zeros_like(value))
+
+        for variable in list(model.variables) + optimizer.variables:
+            value = tf.cast(variable.read_value(), tf.float64)
+            total = strategy.reduce(SUM, strategy.run(chief_value, args=(value,)), axis=None)
+            variable.assign(tf.cast(total, variable.dtype))
 
     def broadcast_step(self, step):
         # Every local replica of a worker contributes the worker's value.

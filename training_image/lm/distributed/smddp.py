@@ -53,8 +53,9 @@ class SMDDPStrategy(Strategy):
             grads = self._sdp.DistributedGradientTape(tape, sparse_as_dense=True).gradient(scaled, variables)
             if loss_scale is not None:
                 grads = loss_scale.unscale(grads)
-            metrics = apply_update(optimizer, variables, grads, grad_clip, loss_scale)
-            metrics["loss"] = self.allreduce_mean(loss)
+            loss = self.allreduce_mean(loss)
+            metrics = apply_update(optimizer, variables, grads, grad_clip, loss_scale, loss=loss)
+            metrics["loss"] = loss
             return metrics
 
         return train_step

@@ -342,14 +342,14 @@ class SMPStrategy(Strategy):
             return grads, squared, self._dp_mean(loss.reduce_mean())
 
         @tf.function
-        def update(grads, grad_norm):
-            return apply_update(optimizer, variables, grads, grad_clip, loss_scale, grad_norm=grad_norm)
+        def update(grads, grad_norm, loss):
+            return apply_update(optimizer, variables, grads, grad_clip, loss_scale, grad_norm=grad_norm, loss=loss)
 
         # The model-parallel norm is a Python-level allgather, between the two graphs.
         def train_step(inputs, labels):
             self._check_batch(inputs)
             grads, squared, loss = accumulated_gradients(inputs, labels)
-            metrics = update(grads, self.model_parallel_norm(squared))
+            metrics = update(grads, self.model_parallel_norm(squared), loss)
             metrics["loss"] = loss
             return metrics
 
@@ -460,6 +460,18 @@ class SMPCheckpoints:
 
     def complete_steps(self):
         return [step for step in self._marked_steps() if not self.missing_files(step)]
+
+    def kept_steps(self):
+        """The steps of the marked saves here (rank 0's, which writes the markers), oldest first."""
+        return self._marked_steps()
+
+    def discard_after(self, step):
+        """The saves of steps after `step` removed by the ranks that write (a rollback discards the diverged
+        ones): each host's copy of them; the marker goes with its directory."""
+        if self.strategy.writes_checkpoints or self.strategy.is_chief:
+            for newer in self._steps():
+                if newer > step:
+                    shutil.rmtree(self.where(newer), ignore_errors=True)
 
     def newest_step(self):
         """The newest save complete here: a marked save with a partition's file missing (S3 brought it

@@ -95,6 +95,19 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
              "that can finish and be saved before it, and end the job failed, saying so (0 = none)"),
     _hp("export_hf", bool, False,
         help="also write the Hugging Face files (lm.hf) into the export directory (families with hf_export)"),
+    # The divergence defense (lm.training.divergence; docs/execution.md).
+    _hp("spike_detection", bool, True,
+        help="roll back to the checkpoint before a loss spike and skip the data that led to it"),
+    _hp("spike_window", int, 100, 16, 100000, help="steps whose median and spread the loss is judged against"),
+    _hp("spike_threshold", float, 6.0, 1.0, 1000.0,
+        help="a loss above the median by this many spreads (1.4826 x the median absolute deviation) is high"),
+    _hp("spike_steps", int, 3, 1, 1000, help="high-loss steps in a row that make a spike"),
+    _hp("nonfinite_limit", int, 3, 1, 1000,
+        help="non-finite steps in a row (each skipped, not applied) that roll back"),
+    _hp("rollback_skip", int, 200, 0, 10000000,
+        help="batches skipped from the rollback checkpoint's data position (at least up to the spike's batch)"),
+    _hp("max_rollbacks", int, 3, 0, 1000,
+        help="rollbacks a run may make; one more saves and ends the job failed, naming the steps"),
 ])
 
 
@@ -146,6 +159,15 @@ EVAL_LOG_PREFIX = "[eval]"
 def format_train_log(step, loss, learning_rate, tokens_per_second, mfu, step_time):
     return "%s step=%d loss=%.4f lr=%.3e tokens_per_s=%.1f mfu=%.4f step_time=%.4f" % (
         TRAIN_LOG_PREFIX, step, loss, learning_rate, tokens_per_second, mfu, step_time)
+
+
+DIVERGENCE_LOG_PREFIX = "[divergence]"
+
+
+def format_divergence_log(event, step, epoch, batch, skipped_steps, rollbacks, detail):
+    """A skipped step or a rollback, with the run's counts so far (lm.training.divergence)."""
+    return "%s %s step=%d epoch=%d batch=%d skipped_steps=%d rollbacks=%d %s" % (
+        DIVERGENCE_LOG_PREFIX, event, step, epoch, batch, skipped_steps, rollbacks, detail)
 
 
 def format_eval_log(step, val_loss):

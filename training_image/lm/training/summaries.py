@@ -6,7 +6,7 @@ TensorBoard at that S3 prefix (or at a local copy) to watch it. On a laptop noth
 unless `lm.training.train --tensorboard-dir DIR` asks for it.
 
 Tags: train/loss, train/learning_rate, train/grad_norm, train/tokens_per_s, train/mfu,
-train/loss_scale, validation/loss; the step is the global training step.
+train/loss_scale, validation/loss, divergence/skipped_steps, divergence/rollbacks; the step is the global training step.
 """
 import os
 
@@ -72,6 +72,10 @@ class Summaries:
         if unknown:
             raise ValueError("unknown training summaries %s; allowed: %s" % (", ".join(unknown), ", ".join(TRAIN_TAGS)))
         self._write(step, "train", values)
+
+    def divergence(self, step, skipped_steps, rollbacks):
+        """The run's counts of skipped steps and rollbacks (lm.training.divergence), at each one."""
+        self._write(step, "divergence", {"skipped_steps": skipped_steps, "rollbacks": rollbacks})
 
     def validation(self, step, loss):
         self._write(step, "validation", {"loss": loss})

@@ -40,11 +40,13 @@ import numpy as np
 from lm.spec import hardware
 from lm import checkpoint
 from lm.spec import contract
+from lm.spec import drill
 from lm.data import dataset
 from lm.training import goodput
 from lm.training import gpu_usage
 from lm.spec import interruptions, job
 from lm.spec import shards
+from lm.training import divergence
 from lm.training import summaries
 from lm.training import tracking
 from lm.spec import conditions
@@ -70,6 +72,7 @@ CLOCK = time.monotonic
 # TRAINING_JOB_ENV): a restart of the same job (spot, RetryStrategy) carries the seconds it trained before.
 JOB_NAME_ENVIRONMENT = "TRAINING_JOB_NAME"
 EXIT_DEADLINE = 3  # the job stopped itself at its deadline, with a checkpoint
+EXIT_DIVERGED = 4  # the job diverged more than max_rollbacks allows (lm.training.divergence)
 
 
 class UsageError(ValueError):
@@ -418,8 +421,11 @@ class Training:
         hp = self.hp
         self.learning_rate_at = optim.learning_rate_at
         self.peak_lr = peak_learning_rate(self.config, hp.global_batch_size, hp.learning_rate, hp.scale_lr)
+        faults = os.environ.get(drill.FAULTS_ENVIRONMENT)
         with self.strategy.scope():
-            self.optimizer = optim.AdamW(self.model.trainable_variables, self.schedule, weight_decay=hp.weight_decay)
+            self.faults = divergence.Faults(self.tf, faults) if faults else None  # a drill's
+            schedule = self.faults.schedule(self.schedule) if self.faults else self.schedule
+            self.optimizer = optim.AdamW(self.model.trainable_variables, schedule, weight_decay=hp.weight_decay)
             self.loss_scale = optim.DynamicLossScale() if self.precision == "fp16" else None
         self.dropout_key.count_steps_of(self.optimizer.step)
         self.state = (list(self.model.weights) + self.optimizer.variables
@@ -445,6 +451,8 @@ class Training:
             self.say(self.auto_interval.described("planned from the checkpoint's size"))
         self.clock = checkpoint.SaveClock(self.auto_interval.seconds() if self.auto_interval
                                           else hp.checkpoint_minutes * 60.0)
+        self.divergence = divergence.Divergence(self.hp)
+        self.diverged = None  # the failure reason once the run diverged past max_rollbacks
 
     def _setup_tracking(self):
         """TensorBoard scalars, and MLflow when enabled, from the chief."""
@@ -454,7 +462,7 @@ class Training:
 
     def _setup_steps(self):
         """The compiled train and eval steps (XLA unless it fails to compile on the first step)."""
-        self.loss_fn = token_loss(self.tf)
+        self.loss_fn = self.faults.loss(token_loss(self.tf)) if self.faults else token_loss(self.tf)
         self.xla = self.hp.xla
         self.train_step, self.eval_step = self.make_steps(self.xla)
         self.first_step_of_process = True
@@ -464,6 +472,10 @@ class Training:
     def say(self, line):
         if self.chief:
             print(line, flush=True)
+
+    def data_position(self, step):
+        """The data stream's position (batches from the start) after `step` steps: rollbacks skip windows."""
+        return step + self.divergence.data_offset
 
     def schedule(self, step):
         hp = self.hp
@@ -494,11 +506,13 @@ class Training:
         check_resume(meta, self.hp, latest)
         self.ledger.resumed(meta, meta["step"])
         self.job_clock.resume(meta)
+        self.divergence.resume(meta)
         if checkpoint.check_dataset(meta, self.fingerprint, self.hp.allow_new_data, latest):
             self.say("note: resuming %s on another dataset (allow_new_data)" % latest)
         checkpoints.restore(chosen, self.state)
         step = meta["step"]
-        self.say("resumed from %s at step %d (epoch %d, batch %d)" % ((latest, step) + self.train_stream.position(step)))
+        self.say("resumed from %s at step %d (epoch %d, batch %d)"
+                 % ((latest, step) + self.train_stream.position(self.data_position(step))))
         return step
 
     def make_steps(self, jit):
@@ -525,13 +539,13 @@ class Training:
         self.saved_step = at_step
         self.clock.saved()
         self.ledger.commit()
-        epoch, batch = self.train_stream.position(at_step)
+        epoch, batch = self.train_stream.position(self.data_position(at_step))
         # On every rank: the strategy's checkpoints know which ranks write.
         self.checkpoints.save(at_step, self.state, {
             "hyperparameters": self.hp.as_dict(), "epoch": epoch, "batch": batch,
             "config": self.config.to_dict(), "precision": self.precision,
             "dataset_fingerprint": self.fingerprint, "job": self.job_clock.record(),
-            "goodput": self.ledger.record(at_step)})
+            "goodput": self.ledger.record(at_step), "divergence": self.divergence.record()})
         self.strategy.barrier()
         self.after_save(at_step, time.monotonic() - started)
 
@@ -635,16 +649,25 @@ class Training:
         self.peak = peak_flops(self.gpu, self.precision)
         self.progress = self.keras.utils.Progbar(hp.max_steps, stateful_metrics=["loss", "lr"]) if (
             self.chief and not self.paths.under_sagemaker and sys.stdout.isatty()) else None
-        batches = self.train_stream.batches(self.step)
+        batches = self.train_stream.batches(self.data_position(self.step))
         self.window_losses, self.window_start = [], time.time()
         stopped = False
         step_seconds = 0.0  # the last step's, for the deadline: not the process's first (it compiles)
         while self.step < hp.max_steps:
             started, compiling = time.monotonic(), self.first_step_of_process
             inputs, labels = next(batches)
+            if self.faults:
+                self.faults.before(self.step + 1, self.divergence.fresh)
             metrics = self.train_one(inputs, labels)
             self.step += 1
             step_seconds = step_seconds if compiling else time.monotonic() - started
+            if divergence.defend(self, metrics):  # rolled back: the stream goes on after the skipped window
+                batches.close()
+                if self.diverged:
+                    return True
+                batches = self.train_stream.batches(self.data_position(self.step))
+                self.window_losses = []
+                continue
             stopped = self.after_step(metrics, step_seconds)
             self.account_step()
             if stopped:
@@ -683,9 +706,13 @@ class Training:
         self.ledger.ended()
         self.say(self.ledger.totals_line(self.step))
         self.checkpoints.wait()
+        divergence.log(self, "summary", self.step, "at the end of this process")  # the final metrics' counts
         self.tensorboard.close()
         if stopped:
             self.strategy.shutdown()
+            if self.diverged:
+                report_failure(self.diverged)
+                return EXIT_DIVERGED
             if self.deadline_reached:
                 report_failure(self.deadline_message())
                 return EXIT_DEADLINE

@@ -1,0 +1,188 @@
+"""A diverging run defends itself (lm.training.divergence): non-finite steps skipped, loss spikes rolled back
+past their data, at most max_rollbacks times; LMSTACK_FAULTS drills cause them."""
+import glob
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from controlplane import metrics as log_metrics
+from lm import checkpoint
+from lm.spec import drill, job
+from lm.training import divergence
+
+from . import helpers
+
+# Checkpoints every 10 steps (two kept), a small skip so the 70 steps stay in the first epoch; a flat learning rate
+# of 0.002 after warm-up, so that 1000 times it at step 40 wrecks the weights as a real spike would.
+RUN = dict(max_steps=70, checkpoint_every=10, log_every=10, eval_batches=4, xla=False, rollback_skip=20,
+           learning_rate=0.002, min_lr_ratio=1.0)
+LR_SPIKE = "lr_spike@40x1000"
+
+
+def run(data, directory, faults="", **hyperparameters):
+    return helpers.run_training(data, directory, env=helpers.environment(**{drill.FAULTS_ENVIRONMENT: faults}),
+                                **dict(RUN, **hyperparameters))
+
+
+def events(output, event):
+    """The [divergence] lines of `event`, as SageMaker's metric definitions read them."""
+    return [dict(log_metrics.parse_metrics(line), line=line) for line in helpers.lines(output)
+            if line.startswith("%s %s " % (job.DIVERGENCE_LOG_PREFIX, event))]
+
+
+def final_weights(directory, step):
+    with np.load(os.path.join(directory, "ckpt", checkpoint.checkpoint_name(step))) as data:
+        return {name: data[name] for name in data.files if name != checkpoint.META_KEY}
+
+
+@pytest.fixture(scope="module")
+def reference(text_dataset, tmp_path_factory):
+    """The run without a fault, and the lr_spike@40x1000 drill with and without spike detection."""
+    runs = {}
+    for name, faults, extra in (("clean", "", {}), ("defended", LR_SPIKE, {}),
+                                ("undefended", LR_SPIKE, {"spike_detection": False})):
+        directory = str(tmp_path_factory.mktemp(name))
+        result = run(text_dataset, directory, faults, **extra)
+        assert result.returncode == 0, result.stdout
+        runs[name] = (directory, result.stdout)
+    return runs
+
+
+# ---- the decisions, without training ----
+
+def test_faults_parse_and_name_the_forms_allowed():
+    assert drill.parse_faults("lr_spike@40x1000, nan@30,spike@50:4,lr_spike@7") == {
+        "lr": {40: 1000.0, 7: drill.DEFAULT_LR_FACTOR}, "nan": {30}, "spike": {50: 4}}
+    for bad in ("nan@0", "spike@5", "lr_spike@x3", "explode@3", "spike@5:0"):
+        with pytest.raises(ValueError, match="lr_spike@STEP\\[xFACTOR\\], nan@STEP, spike@STEP:COUNT"):
+            drill.parse_faults(bad)
+
+
+def hyperparameters(**values):
+    return type("HP", (), dict(job.validate_hyperparameters({}), **values))
+
+
+def test_a_noisy_falling_loss_is_no_spike_and_a_jump_is():
+    guard = divergence.Divergence(hyperparameters())
+    noise = np.random.RandomState(0).normal(0.0, 0.05, 300)
+    for step in range(1, 301):  # warm-up's fall from 11 to 3, then noise
+        assert guard.observe(step, max(3.0, 11.0 - step * 0.1) + noise[step - 1], True) == (None, step)
+    assert guard.observe(301, 9.0, True) == (None, 301)
+    assert guard.observe(302, 9.0, True) == (None, 302)
+    assert guard.observe(303, 9.0, True) == ("rollback", 301)
+
+
+def test_consecutive_non_finite_steps_roll_back_and_a_finite_one_resets_them():
+    guard = divergence.Divergence(hyperparameters(nonfinite_limit=2))
+    assert guard.observe(5, float("nan"), False) == ("skipped", 5)
+    assert guard.observe(6, 3.0, True) == (None, 6)
+    assert guard.observe(7, float("inf"), False) == ("skipped", 7)
+    assert guard.observe(8, float("nan"), False) == ("rollback", 7)
+    assert guard.skipped_steps == 3
+
+
+def test_the_rollback_target_precedes_the_update_before_the_first_high_loss():
+    guard = divergence.Divergence(hyperparameters())
+    # The loss of step 41 is of the weights after step 40: the checkpoint of step 40 holds the bad update.
+    assert guard.target([30, 40], began=41) == 30
+    assert guard.target([40, 50], began=41) is None
+    first, end = guard.roll_back(43, 30, lambda step: step)
+    assert (first, end) == (30, 230)  # rollback_skip 200 batches from the checkpoint's position
+    assert guard.data_offset == 200 and not guard.fresh(40) and guard.fresh(44)
+    resumed = divergence.Divergence(hyperparameters())
+    resumed.resume({"divergence": guard.record()})
+    assert resumed.data_offset == 200 and resumed.rollbacks == guard.rollbacks
+
+
+# ---- the drills, through lm.training.train ----
+
+@pytest.mark.slow
+def test_nan_step_is_skipped_counted_and_leaves_every_weight_finite(text_dataset, tmp_path):
+    directory = str(tmp_path)
+    result = run(text_dataset, directory, "nan@30", max_steps=40)
+    assert result.returncode == 0, result.stdout
+    (skipped,) = events(result.stdout, "skipped")
+    assert "step=30 epoch=0 batch=29" in skipped["line"] and skipped["train:skipped_steps"] == 1
+    (summary,) = events(result.stdout, "summary")
+    assert summary["train:skipped_steps"] == 1 and summary["train:rollbacks"] == 0
+    for name, weight in final_weights(directory, 40).items():
+        assert np.isfinite(weight).all(), name
+
+
+@pytest.mark.slow
+def test_lr_spike_rolls_back_before_it_and_skips_its_data(reference):
+    clean, defended, undefended = (reference[name][1] for name in ("clean", "defended", "undefended"))
+    (rollback,) = events(defended, "rollback")
+    assert "restored the checkpoint of step 30, skipping batches 30-49" in rollback["line"], rollback["line"]
+    assert rollback["train:rollbacks"] == 1
+    clean_loss, defended_loss = helpers.val_losses(clean)[-1], helpers.val_losses(defended)[-1]
+    assert defended_loss == pytest.approx(clean_loss, rel=0.05)
+    undefended_loss = helpers.val_losses(undefended)[-1]
+    assert not np.isfinite(undefended_loss) or undefended_loss >= 1.2 * clean_loss, (undefended_loss, clean_loss)
+    assert not events(undefended, "rollback")
+    meta = checkpoint.read_meta(os.path.join(reference["defended"][0], "ckpt", checkpoint.checkpoint_name(70)))
+    assert meta["divergence"]["data_offset"] == 20 and meta["batch"] == 90
+
+
+@pytest.mark.slow
+def test_a_spot_interruption_after_a_rollback_resumes_past_the_skipped_window(text_dataset, tmp_path, reference):
+    directory = str(tmp_path)
+    args = helpers.train_args(text_dataset, directory, **RUN)
+    env = helpers.environment(**{drill.FAULTS_ENVIRONMENT: LR_SPIKE})
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               universal_newlines=True)
+    first = []
+    for line in process.stdout:
+        first.append(line)
+        if line.startswith(job.DIVERGENCE_LOG_PREFIX + " rollback"):
+            process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == 0, "".join(first)
+    assert "SIGTERM: saved a checkpoint" in "".join(first)
+    resumed = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stdout
+    assert not events(resumed.stdout, "rollback"), "the drill's fault does not fire again on a replayed step"
+    # The same weights as the uninterrupted run: the same batches in the same order, the window not replayed.
+    expected = final_weights(reference["defended"][0], 70)
+    got = final_weights(directory, 70)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_more_rollbacks_than_allowed_end_the_job_with_the_steps_and_a_checkpoint(text_dataset, tmp_path):
+    directory = str(tmp_path)
+    failure = tmp_path / "output" / "failure"
+    env = helpers.environment(SAGEMAKER_BASE_DIR=str(tmp_path),
+                              **{drill.FAULTS_ENVIRONMENT: "spike@25:3,spike@45:3"})
+    result = helpers.run_training(text_dataset, directory, env=env, **dict(RUN, max_rollbacks=1, max_steps=60))
+    assert result.returncode == 4, result.stdout
+    reason = failure.read_text()
+    assert "diverged more than max_rollbacks=1 times" in reason, reason
+    assert "step 27 rolled back to 20, batches 20-39 skipped" in reason, reason
+    assert "step 47 rolled back to 40, batches 60-79 skipped" in reason, reason
+    saved = sorted(glob.glob(os.path.join(directory, "ckpt", "ckpt-*.npz")))
+    assert saved[-1].endswith(checkpoint.checkpoint_name(40)), saved
+    assert checkpoint.read_meta(saved[-1])["divergence"]["data_offset"] == 40
+
+
+@pytest.mark.slow
+def test_a_healthy_run_of_300_steps_triggers_nothing(text_dataset, tmp_path):
+    result = run(text_dataset, str(tmp_path), max_steps=300, checkpoint_every=100, log_every=50)
+    assert result.returncode == 0, result.stdout
+    (summary,) = events(result.stdout, "summary")
+    assert summary["train:skipped_steps"] == 0 and summary["train:rollbacks"] == 0
+    assert not events(result.stdout, "skipped") and not events(result.stdout, "rollback")
+
+
+def test_the_demo_report_counts_the_last_divergence_line():
+    from lmstack import demo_report
+
+    log = "\n".join([job.format_divergence_log("skipped", 30, 0, 29, 1, 0, "loss=nan"),
+                     "[train] step=40 loss=5.1",
+                     job.format_divergence_log("summary", 70, 0, 89, 1, 1, "at the end of this process")])
+    assert demo_report.divergence_counts(log) == (1, 1)
+    assert demo_report.divergence_counts("[train] step=40 loss=5.1") is None
