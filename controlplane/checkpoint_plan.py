@@ -16,6 +16,13 @@ from lm.spec import interruptions, job
 from lm.spec.hardware import INSTANCES
 
 
+def expected_loss_share(interval_seconds, save_seconds, mtbi_seconds, restart_seconds=0.0):
+    """The expected share of the time lost at an interval of `interval_seconds`: save / interval for the saves,
+    plus, per interruption (1 / mtbi of them a second), half an interval of work redone on average and the
+    restart (first order in save / mtbi and interval / mtbi)."""
+    return save_seconds / interval_seconds + (interval_seconds / 2.0 + restart_seconds) / mtbi_seconds
+
+
 def plan(save_seconds, step_seconds, instance_count, gpus_per_host, spot, hyperparameters):
     """What the run's checkpoints will cost: the interval, its basis and the expected loss."""
     given_hours = hyperparameters.get("interruption_hours") or 0.0
@@ -35,7 +42,7 @@ def plan(save_seconds, step_seconds, instance_count, gpus_per_host, spot, hyperp
         ("interruption_basis", "given" if given_hours else ("spot default" if spot else "on-demand default")),
         ("mtbi_seconds", round(mtbi)),
         ("expected_loss_share", None if effective is None else round(
-            interruptions.expected_loss_share(effective, save_seconds, mtbi), 4)),
+            expected_loss_share(effective, save_seconds, mtbi), 4)),
     ])
 
 

@@ -3,10 +3,10 @@
 Each job that ends (completed, failed or stopped; `stacks.state_machine.jobs`) records its usage in
 `$.run.usage.<job>` (`usage_state`): its name, status, instance type and count, and what
 DescribeTrainingJob reports of its billable and training seconds and its final metrics (optional members:
-merged over `jobs.BILLED_DEFAULTS` first, null where the service did not report them). A stage of its own
+merged over `stacks.state_machine.jobs.BILLED_DEFAULTS` first, null where the service did not report them). A stage of its own
 (an evaluation job) records its job the same way under its own key, and the bill lists it.
 
-`states(first, next_state)`: the gate's function computes the bill (`controlplane.bill`: BillableTimeInSeconds
+`states(settings, first, next_state, notify, retries)`: the gate's function computes the bill (`controlplane.bill`: BillableTimeInSeconds
 x instance count x the price the plan used; Step Functions' JSONPath intrinsics cannot multiply) into `$.bill`,
 each priced job's dollars go to CloudWatch (METRIC, one data point per job), and with `notify` the topic hears
 the bill; then `next_state`. The bill never stops the execution: an error of the function or of CloudWatch is
@@ -15,7 +15,7 @@ its notification carry `$.bill.text`, the output of a completed run `$.bill`).
 """
 import collections
 
-from stacks.state_machine import asl, jobs
+from stacks.state_machine import asl
 
 USAGE_PATH = "$.run.usage"
 BILL_PATH = "$.bill"
@@ -44,8 +44,10 @@ def metric_data(name_prefix):
         "Dimensions": [{"Name": "Deployment", "Value": name_prefix}, {"Name": "Job", "Value.$": "$.job"}]}]}
 
 
-def states(settings, first, next_state, notify):
-    """The bill (the module docstring), entered at `first`."""
+def states(settings, first, next_state, notify, retries):
+    """The bill (the module docstring), entered at `first`; `retries`: (the gate's invocation's Retry, a
+    CloudWatch call's), as `stacks.state_machine.jobs` retries them."""
+    lambda_retry, retry = retries
     s = first
     result = collections.OrderedDict()
     after_metrics = s + ".Notify" if notify else next_state
@@ -55,7 +57,7 @@ def states(settings, first, next_state, notify):
     }, s + ".Metrics", result_path=BILL_PATH, result_selector={
         "jobs.$": "$.Payload.jobs", "total_usd.$": "$.Payload.total_usd", "estimate_usd.$": "$.Payload.estimate_usd",
         "text.$": "$.Payload.text"},
-        retry=jobs.LAMBDA_RETRY, catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.bill_error",
+        retry=lambda_retry, catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.bill_error",
                                          "Next": s + ".Unbilled"}])
     result[s + ".Unbilled"] = asl.pass_state(after_metrics, {
         "jobs": [], "total_usd": None, "estimate_usd": None,
@@ -68,7 +70,7 @@ def states(settings, first, next_state, notify):
             s + ".Metric.Priced": asl.choice([asl.rule({"Variable": "$.usd", "IsNull": True}, s + ".Metric.Unpriced")],
                                              s + ".Metric"),
             s + ".Metric.Unpriced": {"Type": "Succeed"},
-            s + ".Metric": asl.task(put, metric_data(settings.name_prefix), None, retry=jobs.RETRY)}},
+            s + ".Metric": asl.task(put, metric_data(settings.name_prefix), None, retry=retry)}},
         "ResultPath": None, "Next": after_metrics,
         # a lost data point must not change how the run ends
         "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.metric_error", "Next": after_metrics}]}

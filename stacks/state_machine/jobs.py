@@ -428,7 +428,7 @@ def job_states(kind, settings, on_success):
     if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
         template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
     # the end of a failed run: its bill, then the notification and the cause, which end with the bill's text
-    states.update(bill.states(settings, s + ".Bill", s + ".Notify", notify=False))
+    states.update(bill.states(settings, s + ".Bill", s + ".Notify", notify=False, retries=(LAMBDA_RETRY, RETRY)))
     cause = asl.fmt(template + " {}", *(arguments + [bill.BILL_PATH + ".text"]))
     states[s + ".Notify"] = asl.publish("${TopicArn}", cause, s + ".Fail")
     states[s + ".Fail"] = asl.fail("%sJobFailed" % s, cause)

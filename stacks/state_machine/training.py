@@ -396,7 +396,7 @@ def build_training_definition(settings):
     states.update(_resume_states(RESUME, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
     states.update(jobs.job_states(jobs.TRAIN, settings, BILL))
-    states.update(bill.states(settings, BILL, DEPLOY, notify=True))
+    states.update(bill.states(settings, BILL, DEPLOY, notify=True, retries=(jobs.LAMBDA_RETRY, jobs.RETRY)))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states.update(_outputs_states(OUTPUTS))
     return {

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from controlplane import checkpoint_plan
 from lm.spec import interruptions
 
 SAVE_SECONDS = 60.0
@@ -41,7 +42,7 @@ def test_young_dalys_interval_costs_within_5_percent_of_the_best_interval_a_sear
     assert simulated_seconds(chosen / 10) > 1.05 * best and simulated_seconds(chosen * 10) > 1.05 * best
     # and the planned expected loss is what the simulation loses at the chosen interval
     lost = simulated_seconds(chosen) / WORK_SECONDS - 1
-    assert interruptions.expected_loss_share(chosen, SAVE_SECONDS, MTBI_SECONDS, RESTART_SECONDS) == pytest.approx(
+    assert checkpoint_plan.expected_loss_share(chosen, SAVE_SECONDS, MTBI_SECONDS, RESTART_SECONDS) == pytest.approx(
         lost, rel=0.1)
 
 
@@ -55,6 +56,15 @@ def test_a_jobs_interruptions_come_as_often_as_any_of_its_instances():
     assert interruptions.job_mtbi_seconds(2, spot=False, gpus_per_host=8, given_hours=10) == 5 * 3600
 
 
-def test_the_interval_in_steps_rounds_to_whole_steps_and_is_at_least_one():
-    assert interruptions.interval_steps(60, 4 * 3600, 2.0) == round(math.sqrt(2 * 60 * 4 * 3600) / 2)
-    assert interruptions.interval_steps(1, 1, 1e6) == 1
+def test_the_plan_states_the_interval_its_basis_and_the_expected_loss():
+    planned = checkpoint_plan.plan(60, 2.0, 2, 8, True, {"checkpoint_minutes": 0})
+    mtbi = interruptions.SPOT_INSTANCE_HOURS * 3600 / 2
+    assert planned["interval_seconds"] == pytest.approx(math.sqrt(2 * 60 * mtbi), abs=0.1)
+    assert planned["interval_steps"] == round(math.sqrt(2 * 60 * mtbi) / 2.0)
+    assert planned["interruption_basis"] == "spot default" and planned["effective_seconds"] == planned[
+        "interval_seconds"]
+    assert "checkpoint_every auto: a save every" in checkpoint_plan.described(planned)
+    # checkpoint_minutes saves sooner when it is shorter; a given checkpoint_every is used as given
+    assert checkpoint_plan.plan(60, 2.0, 2, 8, True, {"checkpoint_minutes": 15})["effective_seconds"] == 900
+    given = checkpoint_plan.plan(60, 2.0, 2, 8, True, {"checkpoint_every": 100, "checkpoint_minutes": 0})
+    assert (given["interval_seconds"], given["interval_steps"]) == (200.0, 100)

@@ -3,8 +3,7 @@
 Young (1974) and Daly (2006): with a save of `save` seconds and interruptions at random (a Poisson process)
 `mtbi` seconds apart on average, the interval of work between saves that minimizes the expected time lost,
 saves plus the work redone after each interruption, is about sqrt(2 x save x mtbi) (first order in
-save / mtbi). The expected share of time lost at an interval t is about save / t + t / (2 x mtbi) (each
-interruption redoes half an interval on average), plus the restart of each interruption.
+save / mtbi); `controlplane.checkpoint_plan` states the expected loss at it.
 
 The mean time between interruptions of a job is the mean of one instance divided by the job's instance
 count (any instance lost interrupts the whole job). The defaults per instance, unless the hyperparameter
@@ -45,11 +44,3 @@ def young_daly_seconds(save_seconds, mtbi_seconds):
     return math.sqrt(2.0 * save_seconds * mtbi_seconds)
 
 
-def interval_steps(save_seconds, mtbi_seconds, step_seconds):
-    """Young/Daly's interval in whole steps of `step_seconds` (at least one)."""
-    return max(1, int(round(young_daly_seconds(save_seconds, mtbi_seconds) / step_seconds)))
-
-
-def expected_loss_share(interval_seconds, save_seconds, mtbi_seconds, restart_seconds=0.0):
-    """The expected share of the time lost at an interval: saves, work redone and restarts (first order)."""
-    return save_seconds / interval_seconds + (interval_seconds / 2.0 + restart_seconds) / mtbi_seconds
