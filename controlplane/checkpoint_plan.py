@@ -63,6 +63,15 @@ def described(planned):
         choice, sooner, 100 * planned["expected_loss_share"])
 
 
+def resolve_interruption_hours(config):
+    """The config with the run's mean hours between interruptions of an instance in its hyperparameters (0: the
+    default for its capacity, made explicit); that figure."""
+    hyperparameters = config["hyperparameters"]
+    hyperparameters["interruption_hours"] = hyperparameters["interruption_hours"] or interruptions.instance_hours(
+        config["spot"], INSTANCES[config["instance_type"]].gpus)
+    return hyperparameters["interruption_hours"]
+
+
 def check_checkpoints(decision, context):
     """The gate's check: the plan's `checkpoints` (with the line `lmstack.plan` prints), and the mean time between
     interruptions written into the job's hyperparameters (its default made explicit)."""
@@ -73,5 +82,5 @@ def check_checkpoints(decision, context):
     step_seconds = decision.plan["hours"] * 3600.0 / decision.plan["steps"]
     planned = plan(decision.plan["save_seconds"], step_seconds, config["instance_count"],
                    INSTANCES[config["instance_type"]].gpus, config["spot"], hyperparameters)
-    hyperparameters["interruption_hours"] = planned["interruption_hours"]
+    resolve_interruption_hours(config)
     decision.plan["checkpoints"] = dict(planned, described=described(planned))

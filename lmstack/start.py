@@ -298,8 +298,8 @@ def watch(stepfunctions, execution_arn, poll_seconds, out, sleep=time.sleep):
 
 
 def report_end(execution, out):
-    """The execution's end: its output, or its error and cause (which end with the run's bill); a completed
-    run's bill (`controlplane.bill`) on the last line."""
+    """The execution's end: its output, or its error and cause (which hold the run's bill); a completed run's bill
+    (`controlplane.bill`) on the last line."""
     if execution["status"] == "SUCCEEDED":
         out.write("output: %s\n" % execution.get("output", "{}"))
         billed = json.loads(execution.get("output") or "{}").get("bill")

@@ -28,7 +28,7 @@ import dataclasses
 
 from controlplane import budget
 from controlplane import base_images
-from controlplane import history, presets, request
+from controlplane import checkpoint_plan, history, presets, request
 from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
 from lm.spec import drill, job
 from lm.spec.hardware import INSTANCES
@@ -145,7 +145,10 @@ def job_values(kind, settings, value_at, strategy="single"):
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None):
     """`job_values` for one attempt of a concrete execution: `config` is the input with its
-    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`)."""
+    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`), where the gate makes
+    the mean time between interruptions explicit (`controlplane.checkpoint_plan`)."""
+    config = dict(config, hyperparameters=dict(config["hyperparameters"]))
+    checkpoint_plan.resolve_interruption_hours(config)
     state = {
         "config": config,
         "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),
@@ -424,12 +427,14 @@ def job_states(kind, settings, on_success):
     if kind is TRAIN:
         states.update(_fallback_states(kind, exhausted, s + ".Bill"))
     template = "%s {} (attempt {} of at most %d on instance type {}) failed: {}" % (label, MAX_ATTEMPTS)
-    arguments = [name_path, asl.to_json(slot + ".tries"), slot + ".instance_type", slot + ".failure.reason"]
+    # the end of a failed run: its bill, then the notification and the cause, which hold the bill's text
+    arguments = [name_path, asl.to_json(slot + ".tries"), slot + ".instance_type", slot + ".failure.reason",
+                 bill.BILL_PATH + ".text"]
+    template += ". {}"
     if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
         template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
-    # the end of a failed run: its bill, then the notification and the cause, which end with the bill's text
     states.update(bill.states(settings, s + ".Bill", s + ".Notify", notify=False, retries=(LAMBDA_RETRY, RETRY)))
-    cause = asl.fmt(template + " {}", *(arguments + [bill.BILL_PATH + ".text"]))
+    cause = asl.fmt(template, *arguments)
     states[s + ".Notify"] = asl.publish("${TopicArn}", cause, s + ".Fail")
     states[s + ".Fail"] = asl.fail("%sJobFailed" % s, cause)
 
