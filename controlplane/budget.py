@@ -118,7 +118,8 @@ def endpoint_cost(deploy, book=None):
 
 
 def max_runtime_seconds(config, found, budget):
-    """The most seconds the training job may run within `budget` after the prepare job and the warm pool."""
+    """The most seconds the training job may run within `budget` after the prepare job, the warm pool and the
+    endpoint's budgeted hours."""
     return int((budget - found.prepare - found.warm_pool - found.endpoint) / found.usd_per_hour * 3600)
 
 

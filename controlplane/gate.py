@@ -18,7 +18,8 @@ A decision is a list of checks (CHECKS), each `check(decision, context)`: it rea
 and `decision.notes` (lines for the run's notification). `context` holds what a check may need from
 outside the input: the deployment's settings (`Deployment`), the execution's name and a factory of
 AWS clients (`context.client("service-quotas")`: boto3's in the Lambda function, the session's in
-`lmstack.start`, None where nothing may ask AWS) and the stack's region (the function's AWS_REGION). A new check is one function in CHECKS.
+`lmstack.start`, None where nothing may ask AWS) and the stack's region (the function's AWS_REGION). A new
+check is one function in CHECKS.
 
 The event of the Lambda function: {"input": <execution input>, "execution_name": <name>, "launch": k},
 k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the

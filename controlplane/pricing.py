@@ -17,13 +17,15 @@ the stack's region, which the `regionCode` filter names.
 The answer (botocore's pricing examples-1.json, GetProducts: `PriceList` is a list of JSON strings, each
 {"product": {"productFamily", "attributes", "sku"}, "terms": {"OnDemand": {"<sku>.<offerTermCode>":
 {"effectiveDate", "priceDimensions": {"<rate code>": {"unit", "pricePerUnit": {"USD": "0.1380000000"}, ...}}}}},
-"publicationDate", ...}). SageMaker's products (offer AmazonSageMaker) are of productFamily "ML Instance", one per
-instance type, component and region: AWS's own Marketplace listing helper reads them with `instanceType`
-"ml.p3.2xlarge-Hosting" and components "Notebook", "Training", "Hosting", "BatchTransform" (Amazon.com, 2019,
-Apache-2.0); public reads of the offer of 2026 show `instanceName` "ml.g5.2xlarge", `component` "Training" or
-"Hosting", `regionCode` "us-east-1", unit "Hrs", and usage types `USE1-Train:<type>` and `USE1-Host:<type>` (the
-AWS Machine Learning Blog's SageMaker spend series names the same). A training plan's up-front fee
-(`USE1-TrainingPlanUpfrontFee:<type>`) carries no component, so the filter leaves it out.
+"publicationDate", ...}). SageMaker's instance products (offer AmazonSageMaker) are of productFamily "ML Instance",
+one per instance type, component and region, with the attributes `component`, `instanceName`, `instanceType`,
+`regionCode`, `usagetype`, `location`, ... (AWS's own generator that reads them with GetProducts and a
+`regionCode` TERM_MATCH: GitHub cdklabs/cdk-proserve-lib, utilities/generators/lib/
+sagemaker-notebook-instance-type.ts at 5e23e0e, lines 10-36 and 84-100). Public reads of the offer of 2026 show
+`instanceName` "ml.g5.2xlarge", `component` "Training" or "Hosting", `regionCode` "us-east-1", unit "Hrs", and
+usage types `USE1-Train:<type>` and `USE1-Host:<type>` (the AWS Machine Learning Blog's SageMaker spend series
+names the same). A training plan's up-front fee (`USE1-TrainingPlanUpfrontFee:<type>`) carries no component, so
+the filter leaves it out.
 
 An answer that cannot be read as one hourly price (not JSON, no on-demand term, another unit, several prices) is
 a fallback to the table with a note, never a crash. Pure Python; botocore only where a client is passed.

@@ -302,6 +302,8 @@ def main(argv=None, clients=None):
             return 0
         settings, source = cdk_settings.load(args.cdk_json)
         if args.input:
+            if args.preset or args.config or args.instance_type:
+                raise ValueError("--input is the whole run: give its preset and instance type in it, not as flags")
             result = input_plan(args.input, gate.Deployment.of(settings))
         else:
             result = flags_plan(args, settings, clients)

@@ -11,7 +11,7 @@ import hashlib
 import botocore.session
 import botocore.validate
 
-from controlplane import quotas
+from controlplane import aws_clients, gate, quotas
 from lm.spec.hardware import INSTANCES
 from controlplane.containers import HOSTING_INSTANCE_TYPES
 from lmstack.local_pricing import PriceList
@@ -77,19 +77,23 @@ def answered_by(table, client):
 
 
 class Session:
-    """A boto3 session (under moto where a mock is active) whose Service Quotas clients `table` answers."""
+    """A boto3 session (under moto where a mock is active) whose Service Quotas clients `table` answers, and its
+    Pricing clients `price_list` (`lmstack.local_pricing`; default one that cannot be reached)."""
 
-    def __init__(self, table, region="us-east-1", **credentials):
+    def __init__(self, table, region="us-east-1", price_list=None, **credentials):
         import boto3
 
         self.table = table
+        self.price_list = price_list or PriceList(reachable=False)
         self.boto = boto3.session.Session(region_name=region, **credentials)
         self.region_name = region
 
     def client(self, service, **options):
+        if service == "pricing":  # default no network: the gate's price lookups fall back to the table
+            # configured as the gate's clients are (controlplane.gate.aws_client: bounded, standard retries)
+            options.setdefault("config", aws_clients.config(gate.AWS_CALL_SECONDS))
+            return answered_by(self.price_list, self.boto.client(service, **options))
         client = self.boto.client(service, **options)
-        if service == "pricing":  # no network: the gate's price lookups fall back to the table (tests/price_lists.py)
-            return answered_by(PriceList(reachable=False), client)
         return answered_by(self.table, client) if service == "service-quotas" else client
 
 

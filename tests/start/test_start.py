@@ -479,3 +479,24 @@ def test_help_names_only_the_hyperparameters_an_input_may_give(capsys):
     listed = {name.strip() for name in names.replace("\n", " ").split(",")} - {""}
     assert listed == {spec.name for spec in inputs.input_hyperparameters()}
     assert not {"model_config", "stop_after_seconds", "preset", "strategy"} & listed  # the gate sets these
+
+
+def test_start_prices_the_run_from_the_price_list_for_the_stack_s_region(capsys):
+    """A budget on a type whose price only the AWS Price List has (the table has none for ml.p5e.48xlarge) starts,
+    at that price, and says where it came from; without an answer it is refused, naming where it was looked for."""
+    from lmstack.local_pricing import PriceList, Product
+
+    run_input = json.dumps({"preset": "gpt-125m", "strategy": "mwms", "instance_type": "ml.p5e.48xlarge",
+                            "hyperparameters": {"max_steps": 20}, "budget_usd": 500})
+    price_list = PriceList([Product("ml.p5e.48xlarge", "Training", "us-west-2", 70.0)])
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        priced = quota_tables.Session(quota_tables.account(), "us-west-2", price_list=price_list)
+        arn = deploy_stack(priced)
+        code, out = run(priced, ["--input", run_input])
+        assert code == 0, capsys.readouterr().err
+        assert "note: price of ml.p5e.48xlarge for training: $70/h (AWS Price List, us-west-2, effective " in out
+        assert len(executions(priced, arn)) == 1 and price_list.calls[0]["Filters"][0]["Value"] == "us-west-2"
+        code, out = run(session("us-west-2"), ["--input", run_input])
+        assert code == 2 and "started" not in out
+        assert "ml.p5e.48xlarge has no training price (looked for in the AWS Price List: the AWS Price List could " \
+               "not answer (EndpointConnectionError" in capsys.readouterr().err
