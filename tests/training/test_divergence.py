@@ -1,6 +1,7 @@
 """A diverging run defends itself (lm.training.divergence): non-finite steps skipped, loss spikes rolled back
 past their data, at most max_rollbacks times; LMSTACK_FAULTS drills cause them."""
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -176,6 +177,28 @@ def test_a_healthy_run_of_300_steps_triggers_nothing(text_dataset, tmp_path):
     (summary,) = events(result.stdout, "summary")
     assert summary["train:skipped_steps"] == 0 and summary["train:rollbacks"] == 0
     assert not events(result.stdout, "skipped") and not events(result.stdout, "rollback")
+
+
+@pytest.mark.slow
+def test_two_mwms_workers_roll_back_together_though_only_the_chief_holds_checkpoints(text_dataset, tmp_path,
+                                                                                      reference):
+    from .test_distributed import digests, free_ports
+
+    workers = ["127.0.0.1:%d" % port for port in free_ports(2)]
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = helpers.environment(LM_REPORT_WEIGHT_DIGEST="1", TF_CONFIG=json.dumps(tf_config),
+                                  **{drill.FAULTS_ENVIRONMENT: LR_SPIKE})
+        args = helpers.train_args(text_dataset, str(tmp_path / ("w%d" % index)), strategy="mwms", **RUN)
+        processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [process.communicate(timeout=900)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    (rollback,) = events(outputs[0], "rollback")
+    assert "restored the checkpoint of step 30, skipping batches 30-49" in rollback["line"]
+    found = digests(outputs[0] + outputs[1])
+    assert sorted(found) == [0, 1] and found[0] == found[1], "the workers' weights stayed equal"
+    assert helpers.val_losses(outputs[0])[-1] == pytest.approx(helpers.val_losses(reference["clean"][1])[-1], rel=0.05)
 
 
 def test_the_demo_report_counts_the_last_divergence_line():
