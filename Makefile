@@ -120,6 +120,7 @@ bench: setup
 	$(PY) bench/prepare.py --repeats 2 --text-bytes 33554432
 	$(PY) bench/input_pipeline.py --mib 256
 	$(PY) bench/generate.py
+	$(PY) bench/eval.py
 
 clean:
 	rm -rf cdk.out demo-output .pytest_cache

@@ -26,6 +26,9 @@ RUNTIMES = collections.OrderedDict([
 STRATEGY_RUNTIME = {"smp": "tf26", "smddp": "tf211", "horovod": "tf211", "mwms": "tfcurrent", "single": "tfcurrent"}
 SERVING_RUNTIME = "tfcurrent"
 PREPARE_RUNTIME = "tfcurrent"  # any image variant works: the prepare job needs no GPU and no TensorFlow
+# lm-eval (lm.eval) needs Python >= 3.10: only this runtime's image carries it
+# (training_image/requirements-eval.txt, locked as requirements/tf<major.minor>-eval.txt).
+EVALUATION_RUNTIME = "tfcurrent"
 
 
 def base_image_uri(runtime, region):

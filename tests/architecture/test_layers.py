@@ -20,12 +20,14 @@ import imports
 
 # The (sub)packages whose imports must run one way, at least: the check derives them from the tree
 # (every directory with an __init__.py) and refuses to lose one of these.
-SUBPACKAGES = ("lm", "lm.data", "lm.distributed", "lm.hf", "lm.models", "lm.serving", "lm.spec", "lm.spec.families",
+SUBPACKAGES = ("lm", "lm.data", "lm.distributed", "lm.eval", "lm.hf", "lm.models", "lm.serving", "lm.spec", "lm.spec.families",
                "lm.training", "controlplane", "stacks", "lmstack")
 LAYERS = (("lm.spec.fields", 0), ("lm.spec", 1), ("lm", 2), ("controlplane", 3), ("stacks", 4), ("lmstack", 5))
-# What the image runs: the training toolkit's programs, hosting's `serve`, and `python -m lm.hf`
-# (converts an export to the Hugging Face layout and back, in the image or next to it).
-IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", os.path.join("bin", "serve"), os.path.join("lm", "hf", "__main__.py"))
+# What the image runs: the training toolkit's programs, hosting's `serve`, `python -m lm.hf`
+# (converts an export to the Hugging Face layout and back, in the image or next to it) and
+# `python -m lm.eval` and `python -m lm.eval.harness` (lm-eval tasks and bits per byte on the current-TF image).
+IMAGE_ENTRY_POINTS = ("train.py", "prepare.py", os.path.join("bin", "serve"), os.path.join("lm", "hf", "__main__.py"),
+                      os.path.join("lm", "eval", "__main__.py"), os.path.join("lm", "eval", "harness.py"))
 
 
 def layer(module):

@@ -62,6 +62,37 @@ def test_round_trip_gives_back_the_documents_in_order(corpus, tokenizer_file, tm
     assert manifest.records("train") > 0 and manifest.records("val") > 0
 
 
+def test_the_validation_documents_are_kept_with_their_source_and_counted(corpus, tokenizer_file, tmp_path):
+    raw, records = corpus
+    output = str(tmp_path / "out")
+    assert run([raw], output, tokenizer_file, "--workers", "2") == 0
+    manifest = shards.load_manifest(output)
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    expected_sources = {}
+    for name, file_records in sorted(records.items()):
+        key = name[:-len(".jsonl.zst")]
+        path = os.path.join(output, shards.val_documents_name(key))
+        with open(path, encoding="utf-8") as handle:
+            kept = [json.loads(line) for line in handle]
+        _, texts = expected_streams(file_records, tokenizer, manifest.eod_token_id)
+        assert [document["text"] for document in kept] == texts["val"] and texts["val"]
+        wanted = [record["meta"]["pile_set_name"] for record in file_records if record["text"] in texts["val"]]
+        assert [document["meta"]["pile_set_name"] for document in kept] == wanted
+        assert manifest.val_documents[shards.val_documents_name(key)]["documents"] == len(kept)
+        assert manifest.val_documents[shards.val_documents_name(key)]["bytes"] == os.path.getsize(path)
+        for document in kept:
+            counts = expected_sources.setdefault(document["meta"]["pile_set_name"], {"documents": 0, "text_bytes": 0})
+            counts["documents"] += 1
+            counts["text_bytes"] += len(document["text"].encode("utf-8"))
+    assert manifest.val_sources == expected_sources and len(expected_sources) > 1
+    assert shards.val_documents_files(output) == [os.path.join(output, path) for path in sorted(manifest.val_documents)]
+    assert not [name for name in os.listdir(os.path.join(output, shards.VAL_DOCUMENTS_DIR)) if ".tmp-" in name]
+    assert prepare.main(["verify", output]) == 0
+    with open(shards.val_documents_files(output)[0], "a") as handle:
+        handle.write("\n")
+    assert prepare.main(["verify", output]) != 0
+
+
 def test_record_layout_and_manifest_match_the_files(corpus, tokenizer_file, tmp_path):
     raw, records = corpus
     output = str(tmp_path / "out")

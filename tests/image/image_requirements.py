@@ -8,7 +8,10 @@ resolved wheel-only (`pip --only-binary=:all:`, as the Dockerfile installs) for 
 glibc, and constrained by what that TensorFlow's own wheel requires (its Requires-Dist), so that no pin
 contradicts the TensorFlow, numpy or protobuf the DLC already has. Runtimes whose TensorFlow ships
 Keras 3 also get `tf<major.minor>-no-deps.txt`: the `tf_keras` of that TensorFlow, installed without its
-dependency on `tensorflow` (the DLC's TensorFlow is already there).
+dependency on `tensorflow` (the DLC's TensorFlow is already there). The evaluation runtime
+(`EVALUATION_RUNTIME`) also gets `tf<major.minor>-eval.txt`, the lock of requirements.txt and
+requirements-eval.txt together (lm-eval), which its image installs instead of the plain lock, after
+building wheels of the pure-Python source distributions pinned in `tf<major.minor>-eval-sdists.txt`.
 
 Regenerate the locks after changing training_image/requirements.txt or a runtime (needs PyPI):
 
@@ -29,10 +32,11 @@ from packaging.utils import canonicalize_name
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "training_image")]
 
-from controlplane.base_images import RUNTIMES  # noqa: E402
+from controlplane.base_images import EVALUATION_RUNTIME, RUNTIMES  # noqa: E402
 
 IMAGE = os.path.join(ROOT, "training_image")
 REQUIREMENTS = os.path.join(IMAGE, "requirements.txt")
+EVAL_REQUIREMENTS = os.path.join(IMAGE, "requirements-eval.txt")
 LOCKS = os.path.join(IMAGE, "requirements")
 DOCKERFILE = os.path.join(IMAGE, "Dockerfile")
 # The glibc of each DLC's OS (the tag's last part): Ubuntu 20.04 ships glibc 2.31, Amazon Linux 2023
@@ -41,7 +45,7 @@ GLIBC = {"ubuntu20.04": 31, "amzn2023": 34}
 # Keras 3 is `tf.keras` from TensorFlow 2.16: the image adds the tf_keras of the same minor version.
 KERAS_3_FROM = (2, 16)
 
-Target = collections.namedtuple("Target", "runtime python tensorflow platforms lock no_deps_lock")
+Target = collections.namedtuple("Target", "runtime python tensorflow platforms lock no_deps_lock eval_lock eval_sdists")
 
 
 def target(runtime):
@@ -56,8 +60,11 @@ def target(runtime):
     minor = ".".join(tensorflow.split(".")[:2])
     lock = os.path.join(LOCKS, "tf%s.txt" % minor)
     keras_3 = tuple(int(part) for part in minor.split(".")) >= KERAS_3_FROM
+    evaluates = runtime == EVALUATION_RUNTIME
     return Target(runtime, python, tensorflow, platforms, lock,
-                  os.path.join(LOCKS, "tf%s-no-deps.txt" % minor) if keras_3 else None)
+                  os.path.join(LOCKS, "tf%s-no-deps.txt" % minor) if keras_3 else None,
+                  os.path.join(LOCKS, "tf%s-eval.txt" % minor) if evaluates else None,
+                  os.path.join(LOCKS, "tf%s-eval-sdists.txt" % minor) if evaluates else None)
 
 
 class ResolutionFailed(AssertionError):
@@ -72,9 +79,23 @@ def _pip(arguments, what):
             line for line in result.stdout.splitlines() if "is ignored: it is neither a file" not in line)[-4000:]))
 
 
+def build_sdist_wheels(sdists_lock, directory):
+    """Build the wheels of the source distributions pinned in `sdists_lock` into `directory`, as the
+    Dockerfile does (pip wheel --no-deps --no-binary=:all:); each must come out pure Python
+    (py3-none-any: no compiler involved, and the same wheel for every Python 3). Returns `directory`."""
+    read_lock(sdists_lock)  # pinned, name==version
+    _pip(["wheel", "--quiet", "--no-deps", "--no-binary=:all:", "-r", sdists_lock, "-w", directory],
+         "building the wheels of %s" % os.path.relpath(sdists_lock, ROOT))
+    impure = [name for name in os.listdir(directory) if not name.endswith("-py3-none-any.whl")]
+    if impure:
+        raise ResolutionFailed("%s: %s are not pure-Python wheels" % (os.path.relpath(sdists_lock, ROOT), impure))
+    return directory
+
+
 def dry_run(target, arguments, *, deps=True):
     """{canonical name: (name, version)} of what `pip install <arguments>` would install into an empty
-    directory for the image's Python and platform, taking wheels only. Raises ResolutionFailed."""
+    directory for the image's Python and platform, taking wheels only (from the index, or the
+    directories `arguments` name with --find-links). Raises ResolutionFailed."""
     with tempfile.TemporaryDirectory() as directory:
         report = os.path.join(directory, "report.json")
         platforms = [option for platform in target.platforms for option in ("--platform", platform)]
@@ -144,14 +165,16 @@ def read_lock(path):
     return pins
 
 
-def resolve_lock(target, path, *, deps=True):
+def resolve_lock(target, path, *, deps=True, find_links=None):
     """Resolve the lock at `path` for the image, wheel-only, with its TensorFlow's requirements as
-    constraints; it must resolve to exactly its own pins (nothing missing, nothing else pulled in)."""
+    constraints; it must resolve to exactly its own pins (nothing missing, nothing else pulled in).
+    `find_links`: a directory of wheels built for it (build_sdist_wheels)."""
     pins = read_lock(path)
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
         constraints.write("\n".join(tensorflow_constraints(target)) + "\n")
         constraints.flush()
-        resolved = dry_run(target, ["-r", path] + (["-c", constraints.name] if deps else []), deps=deps)
+        resolved = dry_run(target, ["-r", path] + (["-c", constraints.name] if deps else [])
+                           + (["--find-links", find_links] if find_links else []), deps=deps)
     unpinned = sorted("%s==%s" % resolved[name] for name in set(resolved) - set(pins))
     if unpinned:
         raise ResolutionFailed("%s does not pin %s, which its requirements pull in for Python %s"
@@ -184,6 +207,19 @@ def write_locks():
             with open(image.no_deps_lock, "w") as handle:
                 handle.write(lock_text(image, keras, "Keras 2 (tf_keras) of TensorFlow %s, installed without its "
                                                      "dependency on tensorflow" % minor))
+        if image.eval_lock:
+            with tempfile.TemporaryDirectory() as wheels, \
+                    tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
+                constraints.write("\n".join(tensorflow_constraints(image)) + "\n")
+                constraints.flush()
+                # The plain lock's pins as constraints: the evaluation image differs only by lm-eval's packages.
+                resolved = dry_run(image, ["-r", REQUIREMENTS, "-r", EVAL_REQUIREMENTS, "-c", constraints.name,
+                                           "-c", image.lock, "--find-links", build_sdist_wheels(image.eval_sdists,
+                                                                                                wheels)])
+            with open(image.eval_lock, "w") as handle:
+                handle.write(lock_text(image, resolved, "training_image/requirements.txt, requirements-eval.txt "
+                                                        "and their dependencies, within what TensorFlow %s requires"
+                                                        % image.tensorflow))
         print("wrote", os.path.relpath(image.lock, ROOT))
 
 

@@ -12,8 +12,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from image_requirements import DOCKERFILE, LOCKS, REQUIREMENTS, ResolutionFailed, resolve_lock, target
-from controlplane.base_images import RUNTIMES
+from image_requirements import (DOCKERFILE, EVAL_REQUIREMENTS, LOCKS, REQUIREMENTS, ResolutionFailed,
+                                build_sdist_wheels, dry_run, read_lock, resolve_lock, target)
+from controlplane.base_images import EVALUATION_RUNTIME, RUNTIMES
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
@@ -32,6 +33,26 @@ def test_each_images_lock_resolves_wheel_only_for_its_python_to_its_own_pins(run
     if image.no_deps_lock:
         ((name, version),) = resolve_lock(image, image.no_deps_lock, deps=False).values()
         assert canonicalize_name(name) == "tf-keras" and version.startswith(image.tensorflow.rsplit(".", 1)[0] + ".")
+
+
+def test_only_the_evaluation_image_carries_lm_eval_and_its_lock_resolves_wheel_only(tmp_path):
+    assert [runtime for runtime in RUNTIMES if target(runtime).eval_lock] == [EVALUATION_RUNTIME]
+    image = target(EVALUATION_RUNTIME)
+    sdists = read_lock(image.eval_sdists)
+    for name, version in sdists.values():  # no wheel on the index: the image must build it
+        with pytest.raises(ResolutionFailed):
+            dry_run(image, ["--no-deps", "%s==%s" % (name, version)], deps=False)
+    wheels = build_sdist_wheels(image.eval_sdists, str(tmp_path))
+    pins = resolve_lock(image, image.eval_lock, find_links=wheels)
+    assert set(sdists) <= set(pins) and all(pins[name] == sdists[name] for name in sdists)
+    # The evaluation image is the training image plus lm-eval: every pin of the plain lock, unchanged.
+    plain = read_lock(image.lock)
+    assert {name: pins.get(name) for name in plain} == plain
+    with open(EVAL_REQUIREMENTS) as handle:
+        wanted = [Requirement(line) for line in (line.split("#", 1)[0].strip() for line in handle) if line]
+    for requirement in wanted:
+        name, version = pins[canonicalize_name(requirement.name)]
+        assert requirement.specifier.contains(version), (name, version, str(requirement))
 
 
 @pytest.mark.parametrize("lock, refused", [
@@ -61,5 +82,11 @@ def test_the_dockerfile_installs_its_tensorflows_lock_wheel_only_without_moving_
     assert any("-c " in call and "-r " in call for call in pip_calls), pip_calls
     assert 'tf${tf_minor}' in text and "pip list --format=freeze" in text
     assert sorted(os.listdir(LOCKS)) == sorted(
-        os.path.basename(path) for runtime in RUNTIMES for path in (target(runtime).lock, target(runtime).no_deps_lock)
+        os.path.basename(path) for runtime in RUNTIMES for path in (
+            target(runtime).lock, target(runtime).no_deps_lock, target(runtime).eval_lock, target(runtime).eval_sdists)
         if path)
+    # Only the source distributions of the sdists list are built, without their dependencies, and the
+    # install finds their wheels.
+    (wheel_call,) = re.findall(r"pip wheel[^&;]*", text)
+    assert "--no-deps" in wheel_call and '-eval-sdists.txt"' in wheel_call and "-w /tmp/lm-wheels" in wheel_call
+    assert all("--find-links /tmp/lm-wheels" in call for call in pip_calls if "missing.txt" in call)

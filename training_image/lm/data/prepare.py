@@ -147,6 +147,34 @@ class ShardWriter:
         return len(self.carry)
 
 
+class ValDocumentsWriter:
+    """The validation documents of one input as JSON lines {"text", "meta": {"pile_set_name"}}, under
+    a temporary name until `close` renames the complete file (`lm.spec.shards.val_documents_name`)."""
+
+    def __init__(self, directory, key):
+        self.path = shards.val_documents_name(key)
+        self._final = os.path.join(directory, self.path)
+        self._tmp = "%s.tmp-%d" % (self._final, os.getpid())
+        self._handle = open(self._tmp, "wb")
+        self._digest = hashlib.sha256()
+        self.documents = self.bytes = 0
+
+    def add(self, text, source):
+        line = (json.dumps({"text": text, "meta": {"pile_set_name": source}}, ensure_ascii=False) + "\n").encode()
+        self._handle.write(line)
+        self._digest.update(line)
+        self.documents += 1
+        self.bytes += len(line)
+
+    def close(self):
+        """Rename the finished file into place; returns its manifest entry."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        os.replace(self._tmp, self._final)
+        return {"path": self.path, "documents": self.documents, "bytes": self.bytes, "sha256": self._digest.hexdigest()}
+
+
 _worker = {}  # per process: the tokenizer, the progress queue, the parent's pid
 
 
@@ -192,8 +220,10 @@ def process_input(task, progress=None):
     eod, threshold = task["eod_token_id"], task["val_threshold"]
     writers = {split: ShardWriter(task["output"], split, task["key"], task["dtype"], task["seq_len"] + 1,
                                   task["records_per_shard"]) for split in shards.SPLITS}
+    val_documents = ValDocumentsWriter(task["output"], task["key"])
     reader = pile.Reader(task["path"])
     sources = collections.defaultdict(collections.Counter)
+    val_sources = collections.defaultdict(collections.Counter)
     totals = collections.Counter()
     batch_bytes = BATCH_BYTES * task["threads"]
     reported = collections.Counter({"position": 0})
@@ -203,8 +233,11 @@ def process_input(task, progress=None):
         nonlocal last_report
         streams = {split: [] for split in shards.SPLITS}
         text_bytes = tokens = 0
-        for (_, data, source, split), encoding in zip(batch, _encode(tokenizer, [doc[0] for doc in batch])):
+        for (text, data, source, split), encoding in zip(batch, _encode(tokenizer, [doc[0] for doc in batch])):
             ids = encoding.ids
+            if split == "val":
+                val_documents.add(text, source)
+                val_sources[source].update(documents=1, text_bytes=len(data))
             streams[split].extend(ids)
             streams[split].append(eod)
             counts = sources[source]
@@ -236,6 +269,7 @@ def process_input(task, progress=None):
     if batch:
         flush(batch)
     dropped = sum(writer.close() for writer in writers.values())
+    val_entry = val_documents.close()
     _report(progress, {"input_bytes": task["size"] - reported["position"],
                        "text_bytes": totals["text_bytes"] - reported["text_bytes"],
                        "tokens": totals["tokens"] - reported["tokens"]})
@@ -250,6 +284,7 @@ def process_input(task, progress=None):
         "rejected": {kind: reader.rejected[kind] for kind in pile.REJECT_KINDS},
         "sources": {name: dict(counts) for name, counts in sorted(sources.items())},
         "shards": [dataclasses.asdict(shard) for shard in written],
+        "val_documents": dict(val_entry, sources={name: dict(counts) for name, counts in sorted(val_sources.items())}),
     }
 
 
@@ -363,36 +398,46 @@ def _manifest_file(output, index, count):
 
 
 def _aggregate(manifest):
-    """Shards (sorted by path) and per-source totals, from the finished inputs."""
+    """Shards (sorted by path), validation documents and per-source totals, from the finished inputs."""
     sources = collections.defaultdict(collections.Counter)
-    listed = []
+    val_sources = collections.defaultdict(collections.Counter)
+    listed, val_documents = [], {}
     for entry in manifest.inputs.values():
         for name, counts in entry["sources"].items():
             sources[name].update(counts)
         listed.extend(shards.Shard(**shard) for shard in entry["shards"])
+        documents = entry["val_documents"]
+        val_documents[documents["path"]] = {name: documents[name] for name in ("documents", "bytes", "sha256")}
+        for name, counts in documents["sources"].items():
+            val_sources[name].update(counts)
     manifest.shards = sorted(listed, key=lambda shard: shard.path)
     manifest.sources = {name: dict(counts) for name, counts in sorted(sources.items())}
+    manifest.val_documents = dict(sorted(val_documents.items()))
+    manifest.val_sources = {name: dict(counts) for name, counts in sorted(val_sources.items())}
 
 
 def _stale_files(output, key):
-    pattern = re.compile(r"^%s-\d{5}\.bin(\.tmp-\d+)?$" % re.escape(key))
-    for split in shards.SPLITS:
-        directory = os.path.join(output, split)
+    pattern = re.compile(r"^%s(-\d{5}\.bin|\.jsonl)(\.tmp-\d+)?$" % re.escape(key))
+    for directory in shards.SPLITS + (shards.VAL_DOCUMENTS_DIR,):
+        directory = os.path.join(output, directory)
         for name in sorted(os.listdir(directory)):
             if pattern.match(name):
                 yield os.path.join(directory, name)
 
 
 def _finished(manifest, output, item):
-    """Whether the manifest lists this input as done and its shards are all there."""
+    """Whether the manifest lists this input as done and its shards and validation documents are all there."""
     entry = manifest.inputs.get(item.key)
     if entry is None:
         return False
     if entry["input_bytes"] != item.size:
         raise PrepareError("%s: %d bytes now, %d when it was prepared into %s; the input changed: use a new --output"
                            % (item.path, item.size, entry["input_bytes"], output))
-    return all(os.path.isfile(os.path.join(output, shard["path"])) and
-               os.path.getsize(os.path.join(output, shard["path"])) == shard["bytes"] for shard in entry["shards"])
+    if "val_documents" not in entry:  # prepared before the validation documents were kept: redo it
+        return False
+    return all(os.path.isfile(os.path.join(output, item["path"])) and
+               os.path.getsize(os.path.join(output, item["path"])) == item["bytes"]
+               for item in entry["shards"] + [entry["val_documents"]])
 
 
 def prepare(args):
@@ -409,8 +454,8 @@ def prepare(args):
     args.num_shards = count
     inputs = all_inputs if args.raw_sharded else all_inputs[index::count]
     output = args.output
-    for split in shards.SPLITS:
-        os.makedirs(os.path.join(output, split), exist_ok=True)
+    for directory in shards.SPLITS + (shards.VAL_DOCUMENTS_DIR,):
+        os.makedirs(os.path.join(output, directory), exist_ok=True)
     if not os.access(output, os.W_OK):
         raise PrepareError("%s: output directory is not writable" % output)
     manifest_file = _manifest_file(output, index, count)

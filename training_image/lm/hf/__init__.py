@@ -38,7 +38,7 @@ from lm.serving import export as lm_export
 from lm.spec.families import FAMILIES, capability_message, families_with, get_family
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "EXPORT_DTYPES", "HFError", "LAYOUTS", "check_same_tokenizer", "dataset_tokenizer",
-           "export_hf", "family_layout", "import_hf", "init_config", "load_weights", "read_safetensors", "write_hf",
+           "export_hf", "family_layout", "import_hf", "init_config", "load_hf", "load_weights", "read_safetensors", "write_hf",
            "write_safetensors"]
 
 HF_CONFIG_FILE = "config.json"
@@ -155,6 +155,16 @@ def import_hf(hf_dir, export_dir):
     tokenizer_file = hf_tokenizer_file(hf_dir)
     model = load_weights(models.build(config), hf_dir)
     return lm_export.export_model(model, config, tokenizer_file, export_dir)
+
+
+def load_hf(hf_dir):
+    """(model, config, tokenizer, end-of-document token) of a Hugging Face directory, in memory
+    (lm.eval evaluates one without writing an export)."""
+    from tokenizers import Tokenizer
+
+    _, _, config = _read_hf_config(hf_dir)
+    tokenizer_file, eod_token = dataset_tokenizer(hf_dir)
+    return load_weights(models.build(config), hf_dir), config, Tokenizer.from_file(tokenizer_file), eod_token
 
 
 def init_config(hf_dir, preset_config, label):

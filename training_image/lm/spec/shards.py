@@ -2,7 +2,10 @@
 
 A dataset directory holds `manifest.json`, the tokenizer file, and shards
 `<split>/<name>.bin`: back-to-back records of `seq_len + 1` little-endian tokens
-(`uint16` when the vocabulary fits, else `uint32`), no header, no padding.
+(`uint16` when the vocabulary fits, else `uint32`), no header, no padding. The validation split's
+documents themselves are kept too, as JSON lines {"text", "meta": {"pile_set_name"}} in
+`val_documents/<name>.jsonl` (one file per input, like its shards): the records pack documents
+together, and bits per byte per source (`lm.eval.pile_bpb`) scores each document alone.
 """
 import concurrent.futures
 import dataclasses
@@ -15,6 +18,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 DTYPES = {"uint16": 2, "uint32": 4}
 SPLITS = ("train", "val")
+VAL_DOCUMENTS_DIR = "val_documents"
 
 
 class ShardError(ValueError):
@@ -62,6 +66,10 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     # how `lm.data.prepare` made it: records_per_shard, val_fraction, complete, part (see there)
     prepare: Dict[str, object] = dataclasses.field(default_factory=dict)
+    # the validation documents: file (relative path) -> {"documents", "bytes", "sha256"}
+    val_documents: Dict[str, Dict[str, object]] = dataclasses.field(default_factory=dict)
+    # pile_set_name -> {"documents", "text_bytes"} of the validation documents
+    val_sources: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def record_bytes(self):
@@ -102,6 +110,15 @@ def fingerprint(manifest):
 
 def manifest_path(directory):
     return os.path.join(directory, MANIFEST_NAME)
+
+
+def val_documents_name(key):
+    return "%s/%s.jsonl" % (VAL_DOCUMENTS_DIR, key)
+
+
+def val_documents_files(directory):
+    """The validation documents files of a prepared dataset, as the manifest lists them."""
+    return [os.path.join(directory, path) for path in sorted(load_manifest(directory).val_documents)]
 
 
 def load_manifest(directory):
@@ -164,6 +181,8 @@ def verify(directory, manifest, workers=4):
     """Every problem with the dataset: each shard's presence, size and sha256, and the
     tokenizer's sha256 (hashed on `workers` threads; hashlib releases the GIL). [] when sound."""
     files = [(os.path.join(directory, manifest.tokenizer_file), manifest.tokenizer_sha256, None)]
+    files += [(os.path.join(directory, path), entry["sha256"], None) for path, entry in
+              sorted(manifest.val_documents.items())]
     files += [(os.path.join(directory, shard.path), shard.sha256, shard) for shard in manifest.shards]
 
     def problem(item):
