@@ -24,7 +24,7 @@ import json
 import os
 import re
 
-from controlplane import bucket_layout, metrics, planner, presets, prices
+from controlplane import bucket_layout, metrics, planner, presets, prices, pricing
 from lm.spec import evaluation
 from lm.spec.fields import Field
 from lm.spec.hardware import INSTANCES
@@ -134,15 +134,23 @@ def plan(config):
     evaluate = config[FIELD]
     labels = [evaluation.PILE_BPB_LABEL] + evaluate["tasks"]
     peak, usable = check_memory(config["preset"], evaluate["instance_type"])
-    price = prices.on_demand_price(evaluate["instance_type"])
-    return collections.OrderedDict([
+    found = collections.OrderedDict([
         ("tasks", evaluation.TASK_SEPARATOR.join(evaluate["tasks"])),
         ("limit", evaluate["limit"] or 0), ("batch_size", BATCH_SIZE),
         ("metric_definitions", metrics.evaluation_definitions(labels)),
-        ("memory_gib", round(peak, 2)), ("usable_gib", round(usable, 2)),
-        ("usd_per_instance_hour", price),
-        ("max_cost_usd", None if price is None else round(price * evaluate["max_runtime_seconds"] / 3600, 2)),
-    ])
+        ("memory_gib", round(peak, 2)), ("usable_gib", round(usable, 2))])
+    return reprice(found, evaluate, pricing.from_table(evaluate["instance_type"], pricing.TRAINING,
+                                                        prices.PRICE_REGION))
+
+
+def reprice(summary, evaluate, price):
+    """The evaluation's plan `summary` at `price` (a `controlplane.pricing.Price` for training): its hourly price,
+    where it came from, and the most its MaxRuntime costs."""
+    per_hour = price.usd_per_hour
+    summary.update(usd_per_instance_hour=per_hour, price_source=price.source, price_region=price.region,
+                   price_date=price.effective_date,
+                   max_cost_usd=None if per_hour is None else round(per_hour * evaluate["max_runtime_seconds"] / 3600, 2))
+    return summary
 
 
 def check(config, deploy_only):

@@ -25,7 +25,8 @@ The event of the Lambda function: {"input": <execution input>, "execution_name":
 k the instance type to plan for: 0 for `instance_type`, k for `fallback_instance_types[k - 1]` (the
 state machine asks again when a type's capacity errors outlast their retries; the plan then says what
 changed). Its answer: {"ok": true, "config", "plan", "notes", "launches"} or {"ok": false, "error",
-"cause"}; an exception is the function's error (the machine fails with GateFailed).
+"cause"}; an exception is the function's error (the machine fails with GateFailed). The machine asks the same
+function for an execution's bill at its end ({"bill": {"usage", "plan"}}: `controlplane.bill`).
 
 Pure Python, standard library only (boto3 only where a check calls AWS): no TensorFlow.
 """
@@ -36,8 +37,8 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from controlplane import (aws_clients, bucket_layout, budget, containers, evaluation, history, inputs, planner,
-                          presets, prices, pricing, quotas, rules)
+from controlplane import (aws_clients, bill, bucket_layout, budget, checkpoint_plan, containers, evaluation, history,
+                          inputs, planner, presets, prices, pricing, quotas, rules)
 from controlplane.inputs import check_object, with_defaults
 from lm.spec import conditions, drill, hardware, job
 from lm.spec.fields import check
@@ -381,7 +382,7 @@ def check_evaluate(decision, context):
 
 def check_prices(decision, context):
     """The on-demand price of every instance type the run plans or budgets (`controlplane.pricing`): each training
-    type and the prepare job's for training, the endpoint's for hosting, in the stack's region, from the AWS Price
+    type, the prepare and evaluation jobs' for training, the endpoint's for hosting, in the stack's region, from the AWS Price
     List when this caller asks AWS (within pricing.TIME_LIMIT_SECONDS), else from the table. Each plan's costs
     are repriced with its type's; the plan's `endpoint` holds the endpoint's hourly price; the notes say which
     price was used and where it came from."""
@@ -391,7 +392,12 @@ def check_prices(decision, context):
         wanted.append((config["prepare"]["instance_type"], pricing.TRAINING))
     if config["deploy"]["enabled"]:
         wanted.append((config["deploy"]["instance_type"], pricing.HOSTING))
+    if decision.plan.get("evaluate"):
+        wanted.append((config["evaluate"]["instance_type"], pricing.TRAINING))
     decision.prices = pricing.prices_of(wanted, context.region or prices.PRICE_REGION, context.clients)
+    if decision.plan.get("evaluate"):
+        evaluation.reprice(decision.plan["evaluate"], config["evaluate"],
+                           decision.prices[(config["evaluate"]["instance_type"], pricing.TRAINING)])
     for launch, plan in decision.planned:
         pricing.reprice(plan, decision.prices[(launch["instance_type"], pricing.TRAINING)], launch["spot"])
     if decision.launch:
@@ -482,7 +488,8 @@ def check_quotas(decision, context):
 
 
 CHECKS = (check_fields, check_deploy_only, check_fallback_instance_types, check_rules, check_names, check_plan,
-          check_evaluate, check_prices, check_budget, check_serving, check_history, check_quotas)
+          check_evaluate, check_prices, check_budget, bill.check_prices_billed, checkpoint_plan.check_checkpoints,
+          check_serving, check_history, check_quotas)
 
 
 # ---- the plan ----
@@ -684,7 +691,10 @@ def answer(event, context):
 
 def handler(event, lambda_context=None, environ=os.environ, clients=aws_client):
     """The Lambda function's handler; its environment holds the Deployment (stacks.gate). Lambda passes the
-    first two arguments; `environ` and `clients` are the process's environment and boto3's clients."""
+    first two arguments; `environ` and `clients` are the process's environment and boto3's clients. The
+    machine asks it for an execution's bill too (`controlplane.bill`, an event with "bill")."""
+    if "bill" in event:
+        return bill.answer(event)
     context = Context(Deployment.from_environment(environ), execution_name=event.get("execution_name"),
                       clients=clients, region=environ.get("AWS_REGION"))
     return answer(event, context)

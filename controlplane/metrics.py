@@ -1,14 +1,15 @@
 """The metrics SageMaker reads from a training job's log: the request's MetricDefinitions, and the same
 regexes applied here (`parse_metrics`: the demo's report and the tests read a log as SageMaker would).
 
-The lines they read are the image's: `lm.spec.job.format_train_log`, `format_eval_log` and
-`format_divergence_log` ("[train]", "[eval]", "[divergence]"), and `lm.training.gpu_usage` ("[gpu]"); the
-dashboard's metric names are these `Name`s. The evaluation job's definitions (`evaluation_definitions`) depend on
-its tasks: the gate makes them for each run.
+The lines they read are the image's: `lm.spec.job.format_train_log`, `format_eval_log`,
+`format_divergence_log`, `format_goodput_log`, `format_goodput_start_log` and `format_checkpoint_log`
+("[train]", "[eval]", "[divergence]", "[goodput]", "[checkpoint]"), and `lm.training.gpu_usage` ("[gpu]");
+the dashboard's metric names are these `Name`s. The evaluation job's definitions (`evaluation_definitions`) depend
+on its tasks: the gate makes them for each run.
 """
 import re
 
-from lm.spec import evaluation
+from lm.spec import evaluation, job
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
@@ -25,7 +26,10 @@ METRIC_DEFINITIONS = [
     {"Name": "train:rollbacks", "Regex": r"\[divergence\].* rollbacks=" + _NUMBER},
     # lm.training.gpu_usage: the mean over a host's GPUs (SageMaker's GPUUtilization is their sum).
     {"Name": "gpu:utilization_per_gpu", "Regex": r"\[gpu\] utilization_per_gpu=" + _NUMBER},
-]
+    {"Name": "checkpoint:save_seconds", "Regex": r"\[checkpoint\].* save_seconds=" + _NUMBER},
+    {"Name": "checkpoint:interval_seconds", "Regex": r"\[checkpoint\].* interval_seconds=" + _NUMBER},
+] + [{"Name": "goodput:" + name, "Regex": r"\[goodput\] .*\b%s=" % name + _NUMBER}
+      for name in job.GOODPUT_START + job.GOODPUT_TOTALS]  # no name ends another after an underscore
 
 
 EVALUATION_METRIC_PREFIX = "evaluation:"

@@ -71,7 +71,7 @@ from controlplane import throughput
 from controlplane import base_images
 from controlplane import prices, pricing
 from lm.spec import hardware
-from lm.spec import job
+from lm.spec import interruptions, job
 from lm.spec.conditions import INSTANCE_COUNT_FIELD, INSTANCE_TYPE_FIELD, STRATEGY_FIELD, broken
 from controlplane.presets import ALL_PRESETS, get_preset
 from lm.spec.families import FAMILIES, ModelConfig, flops_per_token, parameter_count, peak_learning_rate
@@ -473,6 +473,8 @@ def lost_seconds_per_interruption(step_seconds, checkpoint_minutes=None, checkpo
     defaults from lm.spec.job), since nothing is saved at the kill. Restart time comes on top."""
     minutes = job.HYPERPARAMETERS["checkpoint_minutes"].default if checkpoint_minutes is None else checkpoint_minutes
     steps = job.HYPERPARAMETERS["checkpoint_every"].default if checkpoint_every is None else checkpoint_every
+    if steps == interruptions.AUTO:  # an interval of time, planned with the save and the interruptions
+        steps = 0  # (controlplane.checkpoint_plan); checkpoint_minutes still bounds it
     intervals = [seconds for seconds in (minutes * 60.0, steps * step_seconds) if seconds > 0]
     return min(intervals) / 2.0 if intervals else None
 

@@ -94,16 +94,16 @@ def cross_field_rules(runtimes=None):
     found.append(rule("deploy.budget_hours", All((Is("deploy.enabled", False), Above("deploy.budget_hours", 0))),
                       "deploy.budget_hours {value} counts an endpoint's hours in budget_usd: it needs deploy.enabled "
                       "true", subject="deploy.budget_hours"))
-    # A divergence drill (lm.spec.drill) damages the run on purpose: only a short one (DRILL_MAX_STEPS).
-    found.append(rule("drill.faults.max_steps", All((
-        Not(Is("drill.faults", None)), Above("hyperparameters.max_steps", DRILL_MAX_STEPS - 1))),
-        "drill.faults is a drill tool, accepted only with hyperparameters.max_steps under %d, got {value}"
-        % DRILL_MAX_STEPS, subject="hyperparameters.max_steps"))
     # SageMaker developer guide, train-warm-pools, "Considerations": "SageMaker Managed Warm Pools cannot be used
     # with spot instances": CreateTrainingJob would fail, after the prepare job ran.
     found.append(rule("spot.keep_alive_seconds", All((Is("spot", True), Above("keep_alive_seconds", 0))),
                       "spot true and keep_alive_seconds {value}: SageMaker keeps no warm pool of spot instances; "
                       "set keep_alive_seconds to 0, or spot to false", subject="keep_alive_seconds"))
+    # A divergence drill (lm.spec.drill) damages the run on purpose: only a short one (DRILL_MAX_STEPS).
+    found.append(rule("drill.faults.max_steps", All((
+        Not(Is("drill.faults", None)), Above("hyperparameters.max_steps", DRILL_MAX_STEPS - 1))),
+        "drill.faults is a drill tool, accepted only with hyperparameters.max_steps under %d, got {value}"
+        % DRILL_MAX_STEPS, subject="hyperparameters.max_steps"))
     for stage, runtime in (("deploy", base_images.SERVING_RUNTIME), ("prepare", base_images.PREPARE_RUNTIME),
                            ("evaluate", base_images.EVALUATION_RUNTIME)):
         if runtime not in built:

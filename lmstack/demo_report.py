@@ -5,6 +5,7 @@ import re
 import statistics
 from importlib import metadata
 
+from controlplane import bill
 from controlplane import metrics as log_metrics
 from lm.spec import job
 from lm.spec import shards
@@ -81,6 +82,59 @@ def lm_eval_version():
     return metadata.version("lm_eval")
 
 
+# The parts of the billed time, in the report's order: (label, the job's total it is, or None: the rest).
+GOODPUT_PARTS = (("kept steps", "kept_step_seconds"), ("start-up of the training processes", "startup_seconds"),
+                 ("checkpoint saves", "save_seconds"), ("redone steps (lost to the interruption)", "redone_seconds"),
+                 ("evaluation", "eval_seconds"), ("the end (export, after the last step)", "end_seconds"),
+                 ("outside the job's count (instances and toolkit before the process; after its last count before "
+                  "the kill)", None))
+
+
+def final_metrics(log_text):
+    """What SageMaker's FinalMetricDataList would hold for a log: each metric's last value."""
+    found = {}
+    for line in log_text.splitlines():
+        found.update(log_metrics.parse_metrics(line))
+    return [{"MetricName": name, "Value": value} for name, value in found.items()]
+
+
+def goodput(training, request):
+    """The job's bill (`controlplane.bill`, at the table's price, the demo's billed seconds) and where its billed
+    time went: {"line": the bill's line, "parts": [(label, seconds)], "billed_seconds", "totals"}."""
+    metrics = final_metrics(training["chief_logs"][1])
+    totals = {entry["MetricName"].split(":", 1)[1]: entry["Value"] for entry in metrics
+              if entry["MetricName"].startswith("goodput:")}
+    billed = sum(training["billed_seconds"])
+    resources = request["ResourceConfig"]
+    line = bill.job_bill("train", {
+        "name": request["TrainingJobName"], "status": "Completed", "instance_type": resources["InstanceType"],
+        "instance_count": resources["InstanceCount"], "billable_seconds": billed, "training_seconds": billed,
+        "metrics": metrics}, None)
+    parts = [(label, totals[name] if name else billed - totals["process_seconds"]) for label, name in GOODPUT_PARTS]
+    return {"line": line, "parts": parts, "billed_seconds": billed, "totals": totals}
+
+
+def goodput_lines(found):
+    line, totals, billed = found["line"], found["totals"], found["billed_seconds"]
+    lines = ["## Where the billed time went (goodput)", "",
+             "Billed: %.1f s per instance, the two attempts' hosts from start to end (SageMaker bills "
+             "BillableTimeInSeconds x %d instances: %.1f instance-seconds, $%.4f at %s's $%.3f/h, %s)." % (
+                 billed, line["instance_count"], line["billable_instance_seconds"], line["usd"],
+                 line["instance_type"], line["usd_per_instance_hour"], line["price_source"]),
+             "",
+             "| part | seconds | share |", "|---|---|---|"]
+    lines += ["| %s | %.2f | %.1f %% |" % (label, seconds, 100 * seconds / billed) for label, seconds in found["parts"]]
+    lines += ["| **sum of the parts** | %.2f | %.1f %% |" % (sum(seconds for _, seconds in found["parts"]),
+                                                           100 * sum(seconds for _, seconds in found["parts"]) / billed),
+              "",
+              "Goodput (time in kept steps / billed time): **%.1f %%**. Tokens trained %d, kept %d; steps redone %d; "
+              "$%.4f per million kept tokens. The job's own count (the chief's `[goodput]` lines, SageMaker's final "
+              "metrics) covers its processes; the rest of the billed time is outside it." % (
+                  100 * line["goodput"], totals["trained_tokens"], totals["kept_tokens"], totals["redone_steps"],
+                  line["usd_per_million_kept_tokens"])]
+    return lines
+
+
 def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, timings, evaluation):
     attempts = [("attempt 1 (killed)", train_points(training["chief_logs"][0])),
                 ("attempt 2 (resumed)", train_points(training["chief_logs"][1]))]
@@ -127,6 +181,11 @@ def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, 
         "Divergence defense (docs/execution.md): %s." % (
             "%d non-finite steps skipped, %d rollbacks" % counts if counts else "no `[divergence]` line in the log"),
         "",
+    ]
+    found = goodput(training, request)
+    lines += goodput_lines(found)
+    lines += [
+        "",
         "## Data",
         "",
         "| text bytes | tokens | shard bytes | shard bytes / text bytes |",
@@ -171,6 +230,6 @@ def write_report(out_dir, dataset_dir, training, serving, synthesis, execution, 
     lines += ["- %s: `%s`" % (what, where) for what, where in artifacts]
     path = os.path.join(out_dir, "report.md")
     shards.write_atomically(path, "\n".join(lines) + "\n")
-    return {"report": path, "png": png, "data_ratio": shard_bytes / text_bytes,
+    return {"report": path, "png": png, "data_ratio": shard_bytes / text_bytes, "goodput": found,
             "tokens_per_second": [median_tokens_per_second(points) for _, points in attempts],
             "attempts": attempts}

@@ -121,7 +121,8 @@ class Host:
         checkpoints = local_path(self.base, request["CheckpointConfig"]["LocalPath"])
         env = environment(SAGEMAKER_BASE_DIR=self.base, SAGEMAKER_PROGRAM=program,
                           SAGEMAKER_SUBMIT_DIRECTORY=os.path.join(self.base, "code"), SM_STUDIO_LOCAL_MODE="true",
-                          LM_HOST_ADDRESSES=json.dumps(addresses), LM_CHECKPOINT_DIR=checkpoints)
+                          LM_HOST_ADDRESSES=json.dumps(addresses), LM_CHECKPOINT_DIR=checkpoints,
+                          TRAINING_JOB_NAME=request["TrainingJobName"])  # as SageMaker sets it in the container
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen([sys.executable, "-m", "sagemaker_training.cli.train"], cwd=self.base,
                                         env=env, stdout=self._log, stderr=subprocess.STDOUT)
@@ -260,8 +261,10 @@ def train(request, channel_dirs, out_dir, interrupt_at):
         return os.path.isdir(directory) and any(map(checkpoint.PATTERN.match, os.listdir(directory)))
 
     first = make_hosts("attempt-1")
+    started = time.monotonic()
     logs_1, killed_step = run_phase(request, first, "attempt 1 (killed)", max_steps, kill_at=interrupt_at,
                                     can_kill=lambda: checkpoint_on_disk(first[0]))
+    billed = [time.monotonic() - started]  # what SageMaker would bill per instance: the hosts' time
     uploaded = upload_checkpoints(first, local, remote)
     saved = [int(match.group(1)) for match in map(checkpoint.PATTERN.match, uploaded) if match]
     if not saved:
@@ -273,7 +276,9 @@ def train(request, channel_dirs, out_dir, interrupt_at):
 
     second = make_hosts("attempt-2")
     download_checkpoints(second, local, remote)
+    started = time.monotonic()
     logs_2, _ = run_phase(request, second, "attempt 2 (resumed)", max_steps, first_step=resume_step)
+    billed.append(time.monotonic() - started)
     resumed = RESUMED.search(logs_2[second[0].name])
     if not resumed or int(resumed.group(2)) != resume_step:
         raise _failed(second, "the second attempt did not resume from the last checkpoint, step %d" % resume_step)
@@ -288,6 +293,7 @@ def train(request, channel_dirs, out_dir, interrupt_at):
         # At least: steps run after the last [train] line the chief wrote are lost too.
         "lost_steps": killed_step - resume_step,
         "max_steps": max_steps,
+        "billed_seconds": billed,
         "checkpoints": remote,
         "synced_checkpoints": sorted(os.listdir(remote)),
         "model_dir": model_dir,

@@ -21,7 +21,7 @@ import json
 import re
 import sys
 
-from controlplane import gate, prices, pricing
+from controlplane import budget, checkpoint_plan, gate, prices, pricing
 from controlplane.planner import DEFAULT_GLOBAL_BATCH, PRECISIONS, SCALE_LR_DEFAULT, SMP_PIPELINES, plan, resolve_config
 from lm.spec import hardware, job
 from controlplane.presets import ALL_PRESETS, get_preset
@@ -118,11 +118,9 @@ def format_table(result):
             "spot (an estimate)" if s["spot"] else "on demand"))
         lines.append("  at %.3g GFLOP per token, MFU %.1f %%: %s" % (
             t["flops_per_token"] / 1e9, 100 * t["mfu"], t["mfu_source"]))
-        if t["lost_seconds_per_interruption"] is not None:
-            lines.append("  expected lost work per interruption: %.1f minutes (half the checkpoint interval at "
-                         "checkpoint_minutes=%g, checkpoint_every=%d), plus the restart"
-                         % (t["lost_seconds_per_interruption"] / 60.0, job.HYPERPARAMETERS["checkpoint_minutes"].default,
-                            job.HYPERPARAMETERS["checkpoint_every"].default))
+        save_seconds = job.save_seconds(result["model"]["params"] * budget.CHECKPOINT_BYTES_PER_PARAMETER)
+        lines.append("  checkpoints: " + checkpoint_plan.described(checkpoint_plan.plan(
+            save_seconds, t["step_seconds"], inst["count"], inst["gpus_per_host"], s["spot"], {})))
     if result["suggested_strategy"] and result["suggested_strategy"] != chosen["strategy"]:
         lines.append("  suggested strategy: %s" % result["suggested_strategy"])
     if not chosen["ok"] and result["fits_with_recompute"]:

@@ -302,8 +302,13 @@ def watch(stepfunctions, execution_arn, poll_seconds, out, sleep=time.sleep):
 
 
 def report_end(execution, out):
+    """The execution's end: its output, or its error and cause (which hold the run's bill); a completed run's bill
+    (`controlplane.bill`) on the last line."""
     if execution["status"] == "SUCCEEDED":
         out.write("output: %s\n" % execution.get("output", "{}"))
+        billed = json.loads(execution.get("output") or "{}").get("bill")
+        if billed:
+            out.write("%s\n" % billed["text"])
     else:
         out.write("%s: %s\n%s\n" % (execution["status"], execution.get("error", ""), execution.get("cause", "")))
 

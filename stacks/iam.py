@@ -235,5 +235,5 @@ MACHINE_RESOURCE_REASONS = {
     "endpoint-config": "Endpoint configs are named after their training job at run time; only our prefix.",
     "endpoint": "Endpoints are named at run time from the execution input; only names with our prefix.",
     "endpoint-alarm": "The no-invocations alarm of an endpoint is named after it at run time; only our prefix.",
-    "*": "sagemaker:ListTrainingJobs and sagemaker:Search: " + NO_RESOURCE_LEVEL + ".",
+    "*": "sagemaker:ListTrainingJobs, sagemaker:Search and cloudwatch:PutMetricData: " + NO_RESOURCE_LEVEL + ".",
 }

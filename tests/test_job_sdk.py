@@ -18,7 +18,8 @@ from moto import mock_aws
 from controlplane import request
 from controlplane import budget
 from controlplane import base_images
-from lm.spec import job
+from lm.spec import interruptions, job
+from lm.spec.hardware import INSTANCES
 from controlplane import presets
 
 pytest.importorskip("sagemaker")
@@ -26,6 +27,8 @@ from sagemaker.session import Session  # noqa: E402
 from sagemaker.tensorflow import TensorFlow  # noqa: E402
 
 INSTANCE_TYPE = "ml.p4d.24xlarge"
+# The mean time between interruptions the gate writes for an on-demand run (controlplane.checkpoint_plan).
+ON_DEMAND_INTERRUPTION_HOURS = interruptions.instance_hours(False, INSTANCES[INSTANCE_TYPE].gpus)
 GPUS = 8
 FRAMEWORK = {"tf26": ("2.6.0", "py38"), "tf211": ("2.11.0", "py39"), "tfcurrent": ("2.16", "py310")}
 
@@ -93,7 +96,8 @@ def test_definition_hyperparameters_equal_the_sdk(strategy, deployment, tmp_path
     (_, _, request), = run.calls("createTrainingJob")
     ours = request["HyperParameters"]
     theirs = sdk_hyperparameters(strategy, request["TrainingJobName"], tmp_path,
-                                 request["StoppingCondition"]["MaxRuntimeInSeconds"], FITTING.get(strategy))
+                                 request["StoppingCondition"]["MaxRuntimeInSeconds"], dict(
+                                     FITTING.get(strategy, {}), interruption_hours=ON_DEMAND_INTERRUPTION_HOURS))
     assert "sagemaker_submit_directory" in theirs
     theirs = {key: value for key, value in theirs.items() if key != "sagemaker_submit_directory"}
     assert sorted(ours) == sorted(theirs)

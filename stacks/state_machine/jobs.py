@@ -28,12 +28,12 @@ import dataclasses
 
 from controlplane import budget
 from controlplane import base_images
-from controlplane import history, presets, request
+from controlplane import checkpoint_plan, history, presets, request
 from controlplane.inputs import TOP_LEVEL_HYPERPARAMETERS
 from controlplane import evaluation as controlplane_evaluation
 from lm.spec import drill, evaluation, job
 from lm.spec.hardware import INSTANCES
-from stacks.state_machine import asl
+from stacks.state_machine import asl, bill
 from stacks.state_machine.names import image_placeholder, subnet_placeholder
 
 MAX_ATTEMPTS = 4  # per instance type
@@ -64,10 +64,12 @@ GATE_FAILED = "GateFailed"  # the gate's function itself failed (not a refusal):
 POLL_PLAN = "$.plan.poll"  # the monitor's waits for this run (controlplane.gate.check_history)
 # Defaults for the optional fields of describe results (kept in $.run.defaults: intrinsics
 # take no object literals).
+# What the bill reads of every job that ended (stacks.state_machine.bill.usage_state).
+BILLED_DEFAULTS = {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": []}
 DESCRIBE_DEFAULTS = {
-    "failed_job": {"FailureReason": "no FailureReason given"},
-    "completed_job": {"BillableTimeInSeconds": None, "TrainingTimeInSeconds": None, "FinalMetricDataList": [],
-                      "MlflowDetails": {"MlflowRunId": None}},
+    "failed_job": dict(BILLED_DEFAULTS, FailureReason="no FailureReason given"),
+    "stopped_job": BILLED_DEFAULTS,
+    "completed_job": dict(BILLED_DEFAULTS, MlflowDetails={"MlflowRunId": None}),
     "failed_endpoint": {"FailureReason": "no FailureReason given"},
 }
 METRIC_DEFAULTS = {"MetricName": "unnamed", "Value": None}
@@ -163,8 +165,11 @@ def _evaluation_values(value_at):
 
 def concrete_values(kind, settings, config, *, job_name, execution_name, dataset_key=None, trained=None):
     """`job_values` for one attempt of a concrete execution: `config` is the input with its
-    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`); for the evaluation
-    job `trained` is (the training job's name, its model.tar.gz)."""
+    defaults, as the gate leaves it in `$.config` (`controlplane.gate.decide(...).config`), where the gate makes
+    the mean time between interruptions explicit (`controlplane.checkpoint_plan`); for the evaluation job `trained`
+    is (the training job's name, its model.tar.gz)."""
+    config = dict(config, hyperparameters=dict(config["hyperparameters"]))
+    checkpoint_plan.resolve_interruption_hours(config)
     state = {
         "config": config,
         "plan": {"processes_per_host": job.processes_per_host("horovod", INSTANCES[config["instance_type"]].gpus),
@@ -419,23 +424,28 @@ def job_states(kind, settings, on_success):
     # Optional fields of DescribeTrainingJob get defaults: a missing JSONPath fails the execution.
     states[s + ".Failed"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".FailedDefaults",
                                      result_path="$.scratch", retry=RETRY)
-    states[s + ".FailedDefaults"] = with_defaults("failed_job", s + ".FailureReason")
+    states[s + ".FailedDefaults"] = with_defaults("failed_job", s + ".FailedUsage")
+    states[s + ".FailedUsage"] = bill.usage_state(kind, s + ".FailureReason")
     states[s + ".FailureReason"] = asl.pass_state(s + ".IsCapacity", {
         "reason.$": "$.scratch.job.FailureReason"}, result_path=slot + ".failure")
-    states[s + ".Stopped"] = asl.pass_state(s + ".Notify", {
+    states[s + ".Stopped"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".StoppedDefaults",
+                                      result_path="$.scratch", retry=RETRY)
+    states[s + ".StoppedDefaults"] = with_defaults("stopped_job", s + ".StoppedUsage")
+    states[s + ".StoppedUsage"] = bill.usage_state(kind, s + ".StoppedReason")
+    states[s + ".StoppedReason"] = asl.pass_state(s + ".Bill", {
         "reason.$": asl.fmt("stopped ({})", slot + ".describe.secondary")}, result_path=slot + ".failure")
     states[s + ".IsCapacity"] = asl.choice([
         asl.rule({"Variable": slot + ".failure.reason", "StringMatches": QUOTA_PATTERN}, s + ".Quota"),
         asl.rule(asl.any_of(*[{"Variable": slot + ".failure.reason", "StringMatches": pattern}
                               for pattern in CAPACITY_PATTERNS]), s + ".Retry"),
-    ], s + ".Notify")
-    states[s + ".Quota"] = asl.pass_state(s + ".Notify", {"reason.$": asl.fmt(
+    ], s + ".Bill")
+    states[s + ".Quota"] = asl.pass_state(s + ".Bill", {"reason.$": asl.fmt(
         "an account quota, not capacity (not retried): in Service Quotas, request an increase of the Amazon "
         "SageMaker quota named below; for instance type {} that is \"{} for training job usage\" (\"{} for spot "
         "training job usage\" with spot). {}", *([kind.config + ".instance_type"] * 3 + [slot + ".failure.reason"]))},
         result_path=slot + ".failure")
     # A training job whose type keeps failing for capacity falls back to the input's next type.
-    exhausted = s + ".Fallback" if kind is TRAIN else s + ".Notify"
+    exhausted = s + ".Fallback" if kind is TRAIN else s + ".Bill"
     states[s + ".Retry"] = asl.choice([asl.rule(
         {"Variable": slot + ".tries", "NumericGreaterThanEquals": MAX_ATTEMPTS}, exhausted)], s + ".RetryWait")
     states[s + ".RetryWait"] = {"Type": "Wait", "SecondsPath": slot + ".retry_wait", "Next": s + ".NextAttempt"}
@@ -444,20 +454,25 @@ def job_states(kind, settings, on_success):
         "retry_wait.$": "States.MathAdd(%s.retry_wait, %s.retry_wait)" % (slot, slot),
         "launch.$": slot + ".launch", "next_launch.$": slot + ".next_launch"}, result_path=slot)
     if kind is TRAIN:
-        states.update(_fallback_states(kind, exhausted, s + ".Notify"))
+        states.update(_fallback_states(kind, exhausted, s + ".Bill"))
     template = "%s {} (attempt {} of at most %d on instance type {}) failed: {}" % (label, MAX_ATTEMPTS)
-    arguments = [name_path, asl.to_json(slot + ".tries"), slot + ".instance_type", slot + ".failure.reason"]
+    # the end of a failed run: its bill, then the notification and the cause, which hold the bill's text
+    arguments = [name_path, asl.to_json(slot + ".tries"), slot + ".instance_type", slot + ".failure.reason",
+                 bill.BILL_PATH + ".text"]
+    template += ". {}"
     if kind is TRAIN:  # an execution name cannot be used again: the way back to the training done so far
         template, arguments = template + ". " + RESUME_HINT, arguments + [CHECKPOINTS_PATH]
     if kind is EVALUATE:
         template, arguments = template + ". " + KEPT_MODEL_HINT, arguments + [TRAIN.slot + ".result.model_artifacts"]
+    states.update(bill.states(settings, s + ".Bill", s + ".Notify", notify=False, retries=(LAMBDA_RETRY, RETRY)))
     cause = asl.fmt(template, *arguments)
     states[s + ".Notify"] = asl.publish("${TopicArn}", cause, s + ".Fail")
     states[s + ".Fail"] = asl.fail("%sJobFailed" % s, cause)
 
     states[s + ".Result"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".ResultDefaults",
                                      result_path="$.scratch", retry=RETRY)
-    states[s + ".ResultDefaults"] = with_defaults("completed_job", s + ".Metrics")
+    states[s + ".ResultDefaults"] = with_defaults("completed_job", s + ".Usage")
+    states[s + ".Usage"] = bill.usage_state(kind, s + ".Metrics")
     # MetricData's members are optional in the API too: each metric is merged over defaults first.
     states[s + ".Metrics"] = {
         "Type": "Map", "ItemsPath": "$.scratch.job.FinalMetricDataList",

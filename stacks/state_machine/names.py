@@ -58,7 +58,7 @@ def render(definition, values):
 # endpoints (PassRole, condition iam:PassedToService = sagemaker.amazonaws.com); "endpoint-alarm":
 # CloudWatch alarms named `<name_prefix>-*`; "topic": the SNS topic;
 # "gate": the published version of the gate's Lambda function (that version only);
-# "*": actions without resource-level permissions (ListTrainingJobs, Search).
+# "*": actions without resource-level permissions (ListTrainingJobs, Search, PutMetricData).
 # AddTags: the create calls carry Tags, which SageMaker authorizes as AddTags.
 REQUIRED_ACTIONS = {
     "training": {
@@ -73,6 +73,7 @@ REQUIRED_ACTIONS = {
         "sagemaker:UpdateEndpoint": ("endpoint", "endpoint-config"),
         "iam:PassRole": ("execution-role", "endpoint-role"),
         "cloudwatch:PutMetricAlarm": ("endpoint-alarm",),
+        "cloudwatch:PutMetricData": ("*",),  # each job's dollars (stacks.state_machine.bill)
         "sns:Publish": ("topic",),
         "lambda:InvokeFunction": ("gate",),
     },

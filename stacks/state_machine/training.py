@@ -1,4 +1,4 @@
-"""The main (Standard) state machine: validate -> [prepare] -> train -> [evaluate] -> [deploy] -> outputs, or
+"""The main (Standard) state machine: validate -> [prepare] -> train -> [evaluate] -> bill -> [deploy] -> outputs, or
 validate -> serve -> deploy -> outputs for a run that only deploys an existing model (deploy.model_artifact).
 
 Validate is one Task: the gate (`controlplane.gate`, a Lambda function, `stacks.gate`) checks the input,
@@ -17,6 +17,9 @@ the prepare job then uses): the job is skipped, or run again with `prepare.force
 cannot look into EFS itself, e.g. after the directory was emptied). One with another key: the
 directory holds another dataset, which lm.data.prepare would mix with this one, so the run is refused
 before any job, naming both sources (tag `lmstack:raw-source`).
+
+Every job's end (completed, failed or stopped) is recorded for the bill (`stacks.state_machine.bill`): a run
+that completes its training gets its bill before Deploy, a failed one before its Fail state.
 
 A deploy-only run (`deploy.model_artifact`, which the gate checked) goes from the gate to the Serve stage:
 the artifact must be in this stack's artifact bucket (a training job's model.tar.gz under output/, or a
@@ -37,7 +40,7 @@ from controlplane import bucket_layout
 from controlplane import rules
 from lm.spec.conditions import INVALID
 from controlplane import request
-from stacks.state_machine import asl, deploy, evaluate, jobs
+from stacks.state_machine import asl, bill, deploy, evaluate, jobs
 from stacks.state_machine.jobs import GATE_FAILED, gate_task
 
 VALIDATE = "Validate"
@@ -48,6 +51,7 @@ RESUME = "Resume"
 PREPARE = "Prepare"
 EVALUATE = "Evaluate"
 TASK_DATA = "TaskData"
+BILL = "Bill"
 DEPLOY = "Deploy"
 OUTPUTS = "Outputs"
 
@@ -156,6 +160,7 @@ def _run_states(first, next_state):
     states[first] = asl.pass_state(first + ".RawSource", {
         "id.$": "States.Hash($$.Execution.Id, 'MD5')",
         "defaults": jobs.DESCRIBE_DEFAULTS,
+        "usage": {},  # what each job that ran used: the bill (stacks.state_machine.bill)
     }, result_path="$.run")
     states[first + ".RawSource"] = asl.choice([asl.rule({"Variable": jobs.RAW_S3_URI_PATH, "IsNull": False},
                                                         first + ".RawSource.S3")], first + ".RawSource.EFS")
@@ -377,6 +382,7 @@ def _outputs_states(first):
             ("prepare.$", "$.prepare_result"),
             ("evaluation.$", evaluate.RESULT_PATH),
             ("deploy.$", "$.deploy_result"),
+            ("bill.$", bill.BILL_PATH),
         ]))),
         (first + ".Served", asl.pass_state(None, collections.OrderedDict([
             ("model_artifacts.$", train + ".result.model_artifacts"), ("plan.$", "$.plan"),
@@ -394,7 +400,8 @@ def build_training_definition(settings):
     states.update(evaluate.check_states(TASK_DATA, PREPARE))
     states.update(_prepare_states(settings, PREPARE, jobs.TRAIN.state + ".Start"))
     states.update(jobs.job_states(jobs.TRAIN, settings, EVALUATE))
-    states.update(evaluate.states(settings, EVALUATE, DEPLOY))
+    states.update(evaluate.states(settings, EVALUATE, BILL))
+    states.update(bill.states(settings, BILL, DEPLOY, notify=True, retries=(jobs.LAMBDA_RETRY, jobs.RETRY)))
     states.update(deploy.states(settings, DEPLOY, OUTPUTS))
     states.update(_outputs_states(OUTPUTS))
     return {

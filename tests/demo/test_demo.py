@@ -118,6 +118,26 @@ def test_the_server_answered_and_the_report_is_written(finished):
     assert all(value > 0 for value in written["tokens_per_second"])
 
 
+@pytest.mark.slow
+def test_the_reports_goodput_table_adds_up_to_the_billed_time(finished):
+    settings, results = finished
+    found = results["report"]["goodput"]
+    training, totals = results["train"], found["totals"]
+    billed = sum(training["billed_seconds"])
+    # every part but the last is the job's own count; the last is the billed time outside it
+    assert sum(seconds for _, seconds in found["parts"]) == pytest.approx(billed, rel=0.01)
+    assert all(seconds > 0 for _, seconds in found["parts"])
+    assert totals["kept_steps"] == SMALL["max_steps"]
+    # the job's count of lost steps: from its last progress record, at most the demo's (which reads the log)
+    assert 0 < totals["redone_steps"] <= training["lost_steps"]
+    assert totals["trained_tokens"] - totals["kept_tokens"] == pytest.approx(
+        totals["redone_steps"] * totals["kept_tokens"] / totals["kept_steps"])
+    assert found["line"]["goodput"] == pytest.approx(totals["kept_step_seconds"] / billed, abs=1e-4)
+    with open(results["report"]["report"]) as handle:
+        text = handle.read()
+    assert "Goodput (time in kept steps / billed time): **%.1f %%**" % (100 * found["line"]["goodput"]) in text
+
+
 def test_a_failing_step_stops_the_demo_and_names_it(tmp_path, capsys):
     status = demo.main(["--output", str(tmp_path), "--corpus-bytes", "2000", "--skip-synth"])
     captured = capsys.readouterr()

@@ -554,11 +554,13 @@ class Run:
     def states_entered(self):
         return local_sfn.states_entered(self.events)
 
-    def gate_invocations(self):
-        """The gate's invocations of this execution, in order (`lmstack.local_lambda`'s records)."""
+    def gate_invocations(self, bills=False):
+        """The gate's invocations of this execution that decide a run (`bills`: those that compute its bill,
+        `controlplane.bill`), in order (`lmstack.local_lambda`'s records)."""
         name = self.arn.rsplit(":", 1)[-1]
         return [invocation for invocation in local_lambda.RUNTIME.invocations
-                if invocation.function_arn == self.deployment.gate and invocation.event.get("execution_name") == name]
+                if invocation.function_arn == self.deployment.gate and invocation.event.get("execution_name") == name
+                and ("bill" in invocation.event) == bills]
 
     def gate_answers(self):
         """What the gate's handler answered this execution, in order."""

@@ -68,10 +68,12 @@ def test_success_path_outputs_and_requests(deployment):
     # The gate's notes (a JSON list) come first: every accepted run has at least the price it was planned at.
     notes = json.loads(messages[0])
     assert any(note.startswith("price of ml.g5.2xlarge for training") for note in notes), notes
-    phases = [message.split(": ")[1] for message in messages[1:] if ": " in message and "completed" not in message]
+    phases = [message.split(": ")[1] for message in messages  # the monitor's (not the notes', nor the bill)
+              if message.startswith("train job ") and "completed" not in message]
     assert phases == ["Starting (InProgress)", "Downloading (InProgress)", "Training (InProgress)",
                       "Uploading (InProgress)"]
     assert any("completed" in message for message in messages)
+    assert messages[-1] == "execution run-1: %s" % output["bill"]["text"]  # the end message: the bill
 
 
 def test_spot_sets_max_wait(deployment):

@@ -26,6 +26,7 @@ class Field:
     choices: Optional[Tuple[str, ...]] = None
     nullable: bool = False
     prefix: Optional[str] = None  # a str must start with it
+    words: Tuple[str, ...] = ()  # strings a number field accepts besides its numbers ("auto")
     fields: Tuple["Field", ...] = ()
     help: str = ""
 
@@ -44,6 +45,8 @@ def type_message(spec):
     if spec.type is dict:
         return "must be a JSON object"
     kind = "an integer" if spec.type is int else "a number"
+    if spec.words:
+        kind = "%s or %s" % (kind, " or ".join('"%s"' % word for word in spec.words))
     return "must be %s or null" % kind if spec.nullable else "must be %s" % kind
 
 
@@ -65,7 +68,7 @@ def range_message(spec):
 
 def problem(spec, value):
     """The message of the first problem of `value` for `spec` (objects: only their type), or None."""
-    if spec.type is object or (value is None and spec.nullable):
+    if spec.type is object or (value is None and spec.nullable) or (isinstance(value, str) and value in spec.words):
         return None
     if spec.type is dict:
         return None if isinstance(value, dict) else type_message(spec)
@@ -92,6 +95,6 @@ def check(spec, value, label):
     message = problem(spec, value)
     if message:
         raise ValueError("%s %s, got %r" % (label, message, value))
-    if spec.type in (int, float) and value is not None:
+    if spec.type in (int, float) and value is not None and value not in spec.words:
         return spec.type(value)
     return value

@@ -79,9 +79,14 @@ HYPERPARAMETERS = collections.OrderedDict((hp.name, hp) for hp in [
     _hp("log_every", int, 10, 1, 1000000, help="steps between metric log lines"),
     _hp("eval_every", int, 500, 0, 10000000, help="steps between validation runs (0 = only at the end)"),
     _hp("eval_batches", int, 20, 1, 100000, help="batches per validation run"),
-    _hp("checkpoint_every", int, 500, 0, 10000000, help="steps between checkpoints (0 = only on SIGTERM and at the end)"),
+    _hp("checkpoint_every", int, "auto", 0, 10000000, words=("auto",),
+        help="steps between checkpoints (0 = only on SIGTERM and at the end); auto: every Young/Daly interval of "
+             "training, from the save's time and interruption_hours (lm.spec.interruptions)"),
     _hp("checkpoint_minutes", float, 15.0, 0.0, 10080.0,
         help="minutes of training between checkpoints, what protects a spot run (0 = off)"),
+    _hp("interruption_hours", float, 0.0, 0.0, 1000000.0,
+        help="mean hours between interruptions of one instance, for checkpoint_every auto (0 = the default for "
+             "spot or on demand, lm.spec.interruptions)"),
     _hp("allow_new_data", bool, False,
         help="resume a checkpoint on a dataset other than the one it was trained on"),
     # Filled by the control plane, never given in an execution input (`controlplane.budget.stop_after_seconds`).
@@ -168,6 +173,39 @@ def format_divergence_log(event, step, epoch, batch, skipped_steps, rollbacks, d
 def format_eval_log(step, val_loss):
     import math
     return "%s step=%d val_loss=%.4f val_ppl=%.3f" % (EVAL_LOG_PREFIX, step, val_loss, math.exp(min(val_loss, 50.0)))
+
+
+GOODPUT_LOG_PREFIX = "[goodput]"
+CHECKPOINT_LOG_PREFIX = "[checkpoint]"
+# Where a job's time went, cumulative over its processes (a spot restart continues the counts), as of the line:
+# the chief logs it at every save and at the end, so a job's last values (SageMaker's FinalMetricDataList)
+# stand whether it completed, failed or was stopped (lm.training.goodput).
+GOODPUT_TOTALS = ("kept_steps", "kept_tokens", "trained_tokens", "redone_steps", "kept_step_seconds",
+                  "startup_seconds", "save_seconds", "eval_seconds", "redone_seconds", "end_seconds",
+                  "process_seconds")
+# At each start of the job's process: whether and where it resumed, and the steps an interruption lost.
+GOODPUT_START = ("resumed", "resumed_from_step", "steps_lost", "process_startup_seconds")
+
+
+def _pairs(names, values):
+    return " ".join("%s=%s" % (name, ("%d" % values[name]) if isinstance(values[name], int) else
+                               "%.3f" % values[name]) for name in names)
+
+
+def format_goodput_log(totals):
+    """The goodput totals line: `totals` holds every name of GOODPUT_TOTALS."""
+    return "%s %s" % (GOODPUT_LOG_PREFIX, _pairs(GOODPUT_TOTALS, totals))
+
+
+def format_goodput_start_log(start):
+    """The line at a process's first step: `start` holds every name of GOODPUT_START."""
+    return "%s start %s" % (GOODPUT_LOG_PREFIX, _pairs(GOODPUT_START, start))
+
+
+def format_checkpoint_log(step, save_seconds, interval_seconds):
+    """A save: how long it held training, and the interval to the next (0: none by time)."""
+    return "%s step=%d save_seconds=%.3f interval_seconds=%.1f" % (CHECKPOINT_LOG_PREFIX, step, save_seconds,
+                                                                  interval_seconds)
 
 
 def validate_mp_parameters(values):

@@ -42,8 +42,9 @@ from lm import checkpoint
 from lm.spec import contract
 from lm.spec import drill
 from lm.data import dataset
+from lm.training import goodput
 from lm.training import gpu_usage
-from lm.spec import job
+from lm.spec import interruptions, job
 from lm.spec import shards
 from lm.training import divergence
 from lm.training import summaries
@@ -437,7 +438,19 @@ class Training:
         """The strategy's checkpoints, the dataset's fingerprint they record, and the time-based save clock."""
         self.checkpoints = self.strategy.checkpoints(self.paths.checkpoint_dir)
         self.fingerprint = shards.fingerprint(self.manifest)
-        self.clock = checkpoint.SaveClock(self.hp.checkpoint_minutes * 60.0)
+        hp = self.hp
+        self.ledger = goodput.Ledger(self.job_clock.job_name, self.train_stream.tokens_per_step,
+                                     self.paths.checkpoint_dir, PROCESS_START)
+        self.auto_interval = None
+        self.step_interval = hp.checkpoint_every
+        if hp.checkpoint_every == interruptions.AUTO:
+            hosts = self.paths.instance_count
+            self.auto_interval = goodput.AutoInterval(self.save_seconds, hp.interruption_hours, hosts,
+                                                      max(1, self.strategy.devices // hosts), hp.checkpoint_minutes)
+            self.step_interval = 0
+            self.say(self.auto_interval.described("planned from the checkpoint's size"))
+        self.clock = checkpoint.SaveClock(self.auto_interval.seconds() if self.auto_interval
+                                          else hp.checkpoint_minutes * 60.0)
         self.divergence = divergence.Divergence(self.hp)
         self.diverged = None  # the failure reason once the run diverged past max_rollbacks
 
@@ -491,6 +504,7 @@ class Training:
                                              "they name the path" % (chosen, lacking, strategy.size))
         meta = checkpoints.read_meta(chosen)
         check_resume(meta, self.hp, latest)
+        self.ledger.resumed(meta, meta["step"])
         self.job_clock.resume(meta)
         self.divergence.resume(meta)
         if checkpoint.check_dataset(meta, self.fingerprint, self.hp.allow_new_data, latest):
@@ -509,6 +523,7 @@ class Training:
     # -- actions every rank takes together --
 
     def evaluate(self, at_step):
+        started = time.monotonic()
         batches = self.eval_stream.batches(0)
         total = 0.0
         for _ in range(self.eval_batches):
@@ -517,18 +532,33 @@ class Training:
         batches.close()
         self.say(job.format_eval_log(at_step, total / self.eval_batches))
         self.tensorboard.validation(at_step, total / self.eval_batches)
+        self.ledger.evaluated(time.monotonic() - started)
 
     def save(self, at_step):
+        started = time.monotonic()
         self.saved_step = at_step
         self.clock.saved()
+        self.ledger.commit()
         epoch, batch = self.train_stream.position(self.data_position(at_step))
         # On every rank: the strategy's checkpoints know which ranks write.
         self.checkpoints.save(at_step, self.state, {
             "hyperparameters": self.hp.as_dict(), "epoch": epoch, "batch": batch,
             "config": self.config.to_dict(), "precision": self.precision,
             "dataset_fingerprint": self.fingerprint, "job": self.job_clock.record(),
-            "divergence": self.divergence.record()})
+            "goodput": self.ledger.record(at_step), "divergence": self.divergence.record()})
         self.strategy.barrier()
+        self.after_save(at_step, time.monotonic() - started)
+
+    def after_save(self, at_step, seconds):
+        """The save's time in the ledger; with checkpoint_every auto, the interval re-planned after the first
+        (every rank with the ranks' mean time, so that all keep the same clock)."""
+        self.ledger.saved(seconds)
+        if self.auto_interval and not self.auto_interval.measured:
+            self.auto_interval.first_save(float(self.strategy.allreduce_mean(seconds)))
+            self.clock.interval_seconds = self.auto_interval.seconds()
+            self.say(self.auto_interval.described("measured at the first save"))
+        self.say(job.format_checkpoint_log(at_step, seconds, self.clock.interval_seconds))
+        self.say(self.ledger.totals_line(at_step))
 
     # -- the loop --
 
@@ -567,7 +597,7 @@ class Training:
             self.progress.update(step, [("loss", loss), ("lr", learning_rate)])
         self.window_losses, self.window_start = [], time.time()
         # Time-based checkpoints, at log windows: the ranks agree on the elapsed time first.
-        if hp.checkpoint_minutes and step < hp.max_steps and self.clock.due(
+        if self.clock.interval_seconds and step < hp.max_steps and self.clock.due(
                 float(self.strategy.allreduce_mean(self.clock.elapsed()))):
             self.save(step)
 
@@ -603,7 +633,7 @@ class Training:
             return True
         if hp.eval_every and step % hp.eval_every == 0 and step < hp.max_steps:
             self.evaluate(step)
-        if hp.checkpoint_every and step % hp.checkpoint_every == 0 and step < hp.max_steps \
+        if self.step_interval and step % self.step_interval == 0 and step < hp.max_steps \
                 and self.saved_step != step:
             self.save(step)
         return False
@@ -638,11 +668,22 @@ class Training:
                 batches = self.train_stream.batches(self.data_position(self.step))
                 self.window_losses = []
                 continue
-            if self.after_step(metrics, step_seconds):
-                stopped = True
+            stopped = self.after_step(metrics, step_seconds)
+            self.account_step()
+            if stopped:
                 break
         batches.close()
         return stopped
+
+    def account_step(self):
+        """The step's time in the ledger; its start line after the process's first step, its progress beside
+        the checkpoints at every log window."""
+        first = not self.ledger.started
+        self.ledger.step_done()
+        if first:
+            self.say(self.ledger.start_line())
+        if self.chief and self.step % self.hp.log_every == 0:
+            self.ledger.write_progress(self.step)
 
     def finish(self, stopped):
         """After the loop: the last save, evaluation and export (unless stopped), then release."""
@@ -662,6 +703,8 @@ class Training:
                     hf.write_hf(whole_model, self.config, os.path.join(self.paths.export_dir, export.TOKENIZER_FILE),
                                 self.paths.export_dir)
                     self.say("wrote the Hugging Face files next to it (export_hf)")
+        self.ledger.ended()
+        self.say(self.ledger.totals_line(self.step))
         self.checkpoints.wait()
         divergence.log(self, "summary", self.step, "at the end of this process")  # the final metrics' counts
         self.tensorboard.close()
