@@ -22,9 +22,6 @@ from controlplane import prices, pricing
 
 # The order the bill lists its jobs in; others follow in the order their names sort.
 JOB_ORDER = ("prepare", "train", "evaluate")
-# What each job's estimate in the plan means.
-ESTIMATE_BASIS = {"train": "the plan's training time", "prepare": "at most its max_runtime_seconds",
-                  "evaluate": "at most its max_runtime_seconds"}
 KEPT_SECONDS_METRIC = "goodput:kept_step_seconds"
 KEPT_TOKENS_METRIC = "goodput:kept_tokens"
 
