@@ -25,12 +25,14 @@ NAMESPACE = "lmstack"
 METRIC = "JobCostUSD"
 
 
-def usage_state(kind, next_state):
-    """$.run.usage.<job> from the job's describe result merged over its defaults ($.scratch.job)."""
+def usage_state(kind, next_state, one_instance=False):
+    """$.run.usage.<job> from the job's describe result merged over its defaults ($.scratch.job); `one_instance`:
+    the job's settings have no instance_count (it always runs on one)."""
     described = "$.scratch.job."
+    count = ("instance_count", 1) if one_instance else ("instance_count.$", kind.config + ".instance_count")
     return asl.pass_state(next_state, collections.OrderedDict([
         ("name.$", kind.slot + ".name"), ("status.$", described + "TrainingJobStatus"),
-        ("instance_type.$", kind.config + ".instance_type"), ("instance_count.$", kind.config + ".instance_count"),
+        ("instance_type.$", kind.config + ".instance_type"), count,
         ("billable_seconds.$", described + "BillableTimeInSeconds"),
         ("training_seconds.$", described + "TrainingTimeInSeconds"),
         ("metrics.$", described + "FinalMetricDataList"),

@@ -425,13 +425,13 @@ def job_states(kind, settings, on_success):
     states[s + ".Failed"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".FailedDefaults",
                                      result_path="$.scratch", retry=RETRY)
     states[s + ".FailedDefaults"] = with_defaults("failed_job", s + ".FailedUsage")
-    states[s + ".FailedUsage"] = bill.usage_state(kind, s + ".FailureReason")
+    states[s + ".FailedUsage"] = bill.usage_state(kind, s + ".FailureReason", one_instance=kind is EVALUATE)
     states[s + ".FailureReason"] = asl.pass_state(s + ".IsCapacity", {
         "reason.$": "$.scratch.job.FailureReason"}, result_path=slot + ".failure")
     states[s + ".Stopped"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".StoppedDefaults",
                                       result_path="$.scratch", retry=RETRY)
     states[s + ".StoppedDefaults"] = with_defaults("stopped_job", s + ".StoppedUsage")
-    states[s + ".StoppedUsage"] = bill.usage_state(kind, s + ".StoppedReason")
+    states[s + ".StoppedUsage"] = bill.usage_state(kind, s + ".StoppedReason", one_instance=kind is EVALUATE)
     states[s + ".StoppedReason"] = asl.pass_state(s + ".Bill", {
         "reason.$": asl.fmt("stopped ({})", slot + ".describe.secondary")}, result_path=slot + ".failure")
     states[s + ".IsCapacity"] = asl.choice([
@@ -472,7 +472,7 @@ def job_states(kind, settings, on_success):
     states[s + ".Result"] = asl.task(describe, {"TrainingJobName.$": name_path}, s + ".ResultDefaults",
                                      result_path="$.scratch", retry=RETRY)
     states[s + ".ResultDefaults"] = with_defaults("completed_job", s + ".Usage")
-    states[s + ".Usage"] = bill.usage_state(kind, s + ".Metrics")
+    states[s + ".Usage"] = bill.usage_state(kind, s + ".Metrics", one_instance=kind is EVALUATE)
     # MetricData's members are optional in the API too: each metric is merged over defaults first.
     states[s + ".Metrics"] = {
         "Type": "Map", "ItemsPath": "$.scratch.job.FinalMetricDataList",

@@ -9,7 +9,7 @@ from state_machine.harness import SUCCESS, invalid_sagemaker_requests
 from state_machine.test_evaluate_gate import TASK_DATA
 from state_machine.test_request import assert_equal_key_by_key
 
-from controlplane import bucket_layout, inputs, request
+from controlplane import bucket_layout, inputs, prices, request
 from lm.spec import contract
 from stacks.state_machine import jobs, render, training
 
@@ -55,6 +55,12 @@ def test_the_evaluation_runs_after_training_on_its_model_and_its_results_are_in_
     assert entered.index("Evaluate.Start") > entered.index("Train.Succeeded")
     assert entered.index("Deploy") > entered.index("Evaluate.Done")
     assert any("evaluation:arc_easy" in message and model in message for message in deployment.notifications())
+    # The bill has the evaluation job: its billable seconds on one instance at the price the gate planned it at.
+    (evaluate_line,) = [line for line in run.output["bill"]["jobs"] if line["job"] == "evaluate"]
+    planned = run.output["plan"]["prices"]["evaluate"]["usd_per_hour"]
+    assert planned == prices.on_demand_price(evaluate["ResourceConfig"]["InstanceType"])
+    assert (evaluate_line["name"], evaluate_line["billable_instance_seconds"]) == (evaluate["TrainingJobName"], 300)
+    assert evaluate_line["usd"] == pytest.approx(300 * planned / 3600, abs=0.005)
     assert invalid_sagemaker_requests(run) == []
     # The definition sends what the builder builds for this execution's values.
     config = inputs.with_defaults(inputs.schema(deployment.settings), _input())

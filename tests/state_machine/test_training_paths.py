@@ -65,9 +65,6 @@ def test_success_path_outputs_and_requests(deployment):
     assert {"Key": "lmstack:execution", "Value": "run-1"} in request["Tags"]
 
     messages = deployment.notifications()
-    # The gate's notes (a JSON list) come first: every accepted run has at least the price it was planned at.
-    notes = json.loads(messages[0])
-    assert any(note.startswith("price of ml.g5.2xlarge for training") for note in notes), notes
     phases = [message.split(": ")[1] for message in messages  # the monitor's (not the notes', nor the bill)
               if message.startswith("train job ") and "completed" not in message]
     assert phases == ["Starting (InProgress)", "Downloading (InProgress)", "Training (InProgress)",
