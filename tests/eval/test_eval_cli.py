@@ -111,3 +111,17 @@ def test_generation_uses_the_kv_cache_and_cuts_at_the_first_stop(built):
     assert stopped == [cut_at_stops(text, [stop]) for text in free] and stopped != free
     with pytest.raises(ValueError, match="max_gen_toks"):
         scorer.generate(prompts, scorer.max_length, [])
+
+
+def test_a_context_of_whitespace_alone_is_scored_after_the_prefix_token_as_an_empty_one(built):
+    from lm_eval.api.instance import Instance
+
+    from lm.eval import model as eval_model
+
+    lm = eval_model.model_class()(pretrained=built["export"], batch_size=2)
+    requests = [Instance("loglikelihood", {}, (context, continuation), 0)
+                for context, continuation in ((" ", "def main"), ("", " def main"))]
+    whitespace, empty = lm.loglikelihood(requests)
+    # lm-eval moves the space into the continuation, so both score " def main" after the end-of-document token
+    expected = lm.scorer.loglikelihoods([([lm.prefix_token_id], lm.scorer.encode(" def main"))])[0]
+    assert whitespace == pytest.approx(expected) and empty == pytest.approx(expected)

@@ -59,7 +59,10 @@ class LMStackMethods:
         return self.scorer.encode(string)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
-        results = self.scorer.loglikelihoods([(context, continuation) for _, context, continuation in requests])
+        # A context of whitespace alone reaches here empty: lm-eval's _encode_pair moves trailing whitespace into the
+        # continuation. It stands for no context, as "" does in TemplateLM.loglikelihood: the prefix token.
+        results = self.scorer.loglikelihoods([(context or [self.prefix_token_id], continuation)
+                                              for _, context, continuation in requests])
         for (request, _, _), result in zip(requests, results):
             if request is not None:
                 self.cache_hook.add_partial("loglikelihood", request, result)
