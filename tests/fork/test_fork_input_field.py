@@ -27,7 +27,7 @@ MEMBER_AT = "    mlflow_arn: Any = None"
 RESOURCE = ('("VolumeSizeInGB", VOLUME_SIZE_GB)])',
             '("VolumeSizeInGB", VOLUME_SIZE_GB if j.volume_size_gb is None else j.volume_size_gb)])')
 VALUE = '        volume_size_gb=value_at("$.config.volume_size_gb") if kind is TRAIN else None,\n'
-VALUE_AT = "        mlflow_arn=settings.mlflow_resource_arn if kind is TRAIN else None,"
+VALUE_AT = "        mlflow_arn=settings.mlflow_resource_arn if kind is not PREPARE else None,"
 
 
 def step_1(monkeypatch):

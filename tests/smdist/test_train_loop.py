@@ -9,6 +9,7 @@ import pytest
 from controlplane import presets
 from lm.spec import job
 from smdist_helpers import run_train, write_random_dataset
+from lm.training.goodput import PROGRESS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,7 @@ def dataset(tmp_path_factory):
 
 def _files(out_dir, sub):
     path = os.path.join(out_dir, sub)
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return checkpoint_files(path) if os.path.isdir(path) else []
 
 
 def _trained(output, steps):
@@ -210,3 +211,8 @@ def test_smp_skips_a_nan_step_and_rolls_a_spike_back_on_every_partition(dataset,
     assert sorted(restores) == [(0, "smp-00000018"), (1, "smp-00000018")]
     assert _files(out, "ckpt") == ["smp-00000024", "smp-00000026"]
     assert "[divergence] summary step=26 epoch=0 batch=29 skipped_steps=1 rollbacks=1" in output
+
+
+def checkpoint_files(directory):
+    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
+    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

@@ -13,6 +13,7 @@ from lm import checkpoint
 from lm.training import train
 
 from . import helpers
+from lm.training.goodput import PROGRESS_FILE
 
 JOB = "lmstack-train-0123456789abcdef0123456789abcdef-1"
 
@@ -40,7 +41,7 @@ def test_the_job_stops_itself_at_its_deadline_with_a_checkpoint_and_says_why(tex
     reason = (output_data.parent / "failure").read_text()
     assert reason.startswith("stopped at step %d of 60 at stop_after_seconds %d" % (stopped, deadline)), reason
     assert "the checkpoint of step %d is saved" % stopped in reason
-    saved = sorted(os.listdir(tmp_path / "ckpt"))
+    saved = checkpoint_files(tmp_path / "ckpt")
     assert saved == ["ckpt-%08d.npz" % stopped]
     meta = checkpoint.read_meta(str(tmp_path / "ckpt" / saved[0]))
     assert meta["job"]["name"] == JOB and meta["job"]["seconds"] >= stopped - 1
@@ -64,3 +65,7 @@ def test_the_job_stops_itself_at_its_deadline_with_a_checkpoint_and_says_why(tex
     assert min(helpers.losses(output)) == stopped + 2 and (tmp_path / "model" / "model.json").exists()
     assert not (output_data.parent / "failure").exists()
 
+
+def checkpoint_files(directory):
+    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
+    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

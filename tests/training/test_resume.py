@@ -14,6 +14,7 @@ from family_cases import tiny_presets
 
 from . import helpers
 from .test_summaries import read_scalars
+from lm.training.goodput import PROGRESS_FILE
 
 DROPOUT = dict(max_steps=8, checkpoint_every=4, dropout=0.2, xla=False)
 
@@ -106,7 +107,7 @@ def test_time_based_checkpoints_and_tensorboard_scalars(text_dataset, tmp_path, 
     captured = capsys.readouterr()
     output = captured.out + captured.err
     assert status == 0, output
-    saved = sorted(os.listdir(os.path.join(tmp, "ckpt")))
+    saved = checkpoint_files(os.path.join(tmp, "ckpt"))
     assert saved == [checkpoint.checkpoint_name(4), checkpoint.checkpoint_name(6)], saved  # keep=2 of 2, 4, 6
     scalars = read_scalars(tensorboard)
     logged = helpers.losses(output)
@@ -118,3 +119,8 @@ def test_time_based_checkpoints_and_tensorboard_scalars(text_dataset, tmp_path, 
     assert scalars["train/loss_scale"][0][1] == 1.0
     assert [step for step, _ in scalars["validation/loss"]] == [6]
     assert glob.glob(os.path.join(tensorboard, "events.out.tfevents.*"))
+
+
+def checkpoint_files(directory):
+    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
+    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

@@ -17,6 +17,7 @@ from lm.spec import contract
 from controlplane import presets, request
 
 from . import helpers
+from lm.training.goodput import PROGRESS_FILE
 
 
 def opt_ml_tree(root, dataset, hyperparameters):
@@ -59,7 +60,7 @@ def test_toolkit_runs_train_py_and_the_model_is_written(text_dataset, tmp_path):
     assert result.returncode == 0, result.stdout
     assert os.path.isfile(os.path.join(root, "model", "model.json")), result.stdout
     assert "Reporting training SUCCESS" in result.stdout
-    assert os.listdir(os.path.join(root, "checkpoints")) == ["ckpt-00000004.npz"]
+    assert checkpoint_files(os.path.join(root, "checkpoints")) == ["ckpt-00000004.npz"]
     metrics = [log_metrics.parse_metrics(line) for line in result.stdout.splitlines()]
     assert [m["train:loss"] for m in metrics if "train:loss" in m]
     final = [m["validation:loss"] for m in metrics if "validation:loss" in m]
@@ -78,3 +79,8 @@ def test_toolkit_bad_hyperparameter_fails_with_a_readable_failure_file(text_data
         failure = handle.read()
     assert failure.strip() == "hyperparameters.precision must be one of auto, fp32, fp16, bf16, got 'fp64'"
     assert not os.path.exists(os.path.join(root, "model", "model.json"))
+
+
+def checkpoint_files(directory):
+    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
+    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

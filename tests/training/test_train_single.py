@@ -13,6 +13,7 @@ import pytest
 from lm.spec import shards
 
 from . import helpers
+from lm.training.goodput import PROGRESS_FILE
 
 
 def unigram_entropy(directory):
@@ -111,7 +112,7 @@ def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset
     stopped_at = max(interrupted)
     assert 5 <= stopped_at < steps, "".join(first)
     assert not os.path.exists(os.path.join(tmp, "model", "model.json"))
-    assert os.listdir(os.path.join(tmp, "ckpt")) == ["ckpt-%08d.npz" % stopped_at]
+    assert checkpoint_files(os.path.join(tmp, "ckpt")) == ["ckpt-%08d.npz" % stopped_at]
 
     resumed = helpers.run_training(text_dataset, tmp, max_steps=steps)
     assert resumed.returncode == 0, resumed.stdout
@@ -211,3 +212,8 @@ def test_hyperparameters_are_one_validated_frozen_dataclass_of_the_table():
         hp.max_steps = 6
     with pytest.raises(ValueError, match="hyperparameters.max_steps"):
         train.Hyperparameters.from_values({"max_steps": 0})
+
+
+def checkpoint_files(directory):
+    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
+    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)
