@@ -11,7 +11,7 @@ import pytest
 
 from controlplane import base_images
 from controlplane import presets
-from lm.training.goodput import PROGRESS_FILE
+from checkpoint_listing import checkpoint_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = os.path.join(ROOT, ".venv-tfcurrent", "bin", "python")
@@ -72,8 +72,3 @@ def test_prepare_train_export_reload_on_current_tf(tmp_path):
     assert facts["tf"] == image_tf and facts["keras_version"].startswith(image_tf.rsplit(".", 1)[0] + "."), facts
     assert facts["keras"] == "tf_keras" and facts["keras_version"].startswith("2."), facts
     assert facts["shape"] == [1, facts["tokens"], facts["vocab"]] and facts["finite"], facts
-
-
-def checkpoint_files(directory):
-    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
-    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

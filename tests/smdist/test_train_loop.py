@@ -9,7 +9,7 @@ import pytest
 from controlplane import presets
 from lm.spec import job
 from smdist_helpers import run_train, write_random_dataset
-from lm.training.goodput import PROGRESS_FILE
+from checkpoint_listing import checkpoint_files
 
 pytestmark = pytest.mark.slow
 
@@ -211,8 +211,3 @@ def test_smp_skips_a_nan_step_and_rolls_a_spike_back_on_every_partition(dataset,
     assert sorted(restores) == [(0, "smp-00000018"), (1, "smp-00000018")]
     assert _files(out, "ckpt") == ["smp-00000024", "smp-00000026"]
     assert "[divergence] summary step=26 epoch=0 batch=29 skipped_steps=1 rollbacks=1" in output
-
-
-def checkpoint_files(directory):
-    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
-    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

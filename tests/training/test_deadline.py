@@ -6,14 +6,13 @@ trained; another job (a new execution's resume_from) has a clock of its own.
 The job's clock is `lm.training.train.CLOCK`, replaced here by one that advances a second per reading: the step
 at which the deadline falls is then fixed, whatever this machine's speed (no timed assertion)."""
 import itertools
-import os
 
 from lm.spec import job
 from lm import checkpoint
 from lm.training import train
 
 from . import helpers
-from lm.training.goodput import PROGRESS_FILE
+from checkpoint_listing import checkpoint_files
 
 JOB = "lmstack-train-0123456789abcdef0123456789abcdef-1"
 
@@ -64,8 +63,3 @@ def test_the_job_stops_itself_at_its_deadline_with_a_checkpoint_and_says_why(tex
     assert status == 0, output
     assert min(helpers.losses(output)) == stopped + 2 and (tmp_path / "model" / "model.json").exists()
     assert not (output_data.parent / "failure").exists()
-
-
-def checkpoint_files(directory):
-    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
-    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

@@ -14,7 +14,7 @@ from family_cases import tiny_presets
 
 from . import helpers
 from .test_summaries import read_scalars
-from lm.training.goodput import PROGRESS_FILE
+from checkpoint_listing import checkpoint_files
 
 DROPOUT = dict(max_steps=8, checkpoint_every=4, dropout=0.2, xla=False)
 
@@ -119,8 +119,3 @@ def test_time_based_checkpoints_and_tensorboard_scalars(text_dataset, tmp_path, 
     assert scalars["train/loss_scale"][0][1] == 1.0
     assert [step for step, _ in scalars["validation/loss"]] == [6]
     assert glob.glob(os.path.join(tensorboard, "events.out.tfevents.*"))
-
-
-def checkpoint_files(directory):
-    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
-    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

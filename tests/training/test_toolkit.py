@@ -17,7 +17,7 @@ from lm.spec import contract
 from controlplane import presets, request
 
 from . import helpers
-from lm.training.goodput import PROGRESS_FILE
+from checkpoint_listing import checkpoint_files
 
 
 def opt_ml_tree(root, dataset, hyperparameters):
@@ -79,8 +79,3 @@ def test_toolkit_bad_hyperparameter_fails_with_a_readable_failure_file(text_data
         failure = handle.read()
     assert failure.strip() == "hyperparameters.precision must be one of auto, fp32, fp16, bf16, got 'fp64'"
     assert not os.path.exists(os.path.join(root, "model", "model.json"))
-
-
-def checkpoint_files(directory):
-    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
-    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)

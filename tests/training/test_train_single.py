@@ -13,7 +13,7 @@ import pytest
 from lm.spec import shards
 
 from . import helpers
-from lm.training.goodput import PROGRESS_FILE
+from checkpoint_listing import checkpoint_files
 
 
 def unigram_entropy(directory):
@@ -212,8 +212,3 @@ def test_hyperparameters_are_one_validated_frozen_dataclass_of_the_table():
         hp.max_steps = 6
     with pytest.raises(ValueError, match="hyperparameters.max_steps"):
         train.Hyperparameters.from_values({"max_steps": 0})
-
-
-def checkpoint_files(directory):
-    """The checkpoints in `directory`, sorted: the goodput ledger (lm.training.goodput) is kept beside them."""
-    return sorted(name for name in os.listdir(directory) if name != PROGRESS_FILE)
