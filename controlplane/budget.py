@@ -27,7 +27,7 @@ Pure Python, no TensorFlow.
 import dataclasses
 import math
 
-from controlplane import presets, prices, pricing
+from controlplane import evaluation, presets, prices, pricing
 from lm.spec import job
 from lm.spec.families import parameter_count
 from lm.spec.hardware import INSTANCES
@@ -116,8 +116,8 @@ def evaluation_usd(config, book=None):
     evaluate = config.get("evaluate")
     if not evaluate or not evaluate["enabled"]:
         return 0.0
-    price = hourly_price(evaluate["instance_type"], False, "evaluate.instance_type", book)
-    return price * evaluate["max_runtime_seconds"] / 3600
+    return evaluation.max_cost_usd(evaluate, hourly_price(evaluate["instance_type"], False, "evaluate.instance_type",
+                                                          book))
 
 
 def endpoint_cost(deploy, book=None):

@@ -149,8 +149,13 @@ def reprice(summary, evaluate, price):
     per_hour = price.usd_per_hour
     summary.update(usd_per_instance_hour=per_hour, price_source=price.source, price_region=price.region,
                    price_date=price.effective_date,
-                   max_cost_usd=None if per_hour is None else round(per_hour * evaluate["max_runtime_seconds"] / 3600, 2))
+                   max_cost_usd=None if per_hour is None else round(max_cost_usd(evaluate, per_hour), 2))
     return summary
+
+
+def max_cost_usd(evaluate, usd_per_hour):
+    """The most the evaluation job costs: its one instance for its whole MaxRuntime (the plan and the budget)."""
+    return usd_per_hour * evaluate["max_runtime_seconds"] / 3600
 
 
 def check(config, deploy_only):
