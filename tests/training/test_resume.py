@@ -118,4 +118,9 @@ def test_time_based_checkpoints_and_tensorboard_scalars(text_dataset, tmp_path, 
         assert [step for step, _ in scalars["train/" + tag]] == [2, 4, 6]
     assert scalars["train/loss_scale"][0][1] == 1.0
     assert [step for step, _ in scalars["validation/loss"]] == [6]
+    # the goodput totals at each save (2, 4, 6) and at the end (6), as the [goodput] lines give them
+    totals = [line.split()[1:] for line in output.splitlines() if line.startswith("[goodput] kept_steps=")]
+    assert [step for step, _ in scalars["goodput/kept_steps"]] == [2, 4, 6, 6]
+    assert [value for _, value in scalars["goodput/kept_tokens"]] == [
+        float(pair.split("=")[1]) for line in totals for pair in line if pair.startswith("kept_tokens=")]
     assert glob.glob(os.path.join(tensorboard, "events.out.tfevents.*"))

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from lm.spec import contract
+from lm.spec import contract, job
 from lm.training import summaries
 from lm.compat import tf
 
@@ -59,3 +59,15 @@ def test_events_carry_what_tensorboards_scalars_plugin_reads(tmp_path):
     values = [value for event in tf.compat.v1.train.summary_iterator(path) for value in event.summary.value]
     assert values[0].metadata.plugin_data.plugin_name == "scalars"
     assert values[0].metadata.data_class == summaries.DATA_CLASS_SCALAR
+
+
+def test_the_goodput_totals_are_scalars_and_unknown_ones_are_refused(tmp_path):
+    directory = str(tmp_path / "tb")
+    writer = summaries.Summaries(directory, enabled=True)
+    totals = {name: float(index) for index, name in enumerate(job.GOODPUT_TOTALS)}
+    writer.goodput(40, totals)
+    scalars = read_scalars(directory)
+    with pytest.raises(ValueError, match="unknown goodput totals dollars; allowed: kept_steps, kept_tokens"):
+        writer.goodput(40, dict(totals, dollars=1.0))
+    writer.close()
+    assert scalars == {"goodput/%s" % name: [(40, value)] for name, value in totals.items()}

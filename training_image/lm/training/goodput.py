@@ -141,9 +141,6 @@ class Ledger:
     def start_line(self):
         return job.format_goodput_start_log(self.start)
 
-    def totals_line(self, step):
-        return job.format_goodput_log(self.totals(step))
-
 
 class AutoInterval:
     """checkpoint_every "auto": seconds of training between saves (the module docstring)."""

@@ -6,11 +6,12 @@ TensorBoard at that S3 prefix (or at a local copy) to watch it. On a laptop noth
 unless `lm.training.train --tensorboard-dir DIR` asks for it.
 
 Tags: train/loss, train/learning_rate, train/grad_norm, train/tokens_per_s, train/mfu,
-train/loss_scale, validation/loss, divergence/skipped_steps, divergence/rollbacks; the step is the global training step.
+train/loss_scale, validation/loss, divergence/skipped_steps, divergence/rollbacks, and goodput/<total> for each
+of lm.spec.job.GOODPUT_TOTALS at every save and at the end; the step is the global training step.
 """
 import os
 
-from lm.spec import contract
+from lm.spec import contract, job
 
 # tensorflow/core/framework/summary.proto: enum DataClass { ..., DATA_CLASS_SCALAR = 1, ... }
 DATA_CLASS_SCALAR = 1
@@ -79,6 +80,14 @@ class Summaries:
 
     def validation(self, step, loss):
         self._write(step, "validation", {"loss": loss})
+
+    def goodput(self, step, totals):
+        """The goodput ledger's totals (lm.training.goodput, names from lm.spec.job.GOODPUT_TOTALS) at a save and
+        at the end: the job's side of the bill (the dollars need SageMaker's billable time, after the job)."""
+        unknown = sorted(set(totals) - set(job.GOODPUT_TOTALS))
+        if unknown:
+            raise ValueError("unknown goodput totals %s; allowed: %s" % (", ".join(unknown), ", ".join(job.GOODPUT_TOTALS)))
+        self._write(step, "goodput", totals)
 
     def close(self):
         if self._tracker is not None:

@@ -558,7 +558,13 @@ class Training:
             self.clock.interval_seconds = self.auto_interval.seconds()
             self.say(self.auto_interval.described("measured at the first save"))
         self.say(job.format_checkpoint_log(at_step, seconds, self.clock.interval_seconds))
-        self.say(self.ledger.totals_line(at_step))
+        self.log_goodput(at_step)
+
+    def log_goodput(self, step):
+        """The ledger's totals as the metric definitions read them, and as TensorBoard and MLflow scalars."""
+        totals = self.ledger.totals(step)
+        self.say(job.format_goodput_log(totals))
+        self.tensorboard.goodput(step, totals)
 
     # -- the loop --
 
@@ -704,7 +710,7 @@ class Training:
                                 self.paths.export_dir)
                     self.say("wrote the Hugging Face files next to it (export_hf)")
         self.ledger.ended()
-        self.say(self.ledger.totals_line(self.step))
+        self.log_goodput(self.step)
         self.checkpoints.wait()
         divergence.log(self, "summary", self.step, "at the end of this process")  # the final metrics' counts
         self.tensorboard.close()
