@@ -15,7 +15,9 @@ from lm.serving.export import load_exported
 from lm.spec import shards
 from lmstack import demo, demo_evaluate, demo_report, demo_train
 
-SMALL = dict(corpus_bytes=600000, max_steps=40, interrupt_at=15, checkpoint_every=10, synth=False,
+# Killed once step 15 is logged (every 5 steps), resumed from the checkpoint of step 10: max_steps 25 still leaves
+# a logged step after the kill's before the end.
+SMALL = dict(corpus_bytes=600000, max_steps=25, interrupt_at=15, checkpoint_every=10, synth=False,
              prompts=("def main(", "The Python"), max_new_tokens=8, evaluation_examples=8)
 
 

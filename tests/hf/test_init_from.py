@@ -99,16 +99,15 @@ def test_the_first_step_loss_is_transformers_loss_on_the_same_batch(transformers
 
 
 @requires_hf_venv
-def test_init_from_comes_from_the_init_channel_and_the_run_exports(transformers_gpt2, tmp_path):
+def test_init_from_comes_from_the_init_channel_and_the_run_exports(transformers_gpt2, tmp_path, monkeypatch, capsys):
     """Under SageMaker the directory is the `init` channel (SM_CHANNEL_INIT); the run trains and
     exports as usual, its tokenizer is the checkpoint's."""
     hf_dir, data_dir, _ = transformers_gpt2
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
-    env.update(SM_CHANNEL_INIT=hf_dir, PYTHONPATH=TRAINING_IMAGE, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-m", "lm.training.train"] + train_arguments(data_dir, str(tmp_path), max_steps=2),
-                            capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "initialized the weights from the Hugging Face checkpoint in %s" % hf_dir in result.stdout
+    for name in [name for name in os.environ if name.startswith("SM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SM_CHANNEL_INIT", hf_dir)
+    assert train.main(train_arguments(data_dir, str(tmp_path), max_steps=2)) == 0
+    assert "initialized the weights from the Hugging Face checkpoint in %s" % hf_dir in capsys.readouterr().out
     _, config, tokenizer = lm_export.load_exported(str(tmp_path / "model"))
     assert config.vocab_size == 300
     with open(os.path.join(hf_dir, "tokenizer.json")) as f:

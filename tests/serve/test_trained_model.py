@@ -1,5 +1,8 @@
-"""Serve what `python -m lm.training.train` exported: sample corpus -> `lm.data.prepare` -> `lm.training.train` (the
-tiny preset of each transformer family, a few steps) -> the real server on 127.0.0.1."""
+"""Serve what `lm.training.train` exported: sample corpus -> `lm.data.prepare` -> `lm.training.train` (the tiny
+preset of each transformer family, a few steps; its command line's main in this process, where TensorFlow is loaded
+already) -> the real server on 127.0.0.1."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -9,6 +12,7 @@ import pytest
 
 from controlplane import presets
 from family_cases import tiny_presets
+from lm.training import train
 from serving import IMAGE, ROOT, Server
 
 TRAIN_HYPERPARAMETERS = {"preset": "tiny", "global_batch_size": 8, "max_steps": 10, "warmup_steps": 2,
@@ -24,7 +28,6 @@ def run(args, cwd):
     result = subprocess.run([sys.executable, "-m"] + args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=900)
     assert result.returncode == 0, result.stdout
-    return result.stdout
 
 
 # Every family whose Hugging Face export the tests below serve and compare (tests/family_cases.py).
@@ -35,12 +38,15 @@ def trained_model_dir(tmp_path_factory, request):
     run(["lmstack.sample_corpus", "raw/sample.jsonl.zst", "--max-bytes", "400000"], work)
     run(["lm.data.prepare", "raw", "--output", "data", "--train-tokenizer", "--vocab-size", "512", "--seq-len", "64",
          "--workers", "1", "--val-fraction", "0.1"], work)
-    args = ["lm.training.train", "--data-dir", "data", "--checkpoint-dir", "checkpoints", "--export-dir", "model"]
+    args = ["--data-dir", os.path.join(work, "data"), "--checkpoint-dir", os.path.join(work, "checkpoints"),
+            "--export-dir", os.path.join(work, "model")]
     hyperparameters = dict(TRAIN_HYPERPARAMETERS, preset=preset, model=family, export_hf=True)
     for name, value in presets.resolve(hyperparameters).items():
         args += ["--" + name, json.dumps(value)]
-    output = run(args, work)
-    assert "[eval]" in output
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        assert train.main(args) == 0
+    assert "[eval]" in output.getvalue()
     return os.path.join(work, "model"), family
 
 
