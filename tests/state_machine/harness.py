@@ -54,7 +54,6 @@ import functools
 import json
 import re
 import threading
-import time
 import types
 from typing import Optional, Tuple
 
@@ -496,12 +495,8 @@ class Deployment:
                                         input=json.dumps(execution_input))["executionArn"]
 
     def wait(self, execution_arn, timeout=60):
-        deadline = time.time() + timeout
-        while True:
-            description = self.sfn.describe_execution(executionArn=execution_arn)
-            if description["status"] != "RUNNING" or time.time() > deadline:
-                return description
-            time.sleep(0.05)
+        local_sfn.wait_for_end(execution_arn, timeout)
+        return self.sfn.describe_execution(executionArn=execution_arn)
 
     def run(self, execution_input, name="run-1", machine=None):
         execution = self.start(execution_input, name, machine)
@@ -511,7 +506,7 @@ class Deployment:
         return run
 
     def history(self, execution_arn):
-        return local_sfn.history(self.sfn, execution_arn)
+        return local_sfn.history(execution_arn)
 
     def existing_endpoint(self, endpoint="lmstack-gpt", config="lmstack-old"):
         """An endpoint an earlier deployment left, serving `config` (model of the same name)."""
