@@ -58,6 +58,7 @@ import types
 from typing import Optional, Tuple
 
 import boto3
+import botocore.endpoint
 from botocore.exceptions import ClientError
 import jsonpath_ng
 import jsonpath_ng.ext
@@ -599,6 +600,14 @@ def retry_waits(monkeypatch):
     asked = []
     monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=asked.append))
     return asked
+
+
+@pytest.fixture
+def sdk_retries_at_once(monkeypatch):
+    """botocore's retries in this process sent without the backoff it sleeps first (`botocore.endpoint`'s only use
+    of `time`; up to a second a call in standard mode): the stand-ins of `quota_tables` and `price_lists` answer or
+    fail at once, so the wait would only delay the same attempts and answer (as in `lmstack.local_lambda`'s worker)."""
+    monkeypatch.setattr(botocore.endpoint, "time", types.SimpleNamespace(sleep=lambda seconds: None))
 
 
 def staged_gate(directory):
