@@ -63,7 +63,7 @@ def execute(settings, execution_input):
                 if time.monotonic() > deadline:
                     raise StepError("the execution still runs after %d s" % TIMEOUT_SECONDS)
                 time.sleep(POLL_SECONDS)
-        events = local_sfn.history(sfn, execution)
+        events = local_sfn.history(execution)
         gate_ran = any(invocation.function_arn == gate for invocation in lambdas.invocations)
     states = local_sfn.states_entered(events)
     if not gate_ran:

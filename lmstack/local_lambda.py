@@ -18,7 +18,9 @@ The worker reaches no AWS: its SDK's requests are answered by `lmstack.local_ser
 Quotas, the one service the gate asks), with the quota table `LocalLambda.service_quotas` holds when the
 function is invoked (None: an account that answers nothing, as without network: botocore's
 EndpointConnectionError); every other service raises EndpointConnectionError. The requests each invocation
-made are recorded with it (`Invocation.aws_calls`).
+made are recorded with it (`Invocation.aws_calls`). The stand-ins answer or fail at once, so a retry of the
+SDK is sent without the backoff botocore would sleep first (`botocore.endpoint`'s only use of `time`; up to a
+second in standard mode, per call): the same attempts and answer, without a second of nothing per invocation.
 
 `deploy_gate` stages the gate's code (`stacks.gate_code.stage`, what `cdk synth` puts in the asset), creates
 the function in moto's Lambda and publishes a version, as the stack does. Every invocation is recorded
@@ -52,13 +54,14 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local-lambda", "AWS_SECRET_ACCESS_KEY": "lo
 # reply a line on the original stdout ({"result" or "error", "aws_calls"}); whatever the handler prints goes
 # to stderr. argv: the unpacked code, the handler, the directory of the SDK and the Service Quotas stand-in.
 _WORKER = r"""
-import importlib, json, os, sys, traceback
+import importlib, json, os, sys, traceback, types
 task_root, handler, sdk = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, task_root)
 sys.path.append(sdk)
 replies = os.fdopen(os.dup(1), "w")
 sys.stdout = sys.stderr
-import boto3, local_service_quotas
+import boto3, botocore.endpoint, local_service_quotas
+botocore.endpoint.time = types.SimpleNamespace(sleep=lambda seconds: None)
 answering = [local_service_quotas.ServiceQuotas(reachable=False)]
 boto3.setup_default_session()
 boto3.DEFAULT_SESSION.events.register_first("before-send.service-quotas",

@@ -15,6 +15,7 @@ from controlplane import inputs
 from lmstack import start
 from stacks.settings import Settings
 
+pytestmark = pytest.mark.usefixtures("sdk_retries_at_once")
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/lmstack-states"
 # The stack only has to carry the output; the machine itself is created with the Step

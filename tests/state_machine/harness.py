@@ -54,11 +54,11 @@ import functools
 import json
 import re
 import threading
-import time
 import types
 from typing import Optional, Tuple
 
 import boto3
+import botocore.endpoint
 from botocore.exceptions import ClientError
 import jsonpath_ng
 import jsonpath_ng.ext
@@ -496,12 +496,8 @@ class Deployment:
                                         input=json.dumps(execution_input))["executionArn"]
 
     def wait(self, execution_arn, timeout=60):
-        deadline = time.time() + timeout
-        while True:
-            description = self.sfn.describe_execution(executionArn=execution_arn)
-            if description["status"] != "RUNNING" or time.time() > deadline:
-                return description
-            time.sleep(0.05)
+        local_sfn.wait_for_end(execution_arn, timeout)
+        return self.sfn.describe_execution(executionArn=execution_arn)
 
     def run(self, execution_input, name="run-1", machine=None):
         execution = self.start(execution_input, name, machine)
@@ -511,7 +507,7 @@ class Deployment:
         return run
 
     def history(self, execution_arn):
-        return local_sfn.history(self.sfn, execution_arn)
+        return local_sfn.history(execution_arn)
 
     def existing_endpoint(self, endpoint="lmstack-gpt", config="lmstack-old"):
         """An endpoint an earlier deployment left, serving `config` (model of the same name)."""
@@ -604,6 +600,14 @@ def retry_waits(monkeypatch):
     asked = []
     monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=asked.append))
     return asked
+
+
+@pytest.fixture
+def sdk_retries_at_once(monkeypatch):
+    """botocore's retries in this process sent without the backoff it sleeps first (`botocore.endpoint`'s only use
+    of `time`; up to a second a call in standard mode): the stand-ins of `quota_tables` and `price_lists` answer or
+    fail at once, so the wait would only delay the same attempts and answer (as in `lmstack.local_lambda`'s worker)."""
+    monkeypatch.setattr(botocore.endpoint, "time", types.SimpleNamespace(sleep=lambda seconds: None))
 
 
 def staged_gate(directory):

@@ -23,6 +23,7 @@ from lmstack import plan as plan_cli
 from lmstack import start
 from state_machine.harness import StandInSettings
 
+pytestmark = pytest.mark.usefixtures("sdk_retries_at_once")
 GENERATED = 2000
 ENGINE_SAMPLE = 6
 SEED = 34

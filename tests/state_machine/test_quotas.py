@@ -13,6 +13,8 @@ from controlplane import aws_clients, gate, quotas
 from stacks import gate_code
 from stacks.gate import QUOTA_ACTIONS
 
+pytestmark = pytest.mark.usefixtures("sdk_retries_at_once")
+
 DEPLOYMENT = gate.Deployment.of(StandInSettings())
 RUN = {"preset": "gpt-125m", "strategy": "smddp", "instance_type": "ml.p4d.24xlarge", "instance_count": 2,
        "fallback_instance_types": ["ml.p5.48xlarge"], "hyperparameters": {"global_batch_size": 64, "max_steps": 20},
