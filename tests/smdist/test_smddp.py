@@ -23,7 +23,7 @@ from lm.spec import job
 from lm.compat import tf
 from lm.distributed import get_strategy
 from family_cases import tiny_presets
-from smdist_helpers import run_train, train, train_arguments, write_random_dataset
+from smdist_helpers import run_train, train, write_random_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -259,7 +259,7 @@ def final_checkpoint(out_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset, model", tiny_presets())
-def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, capsys, preset, model):
+def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, preset, model):
     dataset = write_random_dataset(str(tmp_path))
     rendezvous = str(tmp_path / "rendezvous")
     os.makedirs(rendezvous)
@@ -289,10 +289,8 @@ def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, 
     logged = [[line for line in runs[rank][1].splitlines() if line.startswith(job.TRAIN_LOG_PREFIX)] for rank in range(2)]
     assert len(logged[0]) == 3 and logged[1] == []
 
-    # The one device in this process: its TensorFlow is started already.
-    from lm.training import train
-    assert train.main(train_arguments(dataset, str(tmp_path / "single"), "single", preset=preset, model=model)) == 0, \
-        capsys.readouterr()
+    status, output, _ = run_train(dataset, str(tmp_path / "single"), "single", {}, preset=preset, model=model)
+    assert status == 0, output
     (ours_name, ours), (single_name, single) = final_checkpoint(str(tmp_path / "rank0")), \
         final_checkpoint(str(tmp_path / "single"))
     assert ours_name == single_name == "ckpt-00000003.npz"
