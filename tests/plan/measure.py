@@ -136,8 +136,7 @@ def main():
         result["plain_peak_bytes"], peak = peak, measured_peak(step, inputs, labels)
         result["snapshot_host_bytes"] = sum(array.nbytes for array in held)
 
-    graph = tf.function(lambda x, y: compute_gradients(model, loss_fn, x, y)).get_concrete_function(
-        tf.TensorSpec([batch, seq_len], tf.int32), tf.TensorSpec([batch, seq_len], tf.int32)).graph
+    graph = forward_backward.get_concrete_function(inputs, labels).graph  # the step's own trace, not traced again
     flops = sum(op_flops(op) for op in graph.get_operations())
     result.update(peak_bytes=peak, resident_bytes=before, params=params, matmul_flops=flops)
     print(json.dumps(result))

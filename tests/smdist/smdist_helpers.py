@@ -87,15 +87,9 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
                    FAKE_SMDIST_LOG=log, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
                    TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS=str(ranks or 1))
     environ.update(env)
-    # learning_rate: 0.02 x 8 / 256, the peak these runs had under the linear scaling default of before
-    values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02 / 32,
-                  warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
-    values = presets.resolve(dict(values, **hyperparameters))
     launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]
-    args = [sys.executable] + launcher + ["lm.training.train", "--data-dir", data_dir,
-            "--checkpoint-dir", os.path.join(out_dir, "ckpt"), "--export-dir", os.path.join(out_dir, "model")]
-    for name, value in request.encode_hyperparameters(values).items():
-        args += ["--" + name, value]
+    args = [sys.executable] + launcher + ["lm.training.train"] + train_arguments(
+        data_dir, out_dir, strategy, steps, **hyperparameters)
     result = subprocess.run(args, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=600)
     calls = []
@@ -103,3 +97,18 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
         with open(log) as handle:
             calls = [json.loads(line) for line in handle]
     return result.returncode, result.stdout, calls
+
+
+def train_arguments(data_dir, out_dir, strategy, steps=3, **hyperparameters):
+    """`lm.training.train`'s arguments for `steps` steps of the tiny GPT with `strategy`, writing under out_dir."""
+    import os
+
+    # learning_rate: 0.02 x 8 / 256, the peak these runs had under the linear scaling default of before
+    values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02 / 32,
+                  warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
+    values = presets.resolve(dict(values, **hyperparameters))
+    args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(out_dir, "ckpt"),
+            "--export-dir", os.path.join(out_dir, "model")]
+    for name, value in request.encode_hyperparameters(values).items():
+        args += ["--" + name, value]
+    return args

@@ -8,7 +8,7 @@ import pytest
 
 from controlplane import presets
 from lm.spec import job
-from smdist_helpers import run_train, write_random_dataset
+from smdist_helpers import run_train, train_arguments, write_random_dataset
 from checkpoint_listing import checkpoint_files
 
 pytestmark = pytest.mark.slow
@@ -187,12 +187,14 @@ def _trained_from(output, first, last):
     return [int(line.split("step=")[1].split()[0]) for line in logged] == list(range(first, last + 1))
 
 
-def test_smp_bad_mp_parameters_exit_with_the_field_named(dataset, tmp_path):
-    status, output, calls = run_train(dataset, str(tmp_path), "smp", {
-        "SM_HP_MP_PARAMETERS": json.dumps({"partitions": 2, "pipeline": "fast"})})
+def test_smp_bad_mp_parameters_exit_with_the_field_named(dataset, tmp_path, fake_smdist, monkeypatch, capsys):
+    from lm.training import train
+    monkeypatch.setenv("SM_HP_MP_PARAMETERS", json.dumps({"partitions": 2, "pipeline": "fast"}))
+    status = train.main(train_arguments(dataset, str(tmp_path), "smp"))
+    captured = capsys.readouterr()
     assert status != 0
-    assert "mp_parameters.pipeline must be one of simple, interleaved, got 'fast'" in output
-    assert calls == []
+    assert "mp_parameters.pipeline must be one of simple, interleaved, got 'fast'" in captured.out + captured.err
+    assert fake_smdist.calls == []
 
 
 @pytest.mark.tf26

@@ -1,4 +1,5 @@
 """Run `lm.training.train` as a subprocess and read back its metric lines."""
+import json
 import os
 import re
 import subprocess
@@ -58,6 +59,36 @@ def run_training(data_dir, tmp, env=None, timeout=300, **hyperparameters):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=timeout)
     return result
+
+
+# Runs `lm.training.train.main` on each [arguments, environment] (JSON) of argv in turn, the environment added to
+# os.environ for that run only, and ends each run's output with a RUN_ENDED line that gives its exit status.
+IN_ONE_PROCESS = """\
+import json, os, sys
+from lm.training import train
+for run in sys.argv[1:]:
+    arguments, environment = json.loads(run)
+    before = dict(os.environ)
+    os.environ.update(environment)
+    status = train.main(arguments)
+    os.environ.clear()
+    os.environ.update(before)
+    print("%s %d" % (RUN_ENDED, status), flush=True)
+"""
+RUN_ENDED = "=== run ended, exit status"
+
+
+def run_one_after_another(runs):
+    """[(exit status, output)] of each `lm.training.train` run of `runs` ((cli_args, environment) pairs), one after
+    another in one fresh process: one TensorFlow start-up for all of them."""
+    code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED))
+    result = subprocess.run([sys.executable, "-c", code] + [json.dumps(run) for run in runs], env=environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    parts = re.split(r"^%s (\d+)\n" % re.escape(RUN_ENDED), result.stdout, flags=re.MULTILINE)
+    ended = [(int(status), output) for output, status in zip(parts[0::2], parts[1::2])]
+    assert len(ended) == len(runs), result.stdout
+    return ended
 
 
 # horovodrun prefixes each line of a rank with "[rank]<stdout>:".

@@ -37,14 +37,22 @@ def digests(output):
     return {int(rank): digest for rank, size, digest in DIGEST.findall(output)}
 
 
+@pytest.fixture(scope="module")
+def single_runs(text_dataset, tmp_path_factory):
+    """preset -> (directory, output) of one device training each preset of MODELS, one after another in one
+    process."""
+    directories = {preset: str(tmp_path_factory.mktemp("single")) for preset in sorted(MODELS)}
+    ended = helpers.run_one_after_another([
+        (helpers.cli_args(text_dataset, directory, xla=False, **run_of(preset)), {"LM_REPORT_WEIGHT_DIGEST": "1"})
+        for preset, directory in directories.items()])
+    assert [status for status, _ in ended] == [0] * len(MODELS), ended
+    return {preset: (directory, output) for (preset, directory), (_, output) in zip(directories.items(), ended)}
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def single_run(text_dataset, tmp_path_factory, request):
-    """(directory, output, preset) of one process training the preset (each family's tiny one)."""
-    tmp = str(tmp_path_factory.mktemp("single"))
-    result = helpers.run_training(text_dataset, tmp, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"),
-                                  xla=False, **run_of(request.param))
-    assert result.returncode == 0, result.stdout
-    return tmp, result.stdout, request.param
+def single_run(single_runs, request):
+    """(directory, output, preset) of the single-device run of the preset (each family's tiny one)."""
+    return single_runs[request.param] + (request.param,)
 
 
 def run_of(preset):

@@ -23,9 +23,11 @@ RUN = dict(max_steps=70, checkpoint_every=10, log_every=10, eval_batches=4, xla=
 LR_SPIKE = "lr_spike@40x1000"
 
 
-def run(data, directory, faults="", **hyperparameters):
-    return helpers.run_training(data, directory, env=helpers.environment(**{drill.FAULTS_ENVIRONMENT: faults}),
-                                **dict(RUN, **hyperparameters))
+# name -> (LMSTACK_FAULTS, hyperparameters beyond RUN) of the drills' runs, one after another in one process.
+RUNS = {"clean": ("", {}), "defended": (LR_SPIKE, {}), "undefended": (LR_SPIKE, {"spike_detection": False}),
+        "nan": ("nan@30", {"max_steps": 40}),
+        "healthy": ("", {"max_steps": 300, "checkpoint_every": 100, "log_every": 50}),
+        "too_many_rollbacks": ("spike@25:3,spike@45:3", {"max_rollbacks": 1, "max_steps": 60})}
 
 
 def events(output, event):
@@ -40,16 +42,23 @@ def final_weights(directory, step):
 
 
 @pytest.fixture(scope="module")
-def reference(text_dataset, tmp_path_factory):
+def runs(text_dataset, tmp_path_factory):
+    """name -> (directory, exit status, output) of each of RUNS; each run's directory is its SAGEMAKER_BASE_DIR
+    (where a failure file goes)."""
+    directories = {name: str(tmp_path_factory.mktemp(name)) for name in RUNS}
+    ended = helpers.run_one_after_another([
+        (helpers.cli_args(text_dataset, directories[name], **dict(RUN, **extra)),
+         {drill.FAULTS_ENVIRONMENT: faults, "SAGEMAKER_BASE_DIR": directories[name]})
+        for name, (faults, extra) in RUNS.items()])
+    return {name: (directories[name], status, output) for name, (status, output) in zip(RUNS, ended)}
+
+
+@pytest.fixture(scope="module")
+def reference(runs):
     """The run without a fault, and the lr_spike@40x1000 drill with and without spike detection."""
-    runs = {}
-    for name, faults, extra in (("clean", "", {}), ("defended", LR_SPIKE, {}),
-                                ("undefended", LR_SPIKE, {"spike_detection": False})):
-        directory = str(tmp_path_factory.mktemp(name))
-        result = run(text_dataset, directory, faults, **extra)
-        assert result.returncode == 0, result.stdout
-        runs[name] = (directory, result.stdout)
-    return runs
+    for name in ("clean", "defended", "undefended"):
+        assert runs[name][1] == 0, runs[name][2]
+    return {name: (runs[name][0], runs[name][2]) for name in ("clean", "defended", "undefended")}
 
 
 # ---- the decisions, without training ----
@@ -101,13 +110,12 @@ def test_the_rollback_target_precedes_the_update_before_the_first_high_loss():
 # ---- the drills, through lm.training.train ----
 
 @pytest.mark.slow
-def test_nan_step_is_skipped_counted_and_leaves_every_weight_finite(text_dataset, tmp_path):
-    directory = str(tmp_path)
-    result = run(text_dataset, directory, "nan@30", max_steps=40)
-    assert result.returncode == 0, result.stdout
-    (skipped,) = events(result.stdout, "skipped")
+def test_nan_step_is_skipped_counted_and_leaves_every_weight_finite(runs):
+    directory, status, output = runs["nan"]
+    assert status == 0, output
+    (skipped,) = events(output, "skipped")
     assert "step=30 epoch=0 batch=29" in skipped["line"] and skipped["train:skipped_steps"] == 1
-    (summary,) = events(result.stdout, "summary")
+    (summary,) = events(output, "summary")
     assert summary["train:skipped_steps"] == 1 and summary["train:rollbacks"] == 0
     for name, weight in final_weights(directory, 40).items():
         assert np.isfinite(weight).all(), name
@@ -154,14 +162,11 @@ def test_a_spot_interruption_after_a_rollback_resumes_past_the_skipped_window(te
 
 
 @pytest.mark.slow
-def test_more_rollbacks_than_allowed_end_the_job_with_the_steps_and_a_checkpoint(text_dataset, tmp_path):
-    directory = str(tmp_path)
-    failure = tmp_path / "output" / "failure"
-    env = helpers.environment(SAGEMAKER_BASE_DIR=str(tmp_path),
-                              **{drill.FAULTS_ENVIRONMENT: "spike@25:3,spike@45:3"})
-    result = helpers.run_training(text_dataset, directory, env=env, **dict(RUN, max_rollbacks=1, max_steps=60))
-    assert result.returncode == 4, result.stdout
-    reason = failure.read_text()
+def test_more_rollbacks_than_allowed_end_the_job_with_the_steps_and_a_checkpoint(runs):
+    directory, status, output = runs["too_many_rollbacks"]
+    assert status == 4, output
+    with open(os.path.join(directory, "output", "failure")) as failure:
+        reason = failure.read()
     assert "diverged more than max_rollbacks=1 times" in reason, reason
     assert "step 27 rolled back to 20, batches 20-39 skipped" in reason, reason
     assert "step 47 rolled back to 40, batches 60-79 skipped" in reason, reason
@@ -171,12 +176,12 @@ def test_more_rollbacks_than_allowed_end_the_job_with_the_steps_and_a_checkpoint
 
 
 @pytest.mark.slow
-def test_a_healthy_run_of_300_steps_triggers_nothing(text_dataset, tmp_path):
-    result = run(text_dataset, str(tmp_path), max_steps=300, checkpoint_every=100, log_every=50)
-    assert result.returncode == 0, result.stdout
-    (summary,) = events(result.stdout, "summary")
+def test_a_healthy_run_of_300_steps_triggers_nothing(runs):
+    _, status, output = runs["healthy"]
+    assert status == 0, output
+    (summary,) = events(output, "summary")
     assert summary["train:skipped_steps"] == 0 and summary["train:rollbacks"] == 0
-    assert not events(result.stdout, "skipped") and not events(result.stdout, "rollback")
+    assert not events(output, "skipped") and not events(output, "rollback")
 
 
 @pytest.mark.slow

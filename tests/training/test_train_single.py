@@ -1,11 +1,9 @@
 """lm.training.train on one device: learns real text, deterministic, exact resume after SIGTERM, clear errors."""
 import collections
-import json
 import math
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -43,11 +41,6 @@ def test_tiny_learns_real_text_below_the_unigram_entropy(text_dataset, tmp_path,
 
 # One uninterrupted run (seed 7, TINY's) is the reference of both the seed and the SIGTERM test.
 STEPS = 14
-IN_ONE_PROCESS = ("import json, sys\n"
-                  "from lm.training import train\n"
-                  "for args in sys.argv[1:]:\n"
-                  "    print('%s %d' % (RUN_ENDED, train.main(json.loads(args))), flush=True)\n")
-RUN_ENDED = "=== run ended, exit status"
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +52,6 @@ def straight(text_dataset, tmp_path_factory):
     return directory, result.stdout
 
 
-def run_one_after_another(runs):
-    """The stdout of each `lm.training.train` run of `runs` (a list of cli_args), all in one fresh process, in order."""
-    code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED))
-    result = subprocess.run([sys.executable, "-c", code] + [json.dumps(args) for args in runs],
-                            env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stdout
-    outputs = result.stdout.split(RUN_ENDED)[:-1]
-    statuses = [int(part.split()[0]) for part in result.stdout.split(RUN_ENDED)[1:]]
-    assert statuses == [0] * len(runs), result.stdout
-    return outputs
-
-
 @pytest.mark.slow
 def test_same_seed_same_losses_and_weights_other_seed_differs(text_dataset, tmp_path, straight):
     # Fresh processes: other in-process tests change TF's global state (e.g. the JIT setting),
@@ -79,9 +59,11 @@ def test_same_seed_same_losses_and_weights_other_seed_differs(text_dataset, tmp_
     # Seed 8 runs first in its process, as the reference did in its own; seed 7 then runs after it
     # there, so it also shows that nothing of an earlier run in a process leaks into the next.
     reference, reference_output = straight
-    other, same = run_one_after_another([helpers.cli_args(text_dataset, str(tmp_path / name), seed=seed,
-                                                          max_steps=STEPS)
-                                         for name, seed in (("c", 8), ("b", 7))])
+    ended = helpers.run_one_after_another([(helpers.cli_args(text_dataset, str(tmp_path / name), seed=seed,
+                                                             max_steps=STEPS), {})
+                                           for name, seed in (("c", 8), ("b", 7))])
+    assert [status for status, _ in ended] == [0, 0], ended
+    (_, other), (_, same) = ended
     a, b, c = (helpers.losses(output) for output in (reference_output, same, other))
     assert len(a) == STEPS
     assert a == b
