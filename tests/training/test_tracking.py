@@ -6,6 +6,7 @@ numpy from `.venv`: see the Makefile): the training image's `.venv` has no mlflo
 DLCs have none, and there tracking is off with a log line.
 """
 import os
+import re
 import socket
 import subprocess
 import time
@@ -103,6 +104,11 @@ def test_a_training_run_logs_params_metrics_and_tags_to_mlflow(mlflow_server, te
     assert [round(value, 4) for _, value in metrics["train/loss"]] == [
         round(loss, 4) for _, loss in sorted(helpers.losses(result.stdout).items())]
     assert [step for step, _ in metrics["validation/loss"]] == [3, 6]
+    # the goodput totals at the last step's save and at the end, as the [goodput] lines give them
+    totals = [line for line in result.stdout.splitlines() if line.startswith("[goodput] kept_steps=")]
+    assert totals and metrics["goodput/kept_steps"] == [[6, 6.0]] * len(totals)  # [step, value] as JSON gives them
+    assert metrics["goodput/kept_tokens"] == [[6, float(re.search(r"kept_tokens=(\d+)", line).group(1))]
+                                              for line in totals]
 
 
 @pytest.mark.slow
