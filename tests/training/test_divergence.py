@@ -3,6 +3,7 @@ past their data, at most max_rollbacks times; LMSTACK_FAULTS drills cause them."
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -134,6 +135,13 @@ def test_lr_spike_rolls_back_before_it_and_skips_its_data(reference):
     assert not events(undefended, "rollback")
     meta = checkpoint.read_meta(os.path.join(reference["defended"][0], "ckpt", checkpoint.checkpoint_name(70)))
     assert meta["divergence"]["data_offset"] == 20 and meta["batch"] == 90
+    # goodput: the steps after step 30 that the rollback threw away are redone, not kept
+    detected = int(re.search(r" step=(\d+) ", rollback["line"]).group(1))
+    totals = [log_metrics.parse_metrics(line) for line in helpers.lines(defended)
+              if line.startswith(job.GOODPUT_LOG_PREFIX + " kept_steps=")][-1]
+    assert (totals["goodput:kept_steps"], totals["goodput:redone_steps"]) == (70, detected - 30), totals
+    assert totals["goodput:trained_tokens"] == totals["goodput:kept_tokens"] * (70 + detected - 30) / 70
+    assert totals["goodput:redone_seconds"] > 0
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import pytest
 
 from controlplane import metrics
 from lm import checkpoint
+from lm.training import goodput
 from lm.spec import interruptions, job
 
 from . import helpers
@@ -70,3 +71,26 @@ def test_checkpoint_every_auto_saves_every_young_daly_interval_and_replans_after
     assert first["checkpoint:interval_seconds"] == pytest.approx(interruptions.young_daly_seconds(
         first["checkpoint:save_seconds"], hours * 3600), abs=0.1)
     assert len(saves) > 1  # a measured save is far shorter than the planned one: saves come sooner
+
+
+def test_a_rollback_moves_the_steps_it_throws_away_from_kept_to_redone(tmp_path):
+    """Steps 2-10 saved at 10, 11-15 saved at 15, 16-17 not saved; the defense restores step 10 at step 17."""
+    now = [0.0]
+    ledger = goodput.Ledger(JOB, 100, str(tmp_path), process_start=0.0, clock=lambda: now[0])
+
+    def steps(count):
+        for _ in range(count):
+            now[0] += 1.0 if ledger.started else 2.0  # the first step, the start-up, takes 2 s
+            ledger.step_done()
+
+    steps(10)
+    ledger.commit()
+    restored = {"goodput": ledger.record(10)}
+    steps(5)
+    ledger.commit()
+    steps(2)
+    ledger.rolled_back(restored, 17, 10)
+    totals = ledger.totals(10)
+    assert (totals["kept_steps"], totals["redone_steps"]) == (10, 7)
+    assert (totals["kept_step_seconds"], totals["redone_seconds"], totals["startup_seconds"]) == (9.0, 7.0, 2.0)
+    assert _parts(totals) == totals["process_seconds"] == 18.0

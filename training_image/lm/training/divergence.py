@@ -206,6 +206,8 @@ def roll_back(training, detected, began):
         checkpoints.restore(target, training.state)
     strategy.broadcast_restored_state(training.model, training.optimizer)
     first, end = guard.roll_back(detected, target, training.data_position)
+    if strategy.writes_checkpoints:
+        training.ledger.rolled_back(checkpoints.read_meta(target), training.step, target)
     training.step = target
     checkpoints.discard_after(target)
     strategy.barrier()

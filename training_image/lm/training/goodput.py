@@ -5,7 +5,8 @@ restarts the same job on a new instance, which resumes from the newest checkpoin
 - start-up: from the process's start to the end of its first step (which compiles);
 - kept steps: the steps the final state holds, each counted once (a step's time runs from the batch's
   read to the end of its hook, less the saves and evaluations inside it);
-- redone: the steps an interruption lost (trained after the newest checkpoint, trained again after it);
+- redone: the steps an interruption lost (trained after the newest checkpoint, trained again after it), and
+  those a rollback of the divergence defense threw away (`rolled_back`);
 - saves, evaluation, and the end (from the last step: the export, the data stream's end);
 and the process's whole time, which these parts fill: it is cut at marks, each step's end, and what lies between
 two marks is the step's, less the saves and evaluations inside it.
@@ -70,6 +71,18 @@ class Ledger:
         self.carried.update(progress["seconds"])
         self.carried["kept_step_seconds"] = recorded["seconds"]["kept_step_seconds"]
         self.carried["redone_seconds"] = progress["seconds"][STEP_SECONDS] - self.carried["kept_step_seconds"]
+
+    def rolled_back(self, meta, from_step, to_step):
+        """The divergence defense restored the checkpoint of `to_step` (its `meta`) at `from_step`: the steps after
+        it, saved or not, are thrown away, so they count as redone, not kept."""
+        recorded = meta.get("goodput") or {}
+        kept_then = recorded["seconds"]["kept_step_seconds"] if recorded.get("job") == self.job_name else 0.0
+        kept_now = self.carried["kept_step_seconds"] + self.mine["kept_step_seconds"]
+        thrown_away = kept_now - kept_then + self.unsaved_seconds
+        self.mine["kept_step_seconds"] -= kept_now - kept_then
+        self.mine["redone_seconds"] += thrown_away
+        self.unsaved_seconds = 0.0
+        self.redone_steps += from_step - to_step
 
     def read_progress(self):
         try:
