@@ -77,10 +77,9 @@ class Ledger:
         it, saved or not, are thrown away, so they count as redone, not kept."""
         recorded = meta.get("goodput") or {}
         kept_then = recorded["seconds"]["kept_step_seconds"] if recorded.get("job") == self.job_name else 0.0
-        kept_now = self.carried["kept_step_seconds"] + self.mine["kept_step_seconds"]
-        thrown_away = kept_now - kept_then + self.unsaved_seconds
-        self.mine["kept_step_seconds"] -= kept_now - kept_then
-        self.mine["redone_seconds"] += thrown_away
+        saved_since = self.carried["kept_step_seconds"] + self.mine["kept_step_seconds"] - kept_then
+        self.mine["kept_step_seconds"] -= saved_since
+        self.mine["redone_seconds"] += saved_since + self.unsaved_seconds
         self.unsaved_seconds = 0.0
         self.redone_steps += from_step - to_step
 

@@ -40,6 +40,12 @@ def scalar_metadata(tf):
     return metadata
 
 
+def _refuse_unknown(what, names, allowed):
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        raise ValueError("unknown %s %s; allowed: %s" % (what, ", ".join(unknown), ", ".join(allowed)))
+
+
 class Summaries:
     """Scalars to `directory` when this process writes them (`enabled`: rank 0), else nothing; and
     to `tracker` (`lm.training.tracking.Tracker`, rank 0's MLflow run) when there is one."""
@@ -69,9 +75,7 @@ class Summaries:
 
     def train(self, step, **values):
         """One log window's values; names from TRAIN_TAGS."""
-        unknown = sorted(set(values) - set(TRAIN_TAGS))
-        if unknown:
-            raise ValueError("unknown training summaries %s; allowed: %s" % (", ".join(unknown), ", ".join(TRAIN_TAGS)))
+        _refuse_unknown("training summaries", values, TRAIN_TAGS)
         self._write(step, "train", values)
 
     def divergence(self, step, skipped_steps, rollbacks):
@@ -84,9 +88,7 @@ class Summaries:
     def goodput(self, step, totals):
         """The goodput ledger's totals (lm.training.goodput, names from lm.spec.job.GOODPUT_TOTALS) at a save and
         at the end: the job's side of the bill (the dollars need SageMaker's billable time, after the job)."""
-        unknown = sorted(set(totals) - set(job.GOODPUT_TOTALS))
-        if unknown:
-            raise ValueError("unknown goodput totals %s; allowed: %s" % (", ".join(unknown), ", ".join(job.GOODPUT_TOTALS)))
+        _refuse_unknown("goodput totals", totals, job.GOODPUT_TOTALS)
         self._write(step, "goodput", totals)
 
     def close(self):
