@@ -1,6 +1,4 @@
 """Shared by the tests of the SMDDP and SMP adapters (which run against fakes)."""
-from controlplane import request
-from controlplane import presets
 from lm.compat import tf
 
 
@@ -101,14 +99,9 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
 
 def train_arguments(data_dir, out_dir, strategy, steps=3, **hyperparameters):
     """`lm.training.train`'s arguments for `steps` steps of the tiny GPT with `strategy`, writing under out_dir."""
-    import os
+    from training import helpers
 
     # learning_rate: 0.02 x 8 / 256, the peak these runs had under the linear scaling default of before
     values = dict(preset="tiny", strategy=strategy, global_batch_size=8, max_steps=steps, learning_rate=0.02 / 32,
                   warmup_steps=1, log_every=1, eval_every=0, eval_batches=1, checkpoint_every=2, seed=7, xla=False)
-    values = presets.resolve(dict(values, **hyperparameters))
-    args = ["--data-dir", data_dir, "--checkpoint-dir", os.path.join(out_dir, "ckpt"),
-            "--export-dir", os.path.join(out_dir, "model")]
-    for name, value in request.encode_hyperparameters(values).items():
-        args += ["--" + name, value]
-    return args
+    return helpers.cli_args(data_dir, out_dir, **dict(values, **hyperparameters))
