@@ -96,11 +96,17 @@ def prepare(settings, results):
                "--train-tokenizer", "--vocab-size", str(config.vocab_size), "--seq-len", str(config.block_size),
                "--val-fraction", "0.05", "--workers", "1"]
     log = run_logged(command, path(settings, "logs", "prepare.log"), "lm.data.prepare")
-    records = shards.load_manifest(dataset).records("train")
+    manifest = shards.load_manifest(dataset)
+    records = manifest.records("train")
     if records < settings.global_batch_size:
         raise StepError("%s has %d training records of %d tokens, fewer than one global batch (%d); "
                         "give the corpus more bytes (--corpus-bytes, now %d)"
                         % (dataset, records, config.block_size, settings.global_batch_size, settings.corpus_bytes))
+    unheld = sorted(set(manifest.sources) - set(manifest.val_sources))
+    if unheld:
+        # the report's bits per byte would leave these sources out without saying so
+        raise StepError("%s holds no validation documents of %s; give the corpus more bytes (--corpus-bytes, now %d)"
+                        % (dataset, ", ".join(unheld), settings.corpus_bytes))
     shard_bytes, text_bytes, tokens = demo_report.data_ratio(dataset)
     print("  %s: %d tokens (vocabulary %d, records of %d + 1 tokens); shard bytes / text bytes = %.3f"
           % (dataset, tokens, config.vocab_size, config.block_size, shard_bytes / text_bytes))

@@ -1,9 +1,12 @@
 """A small deterministic Pile-format corpus built from text every Python installation has.
 
 Documents: the prose of the Python documentation (`pydoc_data.topics`, labelled
-"Pile-CC") and the standard library's `.py` sources (labelled "Github"), shuffled with a
-fixed seed and cut at `max_bytes` of text. The same Python installation always gives the
-same bytes; no downloads.
+"Pile-CC") and the standard library's `.py` sources (labelled "Github"), cut at line ends
+into pieces of at most `PIECE_BYTES`, shuffled with a fixed seed. Each source gets an equal
+share of `max_bytes` while it has text left (the prose is 465 kB in all), so a small corpus's
+validation split (a hash of each document, `lm.data.prepare`) holds documents of both
+sources: whole files put 99 % of the bytes into Github and no prose into a 600 kB corpus's
+validation documents. The same Python installation always gives the same bytes; no downloads.
 
     python -m lmstack.sample_corpus OUT [--max-bytes N] [--files N] [--seed N]
 
@@ -20,17 +23,18 @@ import sysconfig
 import zstandard
 
 DEFAULT_MAX_BYTES = 8 << 20
+PIECE_BYTES = 4000
 ZSTD_LEVEL = 3
 _SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
-def _topic_documents():
+def _topic_texts():
     from pydoc_data.topics import topics
     for name in sorted(topics):
-        yield {"text": topics[name], "meta": {"pile_set_name": "Pile-CC"}}
+        yield topics[name]
 
 
-def _source_documents():
+def _source_texts():
     root = sysconfig.get_paths()["stdlib"]
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_DIRS)
@@ -39,24 +43,48 @@ def _source_documents():
                 continue
             try:
                 with open(os.path.join(directory, name), "rb") as handle:
-                    text = handle.read().decode("utf-8")
+                    yield handle.read().decode("utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
-            if text.strip():
-                yield {"text": text, "meta": {"pile_set_name": "Github"}}
+
+
+SOURCES = {"Pile-CC": _topic_texts, "Github": _source_texts}
+
+
+def pieces(text, limit=PIECE_BYTES):
+    """`text` cut at line ends into pieces of at most `limit` UTF-8 bytes (a longer line is a piece of its own);
+    blank pieces are dropped."""
+    found, piece, size = [], [], 0
+    for line in text.splitlines(keepends=True):
+        length = len(line.encode("utf-8"))
+        if piece and size + length > limit:
+            found.append("".join(piece))
+            piece, size = [], 0
+        piece.append(line)
+        size += length
+    found.append("".join(piece))
+    return [piece for piece in found if piece.strip()]
 
 
 def sample_documents(max_bytes=DEFAULT_MAX_BYTES, seed=0):
-    """Pile records whose texts add up to at most `max_bytes` UTF-8 bytes, in shuffled order."""
-    documents = list(_topic_documents()) + list(_source_documents())
-    random.Random(seed).shuffle(documents)
-    chosen, total = [], 0
-    for document in documents:
-        size = len(document["text"].encode("utf-8"))
-        if total + size > max_bytes:
+    """Pile records whose texts add up to at most `max_bytes` UTF-8 bytes, in shuffled order: the next piece is
+    always from the source with the fewest bytes so far (of those with pieces left)."""
+    pools = {}
+    for source, texts in SOURCES.items():
+        pools[source] = [piece for text in texts() for piece in pieces(text)]
+        random.Random(seed).shuffle(pools[source])
+        pools[source].reverse()  # popped from the end: in shuffled order
+    taken = dict.fromkeys(pools, 0)
+    chosen = []
+    while any(pools.values()):
+        source = min((name for name in pools if pools[name]), key=lambda name: (taken[name], name))
+        text = pools[source].pop()
+        size = len(text.encode("utf-8"))
+        if sum(taken.values()) + size > max_bytes:
             continue
-        chosen.append(document)
-        total += size
+        chosen.append({"text": text, "meta": {"pile_set_name": source}})
+        taken[source] += size
+    random.Random(seed).shuffle(chosen)
     return chosen
 
 

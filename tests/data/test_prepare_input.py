@@ -142,6 +142,13 @@ def test_inputs_that_would_share_a_name_are_refused(tmp_path):
     assert [(item.name, item.key) for item in found] == [("a/00.jsonl", "a--00"), ("b/00.jsonl.zst", "b--00")]
 
 
+def test_sample_corpus_pieces_are_cut_at_line_ends_and_blank_ones_dropped():
+    text = "a" * 5 + "\n" + "b" * 3 + "\n\n" + "c" * 12 + "\n" + "d"
+    # the lone "\n" between the second and third piece is a blank piece
+    assert sample_corpus.pieces(text, limit=10) == ["aaaaa\nbbb\n", "c" * 12 + "\n", "d"]
+    assert sample_corpus.pieces(text, limit=100) == [text]
+
+
 def test_sample_corpus_is_deterministic_and_pile_shaped(tmp_path):
     one = sample_corpus.write_sample_corpus(str(tmp_path / "one.jsonl.zst"), max_bytes=200000)
     two = sample_corpus.write_sample_corpus(str(tmp_path / "two.jsonl.zst"), max_bytes=200000)
@@ -151,7 +158,12 @@ def test_sample_corpus_is_deterministic_and_pile_shaped(tmp_path):
     records = sample_corpus.sample_documents(200000)
     assert documents == [record["text"] for record in records]
     assert 150000 < sum(len(text.encode("utf-8")) for text in documents) <= 200000
-    assert {record["meta"]["pile_set_name"] for record in records} == {"Pile-CC", "Github"}
+    # the two sources in equal shares, in pieces cut at line ends
+    shares = {"Pile-CC": 0, "Github": 0}
+    for record in records:
+        shares[record["meta"]["pile_set_name"]] += len(record["text"].encode("utf-8"))
+    assert abs(shares["Pile-CC"] - shares["Github"]) <= sample_corpus.PIECE_BYTES, shares
+    assert max(len(text.encode("utf-8")) for text in documents) <= sample_corpus.PIECE_BYTES
     split = sample_corpus.write_sample_corpus(str(tmp_path / "split"), max_bytes=200000, files=3)
     assert [os.path.basename(path) for path in split] == ["00.jsonl.zst", "01.jsonl.zst", "02.jsonl.zst"]
     dealt = [[text for text, _, _ in pile.Reader(path).documents()] for path in split]

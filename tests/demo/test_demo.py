@@ -92,6 +92,8 @@ def test_the_evaluation_job_of_the_execution_scores_the_model_and_the_report_sho
     manifest = shards.load_manifest(results["prepare"]["dataset"])
     assert {name: figures["bytes"] for name, figures in bpb["sources"].items()} == {
         name: figures["text_bytes"] for name, figures in manifest.val_sources.items()}
+    # every source of the sample corpus (lmstack.sample_corpus), prose and code
+    assert sorted(bpb["sources"]) == ["Github", "Pile-CC"]
     assert 0 < headline["pile_bpb/total"] < 9 and 0 <= headline["demo_next_line/acc"] <= 1
     with open(results["report"]["report"]) as handle:
         text = handle.read()
