@@ -63,8 +63,11 @@ def run_training(data_dir, tmp, env=None, timeout=300, **hyperparameters):
 
 # Runs `lm.training.train.main` on each [arguments, environment] (JSON) of argv in turn, the environment added to
 # os.environ for that run only, and ends each run's output with a RUN_ENDED line that gives its exit status.
+# stderr goes to stdout, so that a run's lines stay before its RUN_ENDED line where a launcher (horovodrun) reads
+# the two streams apart.
 IN_ONE_PROCESS = """\
 import json, os, sys
+os.dup2(1, 2)
 from lm.training import train
 for run in sys.argv[1:]:
     arguments, environment = json.loads(run)
@@ -78,25 +81,46 @@ for run in sys.argv[1:]:
 RUN_ENDED = "=== run ended, exit status"
 
 
-def run_one_after_another(runs):
-    """[(exit status, output)] of each `lm.training.train` run of `runs` ((cli_args, environment) pairs), one after
-    another in one fresh process: one TensorFlow start-up for all of them."""
-    code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED))
-    result = subprocess.run([sys.executable, "-c", code] + [json.dumps(run) for run in runs], env=environment(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout
-    parts = re.split(r"^%s (\d+)\n" % re.escape(RUN_ENDED), result.stdout, flags=re.MULTILINE)
-    ended = [(int(status), output) for output, status in zip(parts[0::2], parts[1::2])]
-    assert len(ended) == len(runs), result.stdout
+def one_after_another_command(runs, then=""):
+    """The command that runs each `lm.training.train` run of `runs` ((cli_args, environment) pairs) one after
+    another in one process, then the Python code `then`: one TensorFlow start-up for all of them."""
+    code = IN_ONE_PROCESS.replace("RUN_ENDED", repr(RUN_ENDED)) + then
+    return [sys.executable, "-c", code] + [json.dumps(run) for run in runs]
+
+
+def ended_runs(output, count):
+    """[(exit status, output)] of each of the `count` runs in the output of `one_after_another_command`."""
+    parts = re.split(r"^%s (\d+)\n" % re.escape(RUN_ENDED), output, flags=re.MULTILINE)
+    ended = [(int(status), run_output) for run_output, status in zip(parts[0::2], parts[1::2])]
+    assert len(ended) == count, output
     return ended
 
 
+def run_one_after_another(runs):
+    """[(exit status, output)] of each `lm.training.train` run of `runs` ((cli_args, environment) pairs), one after
+    another in one fresh process."""
+    result = subprocess.run(one_after_another_command(runs), env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    return ended_runs(result.stdout, len(runs))
+
+
 # horovodrun prefixes each line of a rank with "[rank]<stdout>:".
-RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+RANK_PREFIX = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")
 
 
 def lines(output):
     return [RANK_PREFIX.sub("", line) for line in output.splitlines()]
+
+
+def rank_outputs(output):
+    """[output of rank 0, of rank 1, ...] of horovodrun's `output`, each without the rank prefixes."""
+    by_rank = {}
+    for line in output.splitlines(keepends=True):
+        prefix = RANK_PREFIX.match(line)
+        if prefix:
+            by_rank.setdefault(int(prefix.group(1)), []).append(line[prefix.end():])
+    return ["".join(by_rank[rank]) for rank in sorted(by_rank)]
 
 
 def losses(output):

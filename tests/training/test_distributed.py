@@ -76,36 +76,72 @@ def assert_matches_single(tmp, output, single_run):
 
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+TWO_HOROVOD_PROCESSES = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo"]
+# Each rank's newest checkpoint differs (rank 1's is newer, or rank 0 has none): what each is told. The processes
+# of the fixtures below run it after their training runs, with a strategy of its own.
+CHOOSE = ("from lm.distributed import get_strategy; s = get_strategy(%r).setup(); "
+          "print('rank %%d chose %%s, then %%s' %% (s.rank, s.choose_checkpoint([4, 6][s.rank]), "
+          "s.choose_checkpoint([None, 6][s.rank])))")
+CHOSEN = re.compile(r"rank (\d) chose (\w+), then (\w+)")
+RANK_0S_CHOICE = [("0", "4", "None"), ("1", "4", "None")]
+
+
+@pytest.fixture(scope="module")
+def horovod_processes(text_dataset, tmp_path_factory):
+    """(preset -> (directory, [(exit status, output)] of rank 0 and rank 1), the output of both) of two Horovod
+    processes that train each preset of MODELS one after another, then run CHOOSE: one TensorFlow start-up per
+    rank for all of it."""
+    directories = {preset: str(tmp_path_factory.mktemp("horovod")) for preset in sorted(MODELS)}
+    runs = [(helpers.cli_args(text_dataset, directory, strategy="horovod", xla=False, **run_of(preset)), {})
+            for preset, directory in directories.items()]
+    result = subprocess.run(TWO_HOROVOD_PROCESSES + helpers.one_after_another_command(runs, then=CHOOSE % "horovod"),
+                            env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    ranks = [helpers.ended_runs(output, len(runs)) for output in helpers.rank_outputs(result.stdout)]
+    assert len(ranks) == 2, result.stdout
+    return ({preset: (directory, [rank[index] for rank in ranks])
+             for index, (preset, directory) in enumerate(directories.items())}, result.stdout)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod is not installed in this environment")
-def test_horovod_gloo_two_processes_match_one(text_dataset, tmp_path, single_run):
-    tmp = str(tmp_path)
-    command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo"] + \
-        helpers.train_args(text_dataset, tmp, strategy="horovod", xla=False, **run_of(single_run[2]))
-    result = subprocess.run(command, env=helpers.environment(LM_REPORT_WEIGHT_DIGEST="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout
-    assert_matches_single(tmp, result.stdout, single_run)
+def test_horovod_gloo_two_processes_match_one(horovod_processes, single_run):
+    tmp, ranks = horovod_processes[0][single_run[2]]
+    assert [status for status, _ in ranks] == [0, 0], ranks
+    assert_matches_single(tmp, "".join(output for _, output in ranks), single_run)
 
 
-@pytest.mark.slow
-def test_mwms_two_workers_on_loopback_match_one(text_dataset, tmp_path, single_run):
-    tmp = str(tmp_path)
+@pytest.fixture(scope="module")
+def mwms_workers(text_dataset, tmp_path_factory):
+    """(preset -> (directory, [(exit status, output)] of each worker's run, the same of each worker's restart), the
+    output of each worker) of two MWMS workers on loopback that train each preset of MODELS, then restart each,
+    one after another, then run CHOOSE: one TensorFlow start-up per worker for all of it (a new strategy each)."""
+    directories = {preset: str(tmp_path_factory.mktemp("mwms")) for preset in sorted(MODELS)}
     workers = ["127.0.0.1:%d" % port for port in free_ports(2)]
-    launches = []
+    processes = []
     for index in range(2):
+        # Each worker its own checkpoint directory (as each host has): only the chief may write.
+        runs = [(helpers.cli_args(text_dataset, os.path.join(directory, "w%d" % index), strategy="mwms", xla=False,
+                                  **run_of(preset)), {}) for preset, directory in directories.items()]
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = helpers.environment(LM_REPORT_WEIGHT_DIGEST="1", TF_CONFIG=json.dumps(tf_config))
-        # Each worker its own checkpoint directory (as each host has): only the chief may write.
-        launches.append((helpers.train_args(text_dataset, os.path.join(tmp, "w%d" % index), strategy="mwms",
-                                            xla=False, **run_of(single_run[2])), env))
-    processes = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  universal_newlines=True) for args, env in launches]
+        processes.append(subprocess.Popen(helpers.one_after_another_command(runs + runs, then=CHOOSE % "mwms"),
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [process.communicate(timeout=600)[0] for process in processes]
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output
+    workers_runs = [helpers.ended_runs(output, 2 * len(directories)) for output in outputs]
+    return ({preset: (directory, [runs[index] for runs in workers_runs],
+                      [runs[len(directories) + index] for runs in workers_runs])
+             for index, (preset, directory) in enumerate(directories.items())}, outputs)
+
+
+@pytest.mark.slow
+def test_mwms_two_workers_on_loopback_match_one(mwms_workers, single_run):
+    tmp, workers, restarted = mwms_workers[0][single_run[2]]
+    outputs = [output for _, output in workers]
+    assert [status for status, _ in workers] == [0, 0], outputs
     assert not os.path.exists(os.path.join(tmp, "w1", "model")), "only the chief exports"
     other_checkpoints = os.path.join(tmp, "w1", "ckpt")
     assert not os.path.isdir(other_checkpoints) or not os.listdir(other_checkpoints), "only the chief saves"
@@ -114,41 +150,22 @@ def test_mwms_two_workers_on_loopback_match_one(text_dataset, tmp_path, single_r
 
     # A restart: the chief chooses its newest checkpoint (step 5); worker 1's directory lacks it,
     # so both workers fail at once, before step 1, each saying why.
-    restarted = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  universal_newlines=True) for args, env in launches]
-    outputs = [process.communicate(timeout=600)[0] for process in restarted]
-    assert [process.returncode for process in restarted] == [2, 2], outputs
+    outputs = [output for _, output in restarted]
+    assert [status for status, _ in restarted] == [2, 2], outputs
     assert "ckpt-00000005.npz: not found on rank 1, but the run resumes from step 5" in outputs[1]
     assert "the checkpoint of step 5 (rank 0's newest) is missing on 1 of 2 ranks" in outputs[0]
 
 
-# Each rank's newest checkpoint differs (rank 1's is newer, or rank 0 has none): what each is told.
-CHOOSE = ("from lm.distributed import get_strategy; s = get_strategy(%r).setup(); "
-          "print('rank %%d chose %%s, then %%s' %% (s.rank, s.choose_checkpoint([4, 6][s.rank]), "
-          "s.choose_checkpoint([None, 6][s.rank])))")
-CHOSEN = re.compile(r"rank (\d) chose (\w+), then (\w+)")
-RANK_0S_CHOICE = [("0", "4", "None"), ("1", "4", "None")]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod is not installed in this environment")
-def test_horovod_ranks_resume_from_the_step_rank_0_chooses():
-    command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo",
-               sys.executable, "-c", CHOOSE % "horovod"]
-    result = subprocess.run(command, env=helpers.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stdout
-    assert sorted(CHOSEN.findall(result.stdout)) == RANK_0S_CHOICE, result.stdout
+def test_horovod_ranks_resume_from_the_step_rank_0_chooses(horovod_processes):
+    output = horovod_processes[1]
+    assert sorted(CHOSEN.findall(output)) == RANK_0S_CHOICE, output
 
 
 @pytest.mark.slow
-def test_mwms_workers_resume_from_the_step_the_chief_chooses():
-    workers = ["127.0.0.1:%d" % port for port in free_ports(2)]
-    processes = [subprocess.Popen([sys.executable, "-c", CHOOSE % "mwms"], env=helpers.environment(TF_CONFIG=json.dumps(
-        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, universal_newlines=True) for index in range(2)]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
-    assert [process.returncode for process in processes] == [0, 0], outputs
+def test_mwms_workers_resume_from_the_step_the_chief_chooses(mwms_workers):
+    outputs = mwms_workers[1]
     assert sorted(CHOSEN.findall("".join(outputs))) == RANK_0S_CHOICE, outputs
 
 
