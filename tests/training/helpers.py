@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -96,13 +97,20 @@ def ended_runs(output, count):
     return ended
 
 
-def run_one_after_another(runs):
+def run_one_after_another(runs, sigterm_when=None):
     """[(exit status, output)] of each `lm.training.train` run of `runs` ((cli_args, environment) pairs), one after
-    another in one fresh process."""
-    result = subprocess.run(one_after_another_command(runs), env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout
-    return ended_runs(result.stdout, len(runs))
+    another in one fresh process; with `sigterm_when`, the process gets SIGTERM at each line of its output for
+    which sigterm_when(index of the run in `runs`, line) holds."""
+    process = subprocess.Popen(one_after_another_command(runs), env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    output, ended = [], 0
+    for line in process.stdout:
+        output.append(line)
+        ended += line.startswith(RUN_ENDED)
+        if sigterm_when and sigterm_when(ended, line):
+            process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=600) == 0, "".join(output)
+    return ended_runs("".join(output), len(runs))
 
 
 # horovodrun prefixes each line of a rank with "[rank]<stdout>:".

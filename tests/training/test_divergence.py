@@ -4,7 +4,6 @@ import glob
 import json
 import os
 import re
-import signal
 import subprocess
 
 import numpy as np
@@ -28,7 +27,9 @@ LR_SPIKE = "lr_spike@40x1000"
 RUNS = {"clean": ("", {}), "defended": (LR_SPIKE, {}), "undefended": (LR_SPIKE, {"spike_detection": False}),
         "nan": ("nan@30", {"max_steps": 40}),
         "healthy": ("", {"max_steps": 300, "checkpoint_every": 100, "log_every": 50}),
-        "too_many_rollbacks": ("spike@25:3,spike@45:3", {"max_rollbacks": 1, "max_steps": 60})}
+        "too_many_rollbacks": ("spike@25:3,spike@45:3", {"max_rollbacks": 1, "max_steps": 60}),
+        "spot": (LR_SPIKE, {})}  # SIGTERM at its rollback, then the same run again (SPOT_RESTART)
+SPOT_RESTART = "spot_restart"
 
 
 def events(output, event):
@@ -44,14 +45,22 @@ def final_weights(directory, step):
 
 @pytest.fixture(scope="module")
 def runs(text_dataset, tmp_path_factory):
-    """name -> (directory, exit status, output) of each of RUNS; each run's directory is its SAGEMAKER_BASE_DIR
-    (where a failure file goes)."""
+    """name -> (directory, exit status, output) of each of RUNS and of SPOT_RESTART; each run's directory is its
+    SAGEMAKER_BASE_DIR (where a failure file goes)."""
     directories = {name: str(tmp_path_factory.mktemp(name)) for name in RUNS}
-    ended = helpers.run_one_after_another([
-        (helpers.cli_args(text_dataset, directories[name], **dict(RUN, **extra)),
-         {drill.FAULTS_ENVIRONMENT: faults, "SAGEMAKER_BASE_DIR": directories[name]})
-        for name, (faults, extra) in RUNS.items()])
-    return {name: (directories[name], status, output) for name, (status, output) in zip(RUNS, ended)}
+    launches = [(helpers.cli_args(text_dataset, directories[name], **dict(RUN, **extra)),
+                 {drill.FAULTS_ENVIRONMENT: faults, "SAGEMAKER_BASE_DIR": directories[name]})
+                for name, (faults, extra) in RUNS.items()]
+    spot = list(RUNS).index("spot")
+
+    def interrupt_the_spot_run_at_its_rollback(run, line):
+        return run == spot and line.startswith(job.DIVERGENCE_LOG_PREFIX + " rollback")
+
+    ended = helpers.run_one_after_another(launches + [launches[spot]],
+                                          sigterm_when=interrupt_the_spot_run_at_its_rollback)
+    found = {name: (directories[name], status, output) for name, (status, output) in zip(RUNS, ended)}
+    found[SPOT_RESTART] = (directories["spot"],) + ended[-1]
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -145,23 +154,15 @@ def test_lr_spike_rolls_back_before_it_and_skips_its_data(reference):
 
 
 @pytest.mark.slow
-def test_a_spot_interruption_after_a_rollback_resumes_past_the_skipped_window(text_dataset, tmp_path, reference):
-    directory = str(tmp_path)
-    args = helpers.train_args(text_dataset, directory, **RUN)
-    env = helpers.environment(**{drill.FAULTS_ENVIRONMENT: LR_SPIKE})
-    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               universal_newlines=True)
-    first = []
-    for line in process.stdout:
-        first.append(line)
-        if line.startswith(job.DIVERGENCE_LOG_PREFIX + " rollback"):
-            process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=300) == 0, "".join(first)
-    assert "SIGTERM: saved a checkpoint" in "".join(first)
-    resumed = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, timeout=300)
-    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stdout
-    assert not events(resumed.stdout, "rollback"), "the drill's fault does not fire again on a replayed step"
+def test_a_spot_interruption_after_a_rollback_resumes_past_the_skipped_window(runs, reference):
+    # The restart runs in the interrupted run's process after it, as the drill's other runs do after each other:
+    # everything it resumes comes from the checkpoint (a new strategy, model, optimizer and drill each run).
+    directory, status, first = runs["spot"]
+    assert status == 0, first
+    assert "SIGTERM: saved a checkpoint" in first
+    _, status, resumed = runs[SPOT_RESTART]
+    assert status == 0 and "resumed from" in resumed, resumed
+    assert not events(resumed, "rollback"), "the drill's fault does not fire again on a replayed step"
     # The same weights as the uninterrupted run: the same batches in the same order, the window not replayed.
     expected = final_weights(reference["defended"][0], 70)
     got = final_weights(directory, 70)

@@ -2,8 +2,6 @@
 import collections
 import math
 import os
-import signal
-import subprocess
 
 import numpy as np
 import pytest
@@ -39,63 +37,66 @@ def test_tiny_learns_real_text_below_the_unigram_entropy(text_dataset, tmp_path,
     assert os.path.isfile(os.path.join(str(tmp_path), "model", "model.json"))
 
 
-# One uninterrupted run (seed 7, TINY's) is the reference of both the seed and the SIGTERM test.
+# One uninterrupted run (seed 7, TINY's) is the reference of both the seed and the SIGTERM test. Their runs keep
+# xla on (the default), so that lm.training.train's XLA compile of the train step stays covered; tests not about
+# XLA turn it off (the compile costs ~2 s of CPU per process).
 STEPS = 14
 
 
 @pytest.fixture(scope="module")
-def straight(text_dataset, tmp_path_factory):
-    """(output directory, stdout) of a fresh process training STEPS steps with seed 7."""
-    directory = str(tmp_path_factory.mktemp("straight"))
-    result = helpers.run_training(text_dataset, directory, max_steps=STEPS)
-    assert result.returncode == 0, result.stdout
-    return directory, result.stdout
+def runs(text_dataset, tmp_path_factory):
+    """name -> (directory, exit status, output) of STEPS-step runs in two fresh processes: "straight" (seed 7) then
+    "other" (seed 8) in one, "interrupted" (seed 7, SIGTERM after step 5) then "same" (seed 7) in the other."""
+    directories = {name: str(tmp_path_factory.mktemp(name)) for name in ("straight", "other", "interrupted", "same")}
+
+    def launches(*named_seeds):
+        return [(helpers.cli_args(text_dataset, directories[name], seed=seed, max_steps=STEPS), {})
+                for name, seed in named_seeds]
+
+    def interrupt_after_step_5(run, line):
+        return run == 0 and line.startswith("[train] step=5 ")
+
+    ended = (helpers.run_one_after_another(launches(("straight", 7), ("other", 8)))
+             + helpers.run_one_after_another(launches(("interrupted", 7), ("same", 7)),
+                                             sigterm_when=interrupt_after_step_5))
+    return {name: (directories[name], status, output)
+            for name, (status, output) in zip(("straight", "other", "interrupted", "same"), ended)}
 
 
 @pytest.mark.slow
-def test_same_seed_same_losses_and_weights_other_seed_differs(text_dataset, tmp_path, straight):
+def test_same_seed_same_losses_and_weights_other_seed_differs(runs):
     # Fresh processes: other in-process tests change TF's global state (e.g. the JIT setting),
     # and determinism is a property of a run, not of what ran before it in the same process.
-    # Seed 8 runs first in its process, as the reference did in its own; seed 7 then runs after it
-    # there, so it also shows that nothing of an earlier run in a process leaks into the next.
-    reference, reference_output = straight
-    ended = helpers.run_one_after_another([(helpers.cli_args(text_dataset, str(tmp_path / name), seed=seed,
-                                                             max_steps=STEPS), {})
-                                           for name, seed in (("c", 8), ("b", 7))])
-    assert [status for status, _ in ended] == [0, 0], ended
-    (_, other), (_, same) = ended
-    a, b, c = (helpers.losses(output) for output in (reference_output, same, other))
+    # Seed 7 runs first in one process and after an interrupted run in another, seed 8 after it in the first:
+    # so it also shows that nothing of an earlier run in a process leaks into the next.
+    for name in ("straight", "other", "same"):
+        assert runs[name][1] == 0, runs[name][2]
+    a, b, c = (helpers.losses(runs[name][2]) for name in ("straight", "same", "other"))
     assert len(a) == STEPS
     assert a == b
     assert a != c
-    weights = [np.load(os.path.join(directory, "model", "weights.npz"))
-               for directory in (reference, str(tmp_path / "b"))]
+    weights = [np.load(os.path.join(runs[name][0], "model", "weights.npz")) for name in ("straight", "same")]
     assert weights[0].files == weights[1].files
     for key in weights[0].files:
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset, tmp_path, straight):
+def test_sigterm_saves_and_a_restart_continues_with_the_same_losses(text_dataset, runs):
     steps = STEPS
-    _, straight_output = straight
+    _, status, straight_output = runs["straight"]
+    assert status == 0, straight_output
     expected = helpers.losses(straight_output)
 
-    tmp = str(tmp_path / "interrupted")
-    process = subprocess.Popen(helpers.train_args(text_dataset, tmp, max_steps=steps), env=helpers.environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    first = []
-    for line in process.stdout:
-        first.append(line)
-        if line.startswith("[train] step=5 "):
-            process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=120) == 0, "".join(first)
-    interrupted = helpers.losses("".join(first))
+    tmp, status, first = runs["interrupted"]
+    assert status == 0, first
+    interrupted = helpers.losses(first)
     stopped_at = max(interrupted)
-    assert 5 <= stopped_at < steps, "".join(first)
+    assert 5 <= stopped_at < steps, first
     assert not os.path.exists(os.path.join(tmp, "model", "model.json"))
     assert checkpoint_files(os.path.join(tmp, "ckpt")) == ["ckpt-%08d.npz" % stopped_at]
 
+    # A new process, as a restart is.
     resumed = helpers.run_training(text_dataset, tmp, max_steps=steps)
     assert resumed.returncode == 0, resumed.stdout
     assert "resumed from" in resumed.stdout
