@@ -24,27 +24,41 @@ def checkpoint_arrays(path):
         return {name: data[name] for name in data.files if name != checkpoint.META_KEY}
 
 
-@pytest.mark.slow
 # The families that recompute: recomputation redraws each dropout mask from the step's seed
 # (lm.models.layers.dropout), the same seed a resumed run draws (lm.training.checkpoint.DropoutKey).
-@pytest.mark.parametrize("preset, model", tiny_presets("recompute"))
-def test_resume_with_dropout_is_bit_exact(text_dataset, tmp_path, preset, model):
-    # Fresh processes: a resumed run is a new process, whose global random generator starts over.
-    run = dict(DROPOUT, preset=preset, model=model)
-    straight = helpers.run_training(text_dataset, str(tmp_path / "straight"), **run)
-    assert straight.returncode == 0, straight.stdout
+RECOMPUTING = tiny_presets("recompute")
+
+
+@pytest.fixture(scope="module")
+def straight_runs(text_dataset, tmp_path_factory):
+    """preset -> (directory, output) of an uninterrupted DROPOUT run of each of RECOMPUTING, one after another in
+    one process."""
+    directories = {preset: str(tmp_path_factory.mktemp("straight")) for preset, _ in RECOMPUTING}
+    ended = helpers.run_one_after_another([
+        (helpers.cli_args(text_dataset, directories[preset], **dict(DROPOUT, preset=preset, model=model)), {})
+        for preset, model in RECOMPUTING])
+    assert [status for status, _ in ended] == [0] * len(RECOMPUTING), ended
+    return {preset: (directories[preset], output) for (preset, _), (_, output) in zip(RECOMPUTING, ended)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, model", RECOMPUTING)
+def test_resume_with_dropout_is_bit_exact(text_dataset, tmp_path, straight_runs, preset, model):
+    # The resumed run in a fresh process: a resumed run is a new process, whose global random generator starts
+    # over (the straight runs share one, so each resumes where its straight run's generator was not).
+    straight_dir, straight_output = straight_runs[preset]
     resumed_dir = str(tmp_path / "resumed")
     os.makedirs(os.path.join(resumed_dir, "ckpt"))
-    shutil.copy(os.path.join(str(tmp_path / "straight"), "ckpt", checkpoint.checkpoint_name(4)),
+    shutil.copy(os.path.join(straight_dir, "ckpt", checkpoint.checkpoint_name(4)),
                 os.path.join(resumed_dir, "ckpt"))  # as if killed after the checkpoint of step 4
-    resumed = helpers.run_training(text_dataset, resumed_dir, **run)
+    resumed = helpers.run_training(text_dataset, resumed_dir, **dict(DROPOUT, preset=preset, model=model))
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stdout
-    expected = checkpoint_arrays(os.path.join(str(tmp_path / "straight"), "ckpt", checkpoint.checkpoint_name(8)))
+    expected = checkpoint_arrays(os.path.join(straight_dir, "ckpt", checkpoint.checkpoint_name(8)))
     got = checkpoint_arrays(os.path.join(resumed_dir, "ckpt", checkpoint.checkpoint_name(8)))
     assert sorted(got) == sorted(expected)
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
-    straight_losses, resumed_losses = helpers.losses(straight.stdout), helpers.losses(resumed.stdout)
+    straight_losses, resumed_losses = helpers.losses(straight_output), helpers.losses(resumed.stdout)
     assert [resumed_losses[step] for step in range(5, 9)] == [straight_losses[step] for step in range(5, 9)]
 
 
