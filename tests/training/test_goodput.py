@@ -31,7 +31,8 @@ def _parts(totals):
 @pytest.mark.slow
 def test_a_restarted_job_redoes_the_steps_after_its_checkpoint_and_its_time_adds_up(text_dataset, tmp_path):
     env = helpers.environment(TRAINING_JOB_NAME=JOB)
-    run = dict(max_steps=12, checkpoint_every=4, checkpoint_minutes=0, log_every=1)
+    # xla off here and below: the ledger does not depend on it, and its compile costs CPU in every process.
+    run = dict(max_steps=12, checkpoint_every=4, checkpoint_minutes=0, log_every=1, xla=False)
     first = helpers.run_training(text_dataset, str(tmp_path), env=env, **run)
     assert first.returncode == 0, first.stdout
     # As if the job were interrupted after step 12's progress was written but before its checkpoint landed:
@@ -58,7 +59,7 @@ def test_checkpoint_every_auto_saves_every_young_daly_interval_and_replans_after
         text_dataset, tmp_path):
     hours = 1e-6  # an interruption every 3.6 ms: an interval shorter than a step, a save at every log window
     result = helpers.run_training(text_dataset, str(tmp_path), checkpoint_every="auto", checkpoint_minutes=0,
-                                  interruption_hours=hours, max_steps=30)
+                                  interruption_hours=hours, max_steps=30, xla=False)
     assert result.returncode == 0, result.stdout
     choices = [line for line in helpers.lines(result.stdout) if line.startswith("checkpoint_every auto:")]
     assert "planned from the checkpoint's size" in choices[0] and "measured at the first save" in choices[1]

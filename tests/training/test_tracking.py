@@ -80,9 +80,11 @@ def _runs(uri, experiment, run_name):
 
 
 def _train(data_dir, tmp, uri, job_name, **hyperparameters):
+    """lm.training.train in .venv-mlflow, without XLA (tracking does not depend on it; its compile costs CPU)."""
     env = helpers.environment(MLFLOW_TRACKING_URI=uri, MLFLOW_EXPERIMENT_NAME="lmstack-test",
                               TRAINING_JOB_NAME=job_name)
-    args = [os.path.join(VENV_MLFLOW, "python"), "-m", "lm.training.train"] + helpers.cli_args(data_dir, tmp, **hyperparameters)
+    args = [os.path.join(VENV_MLFLOW, "python"), "-m", "lm.training.train"] + helpers.cli_args(
+        data_dir, tmp, xla=False, **hyperparameters)
     return subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=300)
 
