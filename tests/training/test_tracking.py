@@ -5,10 +5,13 @@ The training runs in `.venv-mlflow` (MLflow 2.22.1, which reads the project's Te
 numpy from `.venv`: see the Makefile): the training image's `.venv` has no mlflow, as the older
 DLCs have none, and there tracking is off with a log line.
 """
+import json
 import os
 import re
+import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import urllib.request
 
@@ -72,8 +75,6 @@ print(json.dumps([{"id": r.info.run_id, "status": r.info.status, "params": r.dat
 
 
 def _runs(uri, experiment, run_name):
-    import json
-
     output = subprocess.run([os.path.join(VENV_MLFLOW, "python"), "-c", READ_RUNS, uri, experiment, run_name],
                             stdout=subprocess.PIPE, check=True, text=True, timeout=120).stdout
     return json.loads(output)
@@ -89,11 +90,19 @@ def _train(data_dir, tmp, uri, job_name, **hyperparameters):
                           text=True, timeout=300)
 
 
-@pytest.mark.slow
-def test_a_training_run_logs_params_metrics_and_tags_to_mlflow(mlflow_server, text_dataset, tmp_path):
-    result = _train(text_dataset, str(tmp_path), mlflow_server, "job-1", max_steps=6, eval_every=3)
+@pytest.fixture(scope="module")
+def job_1(mlflow_server, text_dataset, tmp_path_factory):
+    """Training job "job-1" (6 steps): (its directory, its output, its MLflow run as read when it ended)."""
+    directory = str(tmp_path_factory.mktemp("job-1"))
+    result = _train(text_dataset, directory, mlflow_server, "job-1", max_steps=6, eval_every=3)
     assert result.returncode == 0, result.stdout
     (run,) = _runs(mlflow_server, "lmstack-test", "job-1")
+    return directory, result, run
+
+
+@pytest.mark.slow
+def test_a_training_run_logs_params_metrics_and_tags_to_mlflow(job_1, text_dataset):
+    _, result, run = job_1
     assert "MLflow run %s (job-1)" % run["id"] in result.stdout
     assert run["status"] == "FINISHED"
     assert run["params"]["preset"] == "tiny" and run["params"]["max_steps"] == "6"
@@ -138,6 +147,47 @@ print(client.create_run(experiment.experiment_id, run_name="job-2").info.run_id)
     assert run["id"] == opened and run["status"] == "FINISHED"
     assert [step for step, _ in run["metrics"]["train/loss"]] == [1, 2, 3]
     assert run["params"]["max_steps"] == "2"  # a logged param keeps its first value
+
+
+def _with_validation_documents(dataset, directory):
+    """A copy of `dataset` whose manifest lists validation documents of two sources (lm.data.prepare keeps them)."""
+    shutil.copytree(dataset, directory)
+    documents = [{"text": "def main():\n    return 0\n", "meta": {"pile_set_name": "Github"}},
+                 {"text": "The Python tutorial begins here.", "meta": {"pile_set_name": "Pile-CC"}}]
+    relative = shards.val_documents_name("sample")
+    os.makedirs(os.path.dirname(os.path.join(directory, relative)))
+    with open(os.path.join(directory, relative), "w") as handle:
+        handle.writelines(json.dumps(document) + "\n" for document in documents)
+    manifest = shards.load_manifest(directory)
+    manifest.val_documents[relative] = {"documents": len(documents)}
+    shards.save_manifest(directory, manifest)
+    return directory
+
+
+@pytest.mark.slow
+def test_the_evaluation_job_logs_its_headline_into_the_training_jobs_run(mlflow_server, job_1, text_dataset, tmp_path):
+    """The evaluate stage's job (lm.eval.stage) names the training job's run in LM_MLFLOW_RUN_NAME: its headline goes
+    into that run, as evaluation/<metric> at step 0, beside the training's metrics."""
+    model_channel = tmp_path / "model"
+    model_channel.mkdir()
+    with tarfile.open(str(model_channel / "model.tar.gz"), "w:gz") as archive:
+        archive.add(os.path.join(job_1[0], "model"), arcname=".")
+    output = tmp_path / "output"
+    env = helpers.environment(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="lmstack-test",
+                              LM_MLFLOW_RUN_NAME="job-1", TMPDIR=str(tmp_path), SM_OUTPUT_DATA_DIR=str(output),
+                              SM_CHANNEL_MODEL=str(model_channel),
+                              SM_CHANNEL_TRAIN=_with_validation_documents(text_dataset, str(tmp_path / "dataset")))
+    result = subprocess.run([os.path.join(VENV_MLFLOW, "python"), "-m", "lm.eval.stage", "--batch_size", "4"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout
+    with open(str(output / "results.json")) as handle:
+        headline = json.load(handle)["headline"]
+    assert sorted(headline) == ["pile_bpb/Github", "pile_bpb/Pile-CC", "pile_bpb/total"]
+    (run,) = _runs(mlflow_server, "lmstack-test", "job-1")
+    assert run["id"] == job_1[2]["id"]
+    for key, value in headline.items():
+        assert run["metrics"]["evaluation/" + key] == [[0, pytest.approx(value, rel=1e-6)]]
+    assert "train/loss" in run["metrics"]
 
 
 def test_without_mlflow_tracking_is_off_with_a_log_line(monkeypatch):
