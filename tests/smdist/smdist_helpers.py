@@ -1,5 +1,32 @@
 """Shared by the tests of the SMDDP and SMP adapters (which run against fakes)."""
+import contextlib
+import importlib
+import os
+
 from lm.compat import tf
+
+FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
+FAKE_ENV = ("FAKE_SDP_RANK", "FAKE_SDP_SIZE", "FAKE_SDP_LOCAL_RANK", "FAKE_SDP_LOCAL_SIZE", "FAKE_SDP_RENDEZVOUS",
+            "FAKE_SMP_RANK", "FAKE_SMP_SIZE", "FAKE_SMP_LOCAL_SIZE", "FAKE_SMP_TIMEOUT", "FAKE_SMDIST_LOG",
+            "SM_HP_MP_PARAMETERS")
+
+
+@contextlib.contextmanager
+def faked_smdist(monkeypatch):
+    """The fake `smdistributed` package on sys.path, with an empty call log and nothing initialized (the
+    fake_smdist fixture; a fixture of a wider scope brings a monkeypatch of its own)."""
+    monkeypatch.syspath_prepend(FAKES)
+    for name in FAKE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    import smdistributed
+    sdp = importlib.import_module("smdistributed.dataparallel.tensorflow")
+    smp = importlib.import_module("smdistributed.modelparallel.tensorflow")
+    assert "fakes" in smdistributed.__file__, "tests must run against the fakes"
+    smdistributed.reset()
+    sdp._state["initialized"] = False
+    smp.reset()
+    yield smdistributed
+    smdistributed.reset()
 
 
 def sequence_loss(labels, logits):
@@ -41,8 +68,6 @@ def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
 
 def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, shard_records=150):
     """A train split of random tokens in the lm.spec.shards format (rows unique, so overlaps show)."""
-    import os
-
     import numpy as np
 
     from lm.spec import shards
@@ -136,8 +161,6 @@ def _in_one_process(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyp
 def _fake_environment(interop_threads):
     """os.environ without SageMaker's and the fakes' settings, the FAKES first on PYTHONPATH; TensorFlow on a
     couple of threads, but `interop_threads` inter-op threads (a fake SMP rank blocks one in a step's barrier)."""
-    import os
-
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(tests)
     environ = {name: value for name, value in os.environ.items()
@@ -149,14 +172,11 @@ def _fake_environment(interop_threads):
 
 
 def _call_log(out_dir):
-    import os
-
     return os.path.join(out_dir, "calls.jsonl")
 
 
 def _recorded_calls(out_dir):
     import json
-    import os
 
     if not os.path.exists(_call_log(out_dir)):
         return []

@@ -15,7 +15,7 @@ from lmstack import plan
 from controlplane.presets import GPT_PRESETS
 from lm.spec.families import parameter_count
 from lm.distributed import get_strategy
-from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
+from smdist_helpers import build_tiny, faked_smdist, sequence_loss, token_batch, train, write_random_dataset
 
 
 def _mp_parameters(monkeypatch, **values):
@@ -591,17 +591,21 @@ def test_each_rank_saves_only_the_variables_it_holds(fake_smdist, monkeypatch, t
     assert (saved0, saved1) == ([held0], [held1]) and held0 and held1
 
 
-def _outputs_of_the_model():
-    strategy = get_strategy("smp").setup()
-    train(strategy, steps=1, batch=8)
-    import smdistributed
-    return [details for name, details in smdistributed.calls if name == "smp.DistributedModel.output"]
+@pytest.fixture(scope="module")
+def trained_in_four_microbatches():
+    """{call: [details]} of what the fake recorded in 2 train steps of 2 partitions in 4 microbatches (smp.step,
+    StepOutput.accumulate, DistributedModel.output): one job for the tests that read it."""
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch) as smdistributed:
+        _job(monkeypatch, 2, lambda: train(get_strategy("smp").setup(), steps=2, batch=8), partitions=2,
+             microbatches=4, auto_partition=False, default_partition=0)
+        return {name: [details for call, details in smdistributed.calls if call == name]
+                for name in ("smp.step", "smp.StepOutput.accumulate", "smp.DistributedModel.output")}
 
 
-def test_the_model_returns_the_scalar_loss_not_the_logits(fake_smdist, monkeypatch):
+def test_the_model_returns_the_scalar_loss_not_the_logits(trained_in_four_microbatches):
     # Tensors returned by DistributedModel.call are broadcast to every partition: the logits
     # (vocab floats per token) must not be among them.
-    outputs = _job(monkeypatch, 2, _outputs_of_the_model, partitions=2, **MANUAL)[0]
+    outputs = trained_in_four_microbatches["smp.DistributedModel.output"]
     assert outputs and all(details["shapes"] == [[]] and details["bytes"] == 4 for details in outputs)
 
 
@@ -626,15 +630,23 @@ def _step_with_overflow_on(overflowing_mp_rank):
     return int(optimizer.step.numpy()), float(loss_scale.value.numpy()), float(metrics["grad_norm"])
 
 
+@pytest.fixture(scope="module")
+def step_without_overflow():
+    """(applied steps, loss scale, norm) of the step of one partition that does not overflow (the same in
+    every parametrization of the test below: run once)."""
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch):
+        (no_overflow,) = _job(monkeypatch, 1, lambda: _step_with_overflow_on(None), partitions=1, microbatches=2)
+        return no_overflow
+
+
 @pytest.mark.parametrize("overflowing_mp_rank", [0, 1])
 def test_an_overflow_in_one_partition_skips_the_step_on_every_partition(fake_smdist, monkeypatch,
-                                                                      overflowing_mp_rank):
+                                                                      step_without_overflow, overflowing_mp_rank):
     results = _job(monkeypatch, 2, lambda: _step_with_overflow_on(overflowing_mp_rank), partitions=2, **MANUAL)
     # Neither partition applies the update; both halve the loss scale; both saw the same norm.
     assert [(applied, scale) for applied, scale, _ in results] == [(0, 2.0 ** 9)] * 2
     assert all(np.isnan(norm) or np.isinf(norm) for _, _, norm in results)
-    (no_overflow,) = _job(monkeypatch, 1, lambda: _step_with_overflow_on(None), partitions=1, microbatches=2)
-    assert no_overflow[:2] == (1, 2.0 ** 10)
+    assert step_without_overflow[:2] == (1, 2.0 ** 10)
 
 
 def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
@@ -785,22 +797,13 @@ def test_a_sublayer_that_only_its_parents_call_builds_is_refused(fake_smdist, mo
             forward(tf.ones([2, 3]))
 
 
-def _accumulations():
-    strategy = get_strategy("smp").setup()
-    train(strategy, steps=2, batch=8)
-    import smdistributed
-    steps = [details for name, details in smdistributed.calls
-             if name == "smp.step" and details["function"] == "forward_backward" and details["rank"] == strategy.rank]
-    accumulated = [details for name, details in smdistributed.calls if name == "smp.StepOutput.accumulate"]
-    return steps, accumulated
-
-
-def test_microbatch_gradients_accumulate_in_a_tf_function_one_microbatch_at_a_time(fake_smdist, monkeypatch):
+def test_microbatch_gradients_accumulate_in_a_tf_function_one_microbatch_at_a_time(trained_in_four_microbatches):
     # Called eagerly, smp.step returns every microbatch's gradients at once and accumulate()
     # averages them (split.py, lines 216-218): M x the partition's gradient bytes alive. In a
     # tf.function it adds them one by one into an accumulator (lines 236-265).
-    (steps, accumulated), _ = _job(monkeypatch, 2, _accumulations, partitions=2, microbatches=4,
-                                   auto_partition=False, default_partition=0)
+    steps = [details for details in trained_in_four_microbatches["smp.step"]
+             if details["function"] == "forward_backward" and details["rank"] == 0]
+    accumulated = trained_in_four_microbatches["smp.StepOutput.accumulate"]
     assert steps and not any(details["eager"] for details in steps)
     assert accumulated and all(details["method"] == "variable" and not details["eager"] and details["alive"] == 1
                                and details["microbatches"] == 4 for details in accumulated)
