@@ -421,51 +421,61 @@ def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, 
     assert planner.memory(GPT_PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
 
 
+def _values_by_path(model):
+    from lm.distributed.smp import weight_paths
+    return {path: weight.numpy() for path, weight in weight_paths(model).items()}
+
+
 def _train_and_report(grad_clip=0.05):
+    """(mp rank, losses, the values of the weights the rank holds, the whole model's or None), by layer path,
+    after 3 train steps and the export's gather."""
     strategy = get_strategy("smp").setup()
     model, optimizer, losses = train(strategy, steps=3, batch=8, grad_clip=grad_clip)
     whole = strategy.whole_model(model)
-    return strategy.mp_rank, losses, None if whole is None else whole.get_weights()
+    return strategy.mp_rank, losses, _values_by_path(model), None if whole is None else _values_by_path(whole)
+
+
+# The library moves its checkpoint files in pieces of SMP_CKPT_TRANSFER_CHUNK_SIZE (1 GiB unset:
+# tensorflow/utils.py), and a partition of gpt-1.3b is about 2.6 GB. Scaled down here through the same
+# variable: 60 KiB, less than the tiny model's MLP kernels (64 KiB) and token table (128 KiB), which must
+# go in pieces, and than a partition of it.
+TRANSFER_CHUNK = 60 * 1024
+
+
+@pytest.fixture(scope="module")
+def two_partitions_trained_and_gathered():
+    """([each rank's _train_and_report], [bytes of each smp.send]) of 2 partitions, the export's gather in
+    pieces of TRANSFER_CHUNK: one job for the clip test and the export test."""
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch) as smdistributed:
+        monkeypatch.setenv("SMP_CKPT_TRANSFER_CHUNK_SIZE", str(TRANSFER_CHUNK))
+        ranks = _job(monkeypatch, 2, _train_and_report, partitions=2, **MANUAL)
+        return ranks, [details["bytes"] for name, details in smdistributed.calls if name == "smp.send"]
 
 
 @pytest.mark.tf26
 @pytest.mark.slow
-def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
+def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch, two_partitions_trained_and_gathered):
     # grad_clip 0.05 is far below the tiny model's gradient norm (about 1), so every step clips:
     # both partitions must scale by the factor of the WHOLE model's norm.
-    (_, reference_losses, reference), = _job(monkeypatch, 1, _train_and_report, partitions=1, microbatches=2)
-    first, second = _job(monkeypatch, 2, _train_and_report, partitions=2, **MANUAL)
+    (_, reference_losses, _, reference), = _job(monkeypatch, 1, _train_and_report, partitions=1, microbatches=2)
+    first, second = two_partitions_trained_and_gathered[0]
     assert first[1] == second[1]  # both ranks report the same (replica-wide) loss
     np.testing.assert_allclose(first[1], reference_losses, rtol=1e-5)
-    assert second[2] is None  # the whole model is gathered on the chief only
-    assert len(first[2]) == len(reference)
-    for ours, theirs in zip(first[2], reference):
-        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
-
-
-def _export_in_transfer_chunks():
-    from lm.distributed.smp import weight_paths
-    strategy = get_strategy("smp").setup()
-    model = strategy.build_model(build_tiny)
-    whole = strategy.whole_model(model)
-    held = {path: weight.numpy() for path, weight in weight_paths(model).items()}
-    return held, None if whole is None else {path: weight.numpy() for path, weight in weight_paths(whole).items()}
+    assert second[3] is None  # the whole model is gathered on the chief only
+    assert sorted(first[3]) == sorted(reference)
+    for path, theirs in reference.items():
+        np.testing.assert_allclose(first[3][path], theirs, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.tf26
-def test_the_export_gathers_each_partition_in_pieces_of_the_librarys_transfer_chunk(fake_smdist, monkeypatch):
-    # The library moves its checkpoint files in pieces of SMP_CKPT_TRANSFER_CHUNK_SIZE (1 GiB unset:
-    # tensorflow/utils.py), and a partition of gpt-1.3b is about 2.6 GB. Scaled down here through the same
-    # variable: 60 KiB, less than the tiny model's MLP kernels (64 KiB) and token table (128 KiB), which must
-    # go in pieces, and than a partition of it.
-    chunk = 60 * 1024
-    monkeypatch.setenv("SMP_CKPT_TRANSFER_CHUNK_SIZE", str(chunk))
-    (held0, whole), (held1, nothing) = _job(monkeypatch, 2, _export_in_transfer_chunks, partitions=2, **MANUAL)
+def test_the_export_gathers_each_partition_in_pieces_of_the_librarys_transfer_chunk(
+        two_partitions_trained_and_gathered):
+    (_, _, held0, whole), (_, _, held1, nothing) = two_partitions_trained_and_gathered[0]
     assert nothing is None and sorted(whole) == sorted(list(held0) + list(held1))
     for path, value in list(held0.items()) + list(held1.items()):
         np.testing.assert_array_equal(whole[path], value)
     # Rank 1 sent each of its weights to the chief, block_1's MLP kernels (64 KiB each) in two pieces.
-    sent = [details["bytes"] for name, details in fake_smdist.calls if name == "smp.send"]
+    sent = two_partitions_trained_and_gathered[1]
     assert len(sent) == len(held1) + 2
 
 
