@@ -161,11 +161,10 @@ def _in_one_process(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyp
 def _fake_environment(interop_threads):
     """os.environ without SageMaker's and the fakes' settings, the FAKES first on PYTHONPATH; TensorFlow on a
     couple of threads, but `interop_threads` inter-op threads (a fake SMP rank blocks one in a step's barrier)."""
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    root = os.path.dirname(tests)
+    training_image = os.path.join(os.path.dirname(os.path.dirname(FAKES)), "training_image")
     environ = {name: value for name, value in os.environ.items()
                if not name.startswith(("SM_", "FAKE_")) and name not in ("TF_CONFIG", "LM_CHECKPOINT_DIR")}
-    environ.update(PYTHONPATH=os.pathsep.join([os.path.join(tests, "fakes"), os.path.join(root, "training_image")]),
+    environ.update(PYTHONPATH=os.pathsep.join([FAKES, training_image]),
                    TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="2",
                    TF_NUM_INTEROP_THREADS=str(interop_threads))
     return environ
