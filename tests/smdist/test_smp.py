@@ -536,15 +536,32 @@ def test_every_rank_resumes_from_rank_0s_choice(fake_smdist, monkeypatch):
     assert _job(monkeypatch, 2, lambda: _choose([None, 6]), partitions=2, **MANUAL) == [None, None]
 
 
-def _save_twice_then_restore(directory, each_rank_its_own_newest):
+def _checkpoint_cases(directory):
+    """On one model of 2 partitions (built once): _save_the_whole_model, then _save_twice_then_restore with
+    rank 0's choice and with each rank's own newest; {case: result}."""
+    from lm.training.optim import AdamW
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    cases = {"whole model": _save_the_whole_model(strategy, model, os.path.join(directory, "whole"))}
+    optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
+    for own in (False, True):  # each its own newest last: then the ranks restore different steps
+        cases[own] = _save_twice_then_restore(strategy, model, optimizer, os.path.join(directory, str(own)), own)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def checkpoint_cases(tmp_path_factory):
+    """Each rank's _checkpoint_cases: one job for the tests of what the ranks save and restore."""
+    directory = str(tmp_path_factory.mktemp("checkpoints"))
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch):
+        return _job(monkeypatch, 2, lambda: _checkpoint_cases(directory), partitions=2, **MANUAL)
+
+
+def _save_twice_then_restore(strategy, model, optimizer, directory, each_rank_its_own_newest):
     """Save steps 2 and 4 into one directory, then restore from host-local copies of it in which
     rank 0's host lacks the mark of step 4; returns (chosen step, restored optimizer step, a weight)."""
     import shutil
 
-    from lm.training.optim import AdamW
-    strategy = get_strategy("smp").setup()
-    model = strategy.build_model(build_tiny)
-    optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
     state = list(model.weights) + optimizer.variables
 
     def fill(value):
@@ -572,20 +589,16 @@ def _save_twice_then_restore(directory, each_rank_its_own_newest):
 
 @pytest.mark.tf26
 @pytest.mark.parametrize("each_rank_its_own_newest", [False, True], ids=["rank 0 chooses", "old: each its own"])
-def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(fake_smdist, monkeypatch, tmp_path,
-                                                                         each_rank_its_own_newest):
-    results = _job(monkeypatch, 2, lambda: _save_twice_then_restore(str(tmp_path), each_rank_its_own_newest),
-                   partitions=2, **MANUAL)
+def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(checkpoint_cases, each_rank_its_own_newest):
+    results = [cases[each_rank_its_own_newest] for cases in checkpoint_cases]
     every_rank_restored_step_2 = results == [(2, 2, 2.0), (2, 2, 2.0)]
     # The old way (each rank resumes from its own directory's newest) fails this check: rank 1
     # would restore step 4 while rank 0 restores step 2.
     assert every_rank_restored_step_2 != each_rank_its_own_newest, results
 
 
-def _save_the_whole_model(directory):
+def _save_the_whole_model(strategy, model, directory):
     import smdistributed
-    strategy = get_strategy("smp").setup()
-    model = strategy.build_model(build_tiny)
     # The page's own example: tf.train.Checkpoint(model=model), whose object graph reaches every
     # partition's layers; each rank saves the variables it holds only.
     strategy._smp.CheckpointManager(tf.train.Checkpoint(model=model), directory=directory).save()
@@ -595,9 +608,8 @@ def _save_the_whole_model(directory):
 
 
 @pytest.mark.tf26
-def test_each_rank_saves_only_the_variables_it_holds(fake_smdist, monkeypatch, tmp_path):
-    (saved0, held0), (saved1, held1) = _job(monkeypatch, 2, lambda: _save_the_whole_model(str(tmp_path)),
-                                            partitions=2, **MANUAL)
+def test_each_rank_saves_only_the_variables_it_holds(checkpoint_cases):
+    (saved0, held0), (saved1, held1) = [cases["whole model"] for cases in checkpoint_cases]
     assert (saved0, saved1) == ([held0], [held1]) and held0 and held1
 
 
