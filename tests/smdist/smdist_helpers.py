@@ -1,5 +1,32 @@
 """Shared by the tests of the SMDDP and SMP adapters (which run against fakes)."""
+import contextlib
+import importlib
+import os
+
 from lm.compat import tf
+
+FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
+FAKE_ENV = ("FAKE_SDP_RANK", "FAKE_SDP_SIZE", "FAKE_SDP_LOCAL_RANK", "FAKE_SDP_LOCAL_SIZE", "FAKE_SDP_RENDEZVOUS",
+            "FAKE_SMP_RANK", "FAKE_SMP_SIZE", "FAKE_SMP_LOCAL_SIZE", "FAKE_SMP_TIMEOUT", "FAKE_SMDIST_LOG",
+            "SM_HP_MP_PARAMETERS")
+
+
+@contextlib.contextmanager
+def faked_smdist(monkeypatch):
+    """The fake `smdistributed` package on sys.path, with an empty call log and nothing initialized (the
+    fake_smdist fixture; a fixture of a wider scope brings a monkeypatch of its own)."""
+    monkeypatch.syspath_prepend(FAKES)
+    for name in FAKE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    import smdistributed
+    sdp = importlib.import_module("smdistributed.dataparallel.tensorflow")
+    smp = importlib.import_module("smdistributed.modelparallel.tensorflow")
+    assert "fakes" in smdistributed.__file__, "tests must run against the fakes"
+    smdistributed.reset()
+    sdp._state["initialized"] = False
+    smp.reset()
+    yield smdistributed
+    smdistributed.reset()
 
 
 def sequence_loss(labels, logits):
@@ -41,8 +68,6 @@ def train(strategy, steps, batch=8, learning_rate=1e-2, grad_clip=1.0):
 
 def write_random_dataset(directory, records=400, seq_len=16, vocab_size=512, shard_records=150):
     """A train split of random tokens in the lm.spec.shards format (rows unique, so overlaps show)."""
-    import os
-
     import numpy as np
 
     from lm.spec import shards
@@ -71,30 +96,91 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
     """`python -m lm.training.train` in a subprocess with the FAKES first on PYTHONPATH; returns
     (exit status, output, recorded fake calls). `ranks`: run it as that many ranks of a fake
     SMP job (threads, `smdistributed.modelparallel.run`)."""
-    import json
-    import os
     import subprocess
     import sys
 
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    root = os.path.dirname(tests)
-    log = os.path.join(out_dir, "calls.jsonl")
-    environ = {name: value for name, value in os.environ.items()
-               if not name.startswith(("SM_", "FAKE_")) and name not in ("TF_CONFIG", "LM_CHECKPOINT_DIR")}
-    environ.update(PYTHONPATH=os.pathsep.join([os.path.join(tests, "fakes"), os.path.join(root, "training_image")]),
-                   FAKE_SMDIST_LOG=log, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
-                   TF_NUM_INTRAOP_THREADS="2", TF_NUM_INTEROP_THREADS=str(ranks or 1))
-    environ.update(env)
+    environ = dict(_fake_environment(ranks or 1), FAKE_SMDIST_LOG=_call_log(out_dir), **env)
     launcher = ["-m", "smdistributed.modelparallel.run", str(ranks)] if ranks else ["-m"]
     args = [sys.executable] + launcher + ["lm.training.train"] + train_arguments(
         data_dir, out_dir, strategy, steps, **hyperparameters)
     result = subprocess.run(args, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=600)
-    calls = []
-    if os.path.exists(log):
-        with open(log) as handle:
-            calls = [json.loads(line) for line in handle]
-    return result.returncode, result.stdout, calls
+    return result.returncode, result.stdout, _recorded_calls(out_dir)
+
+
+# Runs each job of argv (JSON [ranks, arguments, environment]) in turn: `lm.training.train.main` as that many
+# thread ranks of one fake SMP job (as `smdistributed.modelparallel.run`; no ranks: in this thread), the
+# environment added to os.environ for that job only, and ends each job's output with a JOB_ENDED line that
+# gives its exit status (the highest of its ranks').
+JOBS_IN_ONE_PROCESS = """\
+import json, os, sys
+import smdistributed.modelparallel.tensorflow as smp
+from lm.training import train
+for job in sys.argv[1:]:
+    ranks, arguments, environment = json.loads(job)
+    before = dict(os.environ)
+    os.environ.update(environment)
+    statuses = smp.run_ranks(ranks, train.main, arguments) if ranks else [train.main(arguments)]
+    os.environ.clear()
+    os.environ.update(before)
+    print("%s %d" % (JOB_ENDED, max(status or 0 for status in statuses)), flush=True)
+"""
+JOB_ENDED = "=== job ended, exit status"
+
+
+def run_jobs(jobs):
+    """[(exit status, output, recorded fake calls)] of each job of `jobs` (dicts of run_train's arguments), run
+    one after another in one subprocess: one TensorFlow start-up and one autograph conversion of the code
+    for all of them. TensorFlow's inter-op threads are set once, for the job with the most ranks."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    runs = [_in_one_process(**job) for job in jobs]
+    threads = max(job.get("ranks") or 1 for job in jobs)
+    code = JOBS_IN_ONE_PROCESS.replace("JOB_ENDED", repr(JOB_ENDED))
+    result = subprocess.run([sys.executable, "-c", code] + [json.dumps(run) for run in runs],
+                            env=dict(_fake_environment(threads), PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:]
+    parts = re.split(r"^%s (\d+)\n" % re.escape(JOB_ENDED), result.stdout, flags=re.MULTILINE)
+    ended = [(int(status), output) for output, status in zip(parts[0::2], parts[1::2])]
+    assert len(ended) == len(jobs), result.stdout[-6000:]
+    return [(status, output, _recorded_calls(job["out_dir"])) for (status, output), job in zip(ended, jobs)]
+
+
+def _in_one_process(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperparameters):
+    """A job of run_train's arguments as JOBS_IN_ONE_PROCESS takes it: [ranks, arguments, environment]."""
+    if "TF_NUM_INTEROP_THREADS" in env:
+        raise ValueError("run_jobs sets TF_NUM_INTEROP_THREADS once for the process, not per job")
+    return [ranks, train_arguments(data_dir, out_dir, strategy, steps, **hyperparameters),
+            dict(env, FAKE_SMDIST_LOG=_call_log(out_dir))]
+
+
+def _fake_environment(interop_threads):
+    """os.environ without SageMaker's and the fakes' settings, the FAKES first on PYTHONPATH; TensorFlow on a
+    couple of threads, but `interop_threads` inter-op threads (a fake SMP rank blocks one in a step's barrier)."""
+    training_image = os.path.join(os.path.dirname(os.path.dirname(FAKES)), "training_image")
+    environ = {name: value for name, value in os.environ.items()
+               if not name.startswith(("SM_", "FAKE_")) and name not in ("TF_CONFIG", "LM_CHECKPOINT_DIR")}
+    environ.update(PYTHONPATH=os.pathsep.join([FAKES, training_image]),
+                   TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="2",
+                   TF_NUM_INTEROP_THREADS=str(interop_threads))
+    return environ
+
+
+def _call_log(out_dir):
+    return os.path.join(out_dir, "calls.jsonl")
+
+
+def _recorded_calls(out_dir):
+    import json
+
+    if not os.path.exists(_call_log(out_dir)):
+        return []
+    with open(_call_log(out_dir)) as handle:
+        return [json.loads(line) for line in handle]
 
 
 def train_arguments(data_dir, out_dir, strategy, steps=3, **hyperparameters):

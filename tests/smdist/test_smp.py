@@ -15,7 +15,7 @@ from lmstack import plan
 from controlplane.presets import GPT_PRESETS
 from lm.spec.families import parameter_count
 from lm.distributed import get_strategy
-from smdist_helpers import build_tiny, sequence_loss, token_batch, train, write_random_dataset
+from smdist_helpers import build_tiny, faked_smdist, sequence_loss, token_batch, train, write_random_dataset
 
 
 def _mp_parameters(monkeypatch, **values):
@@ -421,51 +421,61 @@ def test_each_rank_creates_and_holds_only_its_partitions_variables(fake_smdist, 
     assert planner.memory(GPT_PRESETS["tiny"], 1, 16, "fp32", partitions=2)["params"] == held0 > held1
 
 
+def _values_by_path(model):
+    from lm.distributed.smp import weight_paths
+    return {path: weight.numpy() for path, weight in weight_paths(model).items()}
+
+
 def _train_and_report(grad_clip=0.05):
+    """(mp rank, losses, the values of the weights the rank holds, the whole model's or None), by layer path,
+    after 3 train steps and the export's gather."""
     strategy = get_strategy("smp").setup()
     model, optimizer, losses = train(strategy, steps=3, batch=8, grad_clip=grad_clip)
     whole = strategy.whole_model(model)
-    return strategy.mp_rank, losses, None if whole is None else whole.get_weights()
+    return strategy.mp_rank, losses, _values_by_path(model), None if whole is None else _values_by_path(whole)
+
+
+# The library moves its checkpoint files in pieces of SMP_CKPT_TRANSFER_CHUNK_SIZE (1 GiB unset:
+# tensorflow/utils.py), and a partition of gpt-1.3b is about 2.6 GB. Scaled down here through the same
+# variable: 60 KiB, less than the tiny model's MLP kernels (64 KiB) and token table (128 KiB), which must
+# go in pieces, and than a partition of it.
+TRANSFER_CHUNK = 60 * 1024
+
+
+@pytest.fixture(scope="module")
+def two_partitions_trained_and_gathered():
+    """([each rank's _train_and_report], [bytes of each smp.send]) of 2 partitions, the export's gather in
+    pieces of TRANSFER_CHUNK: one job for the clip test and the export test."""
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch) as smdistributed:
+        monkeypatch.setenv("SMP_CKPT_TRANSFER_CHUNK_SIZE", str(TRANSFER_CHUNK))
+        ranks = _job(monkeypatch, 2, _train_and_report, partitions=2, **MANUAL)
+        return ranks, [details["bytes"] for name, details in smdistributed.calls if name == "smp.send"]
 
 
 @pytest.mark.tf26
 @pytest.mark.slow
-def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch):
+def test_two_partitions_clip_and_train_like_one(fake_smdist, monkeypatch, two_partitions_trained_and_gathered):
     # grad_clip 0.05 is far below the tiny model's gradient norm (about 1), so every step clips:
     # both partitions must scale by the factor of the WHOLE model's norm.
-    (_, reference_losses, reference), = _job(monkeypatch, 1, _train_and_report, partitions=1, microbatches=2)
-    first, second = _job(monkeypatch, 2, _train_and_report, partitions=2, **MANUAL)
+    (_, reference_losses, _, reference), = _job(monkeypatch, 1, _train_and_report, partitions=1, microbatches=2)
+    first, second = two_partitions_trained_and_gathered[0]
     assert first[1] == second[1]  # both ranks report the same (replica-wide) loss
     np.testing.assert_allclose(first[1], reference_losses, rtol=1e-5)
-    assert second[2] is None  # the whole model is gathered on the chief only
-    assert len(first[2]) == len(reference)
-    for ours, theirs in zip(first[2], reference):
-        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
-
-
-def _export_in_transfer_chunks():
-    from lm.distributed.smp import weight_paths
-    strategy = get_strategy("smp").setup()
-    model = strategy.build_model(build_tiny)
-    whole = strategy.whole_model(model)
-    held = {path: weight.numpy() for path, weight in weight_paths(model).items()}
-    return held, None if whole is None else {path: weight.numpy() for path, weight in weight_paths(whole).items()}
+    assert second[3] is None  # the whole model is gathered on the chief only
+    assert sorted(first[3]) == sorted(reference)
+    for path, theirs in reference.items():
+        np.testing.assert_allclose(first[3][path], theirs, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.tf26
-def test_the_export_gathers_each_partition_in_pieces_of_the_librarys_transfer_chunk(fake_smdist, monkeypatch):
-    # The library moves its checkpoint files in pieces of SMP_CKPT_TRANSFER_CHUNK_SIZE (1 GiB unset:
-    # tensorflow/utils.py), and a partition of gpt-1.3b is about 2.6 GB. Scaled down here through the same
-    # variable: 60 KiB, less than the tiny model's MLP kernels (64 KiB) and token table (128 KiB), which must
-    # go in pieces, and than a partition of it.
-    chunk = 60 * 1024
-    monkeypatch.setenv("SMP_CKPT_TRANSFER_CHUNK_SIZE", str(chunk))
-    (held0, whole), (held1, nothing) = _job(monkeypatch, 2, _export_in_transfer_chunks, partitions=2, **MANUAL)
+def test_the_export_gathers_each_partition_in_pieces_of_the_librarys_transfer_chunk(
+        two_partitions_trained_and_gathered):
+    (_, _, held0, whole), (_, _, held1, nothing) = two_partitions_trained_and_gathered[0]
     assert nothing is None and sorted(whole) == sorted(list(held0) + list(held1))
     for path, value in list(held0.items()) + list(held1.items()):
         np.testing.assert_array_equal(whole[path], value)
     # Rank 1 sent each of its weights to the chief, block_1's MLP kernels (64 KiB each) in two pieces.
-    sent = [details["bytes"] for name, details in fake_smdist.calls if name == "smp.send"]
+    sent = two_partitions_trained_and_gathered[1]
     assert len(sent) == len(held1) + 2
 
 
@@ -526,15 +536,32 @@ def test_every_rank_resumes_from_rank_0s_choice(fake_smdist, monkeypatch):
     assert _job(monkeypatch, 2, lambda: _choose([None, 6]), partitions=2, **MANUAL) == [None, None]
 
 
-def _save_twice_then_restore(directory, each_rank_its_own_newest):
+def _checkpoint_cases(directory):
+    """On one model of 2 partitions (built once): _save_the_whole_model, then _save_twice_then_restore with
+    rank 0's choice and with each rank's own newest; {case: result}."""
+    from lm.training.optim import AdamW
+    strategy = get_strategy("smp").setup()
+    model = strategy.build_model(build_tiny)
+    cases = {"whole model": _save_the_whole_model(strategy, model, os.path.join(directory, "whole"))}
+    optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
+    for own in (False, True):  # each its own newest last: then the ranks restore different steps
+        cases[own] = _save_twice_then_restore(strategy, model, optimizer, os.path.join(directory, str(own)), own)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def checkpoint_cases(tmp_path_factory):
+    """Each rank's _checkpoint_cases: one job for the tests of what the ranks save and restore."""
+    directory = str(tmp_path_factory.mktemp("checkpoints"))
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch):
+        return _job(monkeypatch, 2, lambda: _checkpoint_cases(directory), partitions=2, **MANUAL)
+
+
+def _save_twice_then_restore(strategy, model, optimizer, directory, each_rank_its_own_newest):
     """Save steps 2 and 4 into one directory, then restore from host-local copies of it in which
     rank 0's host lacks the mark of step 4; returns (chosen step, restored optimizer step, a weight)."""
     import shutil
 
-    from lm.training.optim import AdamW
-    strategy = get_strategy("smp").setup()
-    model = strategy.build_model(build_tiny)
-    optimizer = AdamW(model.trainable_variables, lambda step: 0.0)
     state = list(model.weights) + optimizer.variables
 
     def fill(value):
@@ -562,20 +589,16 @@ def _save_twice_then_restore(directory, each_rank_its_own_newest):
 
 @pytest.mark.tf26
 @pytest.mark.parametrize("each_rank_its_own_newest", [False, True], ids=["rank 0 chooses", "old: each its own"])
-def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(fake_smdist, monkeypatch, tmp_path,
-                                                                         each_rank_its_own_newest):
-    results = _job(monkeypatch, 2, lambda: _save_twice_then_restore(str(tmp_path), each_rank_its_own_newest),
-                   partitions=2, **MANUAL)
+def test_ranks_whose_newest_checkpoints_differ_all_restore_rank_0s_choice(checkpoint_cases, each_rank_its_own_newest):
+    results = [cases[each_rank_its_own_newest] for cases in checkpoint_cases]
     every_rank_restored_step_2 = results == [(2, 2, 2.0), (2, 2, 2.0)]
     # The old way (each rank resumes from its own directory's newest) fails this check: rank 1
     # would restore step 4 while rank 0 restores step 2.
     assert every_rank_restored_step_2 != each_rank_its_own_newest, results
 
 
-def _save_the_whole_model(directory):
+def _save_the_whole_model(strategy, model, directory):
     import smdistributed
-    strategy = get_strategy("smp").setup()
-    model = strategy.build_model(build_tiny)
     # The page's own example: tf.train.Checkpoint(model=model), whose object graph reaches every
     # partition's layers; each rank saves the variables it holds only.
     strategy._smp.CheckpointManager(tf.train.Checkpoint(model=model), directory=directory).save()
@@ -585,23 +608,26 @@ def _save_the_whole_model(directory):
 
 
 @pytest.mark.tf26
-def test_each_rank_saves_only_the_variables_it_holds(fake_smdist, monkeypatch, tmp_path):
-    (saved0, held0), (saved1, held1) = _job(monkeypatch, 2, lambda: _save_the_whole_model(str(tmp_path)),
-                                            partitions=2, **MANUAL)
+def test_each_rank_saves_only_the_variables_it_holds(checkpoint_cases):
+    (saved0, held0), (saved1, held1) = [cases["whole model"] for cases in checkpoint_cases]
     assert (saved0, saved1) == ([held0], [held1]) and held0 and held1
 
 
-def _outputs_of_the_model():
-    strategy = get_strategy("smp").setup()
-    train(strategy, steps=1, batch=8)
-    import smdistributed
-    return [details for name, details in smdistributed.calls if name == "smp.DistributedModel.output"]
+@pytest.fixture(scope="module")
+def trained_in_four_microbatches():
+    """{call: [details]} of what the fake recorded in 2 train steps of 2 partitions in 4 microbatches (smp.step,
+    StepOutput.accumulate, DistributedModel.output): one job for the tests that read it."""
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch) as smdistributed:
+        _job(monkeypatch, 2, lambda: train(get_strategy("smp").setup(), steps=2, batch=8), partitions=2,
+             microbatches=4, auto_partition=False, default_partition=0)
+        return {name: [details for call, details in smdistributed.calls if call == name]
+                for name in ("smp.step", "smp.StepOutput.accumulate", "smp.DistributedModel.output")}
 
 
-def test_the_model_returns_the_scalar_loss_not_the_logits(fake_smdist, monkeypatch):
+def test_the_model_returns_the_scalar_loss_not_the_logits(trained_in_four_microbatches):
     # Tensors returned by DistributedModel.call are broadcast to every partition: the logits
     # (vocab floats per token) must not be among them.
-    outputs = _job(monkeypatch, 2, _outputs_of_the_model, partitions=2, **MANUAL)[0]
+    outputs = trained_in_four_microbatches["smp.DistributedModel.output"]
     assert outputs and all(details["shapes"] == [[]] and details["bytes"] == 4 for details in outputs)
 
 
@@ -626,15 +652,23 @@ def _step_with_overflow_on(overflowing_mp_rank):
     return int(optimizer.step.numpy()), float(loss_scale.value.numpy()), float(metrics["grad_norm"])
 
 
+@pytest.fixture(scope="module")
+def step_without_overflow():
+    """(applied steps, loss scale, norm) of the step of one partition that does not overflow (the same in
+    every parametrization of the test below: run once)."""
+    with pytest.MonkeyPatch.context() as monkeypatch, faked_smdist(monkeypatch):
+        (no_overflow,) = _job(monkeypatch, 1, lambda: _step_with_overflow_on(None), partitions=1, microbatches=2)
+        return no_overflow
+
+
 @pytest.mark.parametrize("overflowing_mp_rank", [0, 1])
 def test_an_overflow_in_one_partition_skips_the_step_on_every_partition(fake_smdist, monkeypatch,
-                                                                      overflowing_mp_rank):
+                                                                      step_without_overflow, overflowing_mp_rank):
     results = _job(monkeypatch, 2, lambda: _step_with_overflow_on(overflowing_mp_rank), partitions=2, **MANUAL)
     # Neither partition applies the update; both halve the loss scale; both saw the same norm.
     assert [(applied, scale) for applied, scale, _ in results] == [(0, 2.0 ** 9)] * 2
     assert all(np.isnan(norm) or np.isinf(norm) for _, _, norm in results)
-    (no_overflow,) = _job(monkeypatch, 1, lambda: _step_with_overflow_on(None), partitions=1, microbatches=2)
-    assert no_overflow[:2] == (1, 2.0 ** 10)
+    assert step_without_overflow[:2] == (1, 2.0 ** 10)
 
 
 def test_lm_plan_says_what_the_busiest_smp_gpu_holds():
@@ -785,22 +819,13 @@ def test_a_sublayer_that_only_its_parents_call_builds_is_refused(fake_smdist, mo
             forward(tf.ones([2, 3]))
 
 
-def _accumulations():
-    strategy = get_strategy("smp").setup()
-    train(strategy, steps=2, batch=8)
-    import smdistributed
-    steps = [details for name, details in smdistributed.calls
-             if name == "smp.step" and details["function"] == "forward_backward" and details["rank"] == strategy.rank]
-    accumulated = [details for name, details in smdistributed.calls if name == "smp.StepOutput.accumulate"]
-    return steps, accumulated
-
-
-def test_microbatch_gradients_accumulate_in_a_tf_function_one_microbatch_at_a_time(fake_smdist, monkeypatch):
+def test_microbatch_gradients_accumulate_in_a_tf_function_one_microbatch_at_a_time(trained_in_four_microbatches):
     # Called eagerly, smp.step returns every microbatch's gradients at once and accumulate()
     # averages them (split.py, lines 216-218): M x the partition's gradient bytes alive. In a
     # tf.function it adds them one by one into an accumulator (lines 236-265).
-    (steps, accumulated), _ = _job(monkeypatch, 2, _accumulations, partitions=2, microbatches=4,
-                                   auto_partition=False, default_partition=0)
+    steps = [details for details in trained_in_four_microbatches["smp.step"]
+             if details["function"] == "forward_backward" and details["rank"] == 0]
+    accumulated = trained_in_four_microbatches["smp.StepOutput.accumulate"]
     assert steps and not any(details["eager"] for details in steps)
     assert accumulated and all(details["method"] == "variable" and not details["eager"] and details["alive"] == 1
                                and details["microbatches"] == 4 for details in accumulated)

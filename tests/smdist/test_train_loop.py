@@ -8,7 +8,7 @@ import pytest
 
 from controlplane import presets
 from lm.spec import job
-from smdist_helpers import run_train, train_arguments, write_random_dataset
+from smdist_helpers import run_jobs, train_arguments, write_random_dataset
 from checkpoint_listing import checkpoint_files
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,8 @@ def _trained(output, steps):
     return [int(line.split("step=")[1].split()[0]) for line in logged] == list(range(1, steps + 1))
 
 
-def test_smddp_rank_0_trains_checkpoints_and_exports(dataset, tmp_path):
-    status, output, calls = run_train(dataset, str(tmp_path), "smddp", {"FAKE_SDP_SIZE": "1"})
+def test_smddp_rank_0_trains_checkpoints_and_exports(later_jobs):
+    out, (status, output, calls) = later_jobs["smddp"]
     assert status == 0, output
     assert _trained(output, 3)
     names = [call["call"] for call in calls]
@@ -38,8 +38,8 @@ def test_smddp_rank_0_trains_checkpoints_and_exports(dataset, tmp_path):
     assert names.count("sdp.DistributedGradientTape") == 1
     broadcasts = [index for index, name in enumerate(names) if name == "sdp.broadcast_variables"]
     assert len(broadcasts) == 2 and broadcasts[0] > names.index("sdp.DistributedGradientTape.gradient")
-    assert _files(str(tmp_path), "ckpt") == ["ckpt-00000002.npz", "ckpt-00000003.npz"]
-    assert "model.json" in _files(str(tmp_path), "model")
+    assert _files(out, "ckpt") == ["ckpt-00000002.npz", "ckpt-00000003.npz"]
+    assert "model.json" in _files(out, "model")
     assert names[-1] == "sdp.shutdown"
 
 
@@ -50,11 +50,30 @@ MP = json.dumps({"partitions": 2, "microbatches": 2, "pipeline": "interleaved", 
 SMP_RUN = dict(steps=4, grad_clip=0.05)
 
 
+# The module's jobs run in two processes, each paying one TensorFlow start-up: the tf26-marked tests' jobs
+# (first_jobs), then the others' (later_jobs), which may start from the first's files.
+def _jobs(tmp_path_factory, jobs):
+    """{name: (out dir, (exit status, output, calls))} of `jobs` ({name: run_train's arguments, the out dir a new
+    one where none is given}), run one after another in one process."""
+    outs = {name: job.get("out_dir") or str(tmp_path_factory.mktemp(name)) for name, job in jobs.items()}
+    ended = run_jobs([dict(job, out_dir=outs[name]) for name, job in jobs.items()])
+    return {name: (outs[name], result) for name, result in zip(jobs, ended)}
+
+
 @pytest.fixture(scope="module")
-def two_partition_run(dataset, tmp_path_factory):
+def first_jobs(dataset, tmp_path_factory):
+    return _jobs(tmp_path_factory, {
+        "two_partitions": dict(data_dir=dataset, strategy="smp", env={"SM_HP_MP_PARAMETERS": MP}, ranks=2,
+                               **SMP_RUN),
+        "divergence": dict(data_dir=dataset, strategy="smp", env={"SM_HP_MP_PARAMETERS": MP,
+                                                                  "LMSTACK_FAULTS": "nan@5,spike@20:3"},
+                           ranks=2, steps=26, rollback_skip=4)})
+
+
+@pytest.fixture(scope="module")
+def two_partition_run(first_jobs):
     """One uninterrupted 2-partition run of 4 steps (checkpoints at 2 and 4): (out dir, output, calls)."""
-    out = str(tmp_path_factory.mktemp("two_partitions"))
-    status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2, **SMP_RUN)
+    out, (status, output, calls) = first_jobs["two_partitions"]
     assert status == 0, output
     return out, output, calls
 
@@ -79,13 +98,41 @@ def test_smp_trains_in_microbatches_checkpoints_per_partition_and_exports(two_pa
     assert "model.json" in _files(out, "model")
 
 
+def _interrupt_the_save_of_step_4(reference_out, out, marked):
+    """The reference run's checkpoints under `out`, as if the job was stopped while saving step 4:
+    partition 0 wrote its files, partition 1 did not, and rank 0 never marked the step complete. Or
+    (marked) S3 brought the save back without partition 1's file: the library's restore() then only
+    warns "No checkpoints restored." and partition 1 would train on from fresh weights. (The fake's
+    own layout, read by this test only.)"""
+    import shutil
+
+    shutil.copytree(os.path.join(reference_out, "ckpt"), os.path.join(out, "ckpt"))
+    partial = os.path.join(out, "ckpt", "smp-00000004")
+    if marked:
+        files = os.path.join(partial, "fake-partition-1")
+        os.remove(os.path.join(files, [name for name in os.listdir(files) if name.endswith(".pickle")][0]))
+    else:
+        os.remove(os.path.join(partial, "complete.json"))
+        shutil.rmtree(os.path.join(partial, "fake-partition-1"))
+
+
 @pytest.fixture(scope="module")
-def one_partition_export(dataset, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("one_partition"))
-    status, output, _ = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": json.dumps(
-        {"partitions": 1, "microbatches": 2})}, ranks=1, **SMP_RUN)
-    assert status == 0, output
-    return os.path.join(out, "model")
+def later_jobs(dataset, tmp_path_factory, two_partition_run):
+    smp = dict(data_dir=dataset, strategy="smp", **SMP_RUN)
+    resumed = {}
+    for marked in (False, True):
+        out = str(tmp_path_factory.mktemp("resumed"))
+        _interrupt_the_save_of_step_4(two_partition_run[0], out, marked)
+        resumed["resumed, marked" if marked else "resumed"] = dict(smp, out_dir=out, env={"SM_HP_MP_PARAMETERS": MP},
+                                                                   ranks=2)
+    return _jobs(tmp_path_factory, dict(resumed, **{
+        "smddp": dict(data_dir=dataset, strategy="smddp", env={"FAKE_SDP_SIZE": "1"}),
+        "one_partition": dict(smp, env={"SM_HP_MP_PARAMETERS": json.dumps({"partitions": 1, "microbatches": 2})},
+                              ranks=1),
+        # The fake's allreduce inside a tf.function holds an inter-op thread per rank: run_jobs gives the
+        # process one per rank of its largest job.
+        "two_replicas": dict(smp, env={"SM_HP_MP_PARAMETERS": json.dumps(dict(json.loads(MP), horovod=True))},
+                             ranks=4)}))
 
 
 def _assert_same_weights(export, reference_export):
@@ -100,25 +147,22 @@ def _assert_same_weights(export, reference_export):
     return served, reference
 
 
-def test_smp_export_of_two_partitions_loads_in_lm_serve_and_equals_one_partition(two_partition_run,
-                                                                                one_partition_export):
-    served, reference = _assert_same_weights(os.path.join(two_partition_run[0], "model"), one_partition_export)
+def test_smp_export_of_two_partitions_loads_in_lm_serve_and_equals_one_partition(two_partition_run, later_jobs):
+    one_partition, (status, output, _) = later_jobs["one_partition"]
+    assert status == 0, output
+    served, reference = _assert_same_weights(os.path.join(two_partition_run[0], "model"),
+                                             os.path.join(one_partition, "model"))
     assert served.generate(["a b"], max_new_tokens=2, temperature=0.0) == reference.generate(
         ["a b"], max_new_tokens=2, temperature=0.0)
 
 
-def test_smp_two_replicas_with_horovod_train_checkpoint_and_export_like_one_replica(dataset, tmp_path,
-                                                                                    two_partition_run):
+def test_smp_two_replicas_with_horovod_train_checkpoint_and_export_like_one_replica(later_jobs, two_partition_run):
     """FAKE SMP + its fake Horovod under the thread ranks (not AWS's library, not Horovod): 4 ranks of
     2 partitions with "horovod": true (smd_model_parallel_general: "Must be set to True if hybrid
     model/data parallelism is used and the data parallelism (DP) framework is Horovod") are 2 replicas, each on half of the global batch, whose
     gradients hvd.allreduce averages over the dp group ("Ranking Basics"). lm.training.train ends with the
     weights of the 1-replica run on the same global batches; only the first replica saves."""
-    out = str(tmp_path)
-    status, output, calls = run_train(dataset, out, "smp", {
-        "SM_HP_MP_PARAMETERS": json.dumps(dict(json.loads(MP), horovod=True)),
-        # The fake's allreduce inside a tf.function holds an inter-op thread per rank.
-        "TF_NUM_INTEROP_THREADS": "4"}, ranks=4, **SMP_RUN)
+    out, (status, output, calls) = later_jobs["two_replicas"]
     assert status == 0, output
     assert _trained(output, 4)
     names = [call["call"] for call in calls]
@@ -135,24 +179,10 @@ def test_smp_two_replicas_with_horovod_train_checkpoint_and_export_like_one_repl
 
 @pytest.mark.parametrize("marked", [False, True], ids=["unmarked", "marked, a partition's file missing"])
 def test_smp_run_interrupted_in_a_save_resumes_from_the_last_complete_step_and_ends_like_one_run(
-        dataset, tmp_path, two_partition_run, marked):
-    import shutil
-
+        later_jobs, two_partition_run, marked):
+    # The run started from the checkpoints _interrupt_the_save_of_step_4 left.
     reference_out = two_partition_run[0]
-    out = str(tmp_path)
-    shutil.copytree(os.path.join(reference_out, "ckpt"), os.path.join(out, "ckpt"))
-    # The job was stopped while saving step 4: partition 0 wrote its files, partition 1 did not,
-    # and rank 0 never marked the step complete. Or (marked) S3 brought the save back without
-    # partition 1's file: the library's restore() then only warns "No checkpoints restored." and
-    # partition 1 would train on from fresh weights. (The fake's own layout, read by this test only.)
-    partial = os.path.join(out, "ckpt", "smp-00000004")
-    if marked:
-        files = os.path.join(partial, "fake-partition-1")
-        os.remove(os.path.join(files, [name for name in os.listdir(files) if name.endswith(".pickle")][0]))
-    else:
-        os.remove(os.path.join(partial, "complete.json"))
-        shutil.rmtree(os.path.join(partial, "fake-partition-1"))
-    status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP}, ranks=2, **SMP_RUN)
+    out, (status, output, calls) = later_jobs["resumed, marked" if marked else "resumed"]
     assert status == 0, output
     assert "at step 2" in output and _trained_from(output, 3, 4)
     restores = sorted((call["details"]["rank"], os.path.basename(call["details"]["directory"]),
@@ -198,12 +228,10 @@ def test_smp_bad_mp_parameters_exit_with_the_field_named(dataset, tmp_path, fake
 
 
 @pytest.mark.tf26
-def test_smp_skips_a_nan_step_and_rolls_a_spike_back_on_every_partition(dataset, tmp_path):
+def test_smp_skips_a_nan_step_and_rolls_a_spike_back_on_every_partition(first_jobs):
     """lm.training.divergence under SMP: the decision is on the pipeline's reduced loss, so both partitions
     skip the same step; a spike restores every partition's save from before it and skips its batches."""
-    out = str(tmp_path)
-    status, output, calls = run_train(dataset, out, "smp", {"SM_HP_MP_PARAMETERS": MP, "LMSTACK_FAULTS":
-                                                            "nan@5,spike@20:3"}, ranks=2, steps=26, rollback_skip=4)
+    out, (status, output, calls) = first_jobs["divergence"]
     assert status == 0, output
     assert "[divergence] skipped step=5 epoch=0 batch=4 skipped_steps=1" in output
     assert ("a loss spike from step 20 to step 22: restored the checkpoint of step 18, skipping batches 18-21"
