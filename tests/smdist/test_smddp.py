@@ -8,7 +8,7 @@ ranks are processes that reduce real values through a directory they share, and 
 calls, arguments and values the page does not list.
 
 Tests with several ranks run this file as a script once per rank:
-`python test_smddp.py collectives RESULT.json` (see `rank_worker`).
+`python test_smddp.py RESULT.json collectives choose` (see `rank_worker`).
 """
 import json
 import os
@@ -23,7 +23,8 @@ from lm.spec import job
 from lm.compat import tf
 from lm.distributed import get_strategy
 from family_cases import tiny_presets
-from smdist_helpers import run_train, train, write_random_dataset
+from smdist_helpers import run_train, train, train_arguments, write_random_dataset
+from training.helpers import run_one_after_another
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -120,14 +121,14 @@ def rank_environment(rank, size, rendezvous):
     return environ
 
 
-def run_ranks(scenario, size, directory):
-    """Run `rank_worker(scenario)` in `size` processes; returns each rank's results."""
+def run_ranks(scenarios, size, directory):
+    """Run `rank_worker` on `scenarios` in `size` processes; returns each rank's {scenario: results}."""
     rendezvous = os.path.join(directory, "rendezvous")
     os.makedirs(rendezvous)
     processes, outputs = [], []
     for rank in range(size):
         outputs.append(os.path.join(directory, "rank%d.json" % rank))
-        processes.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), scenario, outputs[-1]],
+        processes.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), outputs[-1]] + list(scenarios),
                                           env=rank_environment(rank, size, rendezvous), stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, universal_newlines=True))
     logs = [process.communicate(timeout=600)[0] for process in processes]
@@ -138,6 +139,13 @@ def run_ranks(scenario, size, directory):
         with open(path) as handle:
             results.append(json.load(handle))
     return results
+
+
+@pytest.fixture(scope="module")
+def rank_scenarios(tmp_path_factory):
+    """Each rank's {scenario: results} of every scenario of `rank_worker`, run by one pair of rank processes (one
+    TensorFlow start-up per rank for all of them)."""
+    return run_ranks(list(SCENARIOS), 2, str(tmp_path_factory.mktemp("ranks")))
 
 
 def collectives_scenario():
@@ -187,8 +195,8 @@ def collectives_scenario():
 
 
 @pytest.mark.slow
-def test_collectives_reduce_the_values_of_two_rank_processes(tmp_path):
-    ranks = run_ranks("collectives", 2, str(tmp_path))
+def test_collectives_reduce_the_values_of_two_rank_processes(rank_scenarios):
+    ranks = [scenarios["collectives"] for scenarios in rank_scenarios]
     values = np.array([result["value"] for result in ranks])
     for result in ranks:
         np.testing.assert_allclose(result["allreduce_AVERAGE"], values.mean(axis=0))
@@ -257,14 +265,30 @@ def final_checkpoint(out_dir):
         return newest, [data[name] for name in sorted(data.files) if name != "__meta__"]
 
 
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_random_dataset(str(tmp_path_factory.mktemp("dataset")))
+
+
+@pytest.fixture(scope="module")
+def single_device_runs(dataset, tmp_path_factory):
+    """preset -> (exit status, output, directory) of one device training each family's tiny preset on the global
+    batch, one after another in one process (one TensorFlow start-up for all of them)."""
+    directories = {preset: str(tmp_path_factory.mktemp("single")) for preset, _ in tiny_presets()}
+    ended = run_one_after_another([(train_arguments(dataset, directories[preset], "single", preset=preset,
+                                                    model=model), {}) for preset, model in tiny_presets()])
+    return {preset: (status, output, directories[preset])
+            for (preset, _), (status, output) in zip(tiny_presets(), ended)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset, model", tiny_presets())
-def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, preset, model):
-    dataset = write_random_dataset(str(tmp_path))
+def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, dataset, single_device_runs, preset,
+                                                                       model):
     rendezvous = str(tmp_path / "rendezvous")
     os.makedirs(rendezvous)
     runs = {}
-    for name in ("rank0", "rank1", "single"):
+    for name in ("rank0", "rank1"):
         os.makedirs(str(tmp_path / name))
 
     def rank_run(rank):
@@ -289,10 +313,10 @@ def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, 
     logged = [[line for line in runs[rank][1].splitlines() if line.startswith(job.TRAIN_LOG_PREFIX)] for rank in range(2)]
     assert len(logged[0]) == 3 and logged[1] == []
 
-    status, output, _ = run_train(dataset, str(tmp_path / "single"), "single", {}, preset=preset, model=model)
+    status, output, single_directory = single_device_runs[preset]
     assert status == 0, output
     (ours_name, ours), (single_name, single) = final_checkpoint(str(tmp_path / "rank0")), \
-        final_checkpoint(str(tmp_path / "single"))
+        final_checkpoint(single_directory)
     assert ours_name == single_name == "ckpt-00000003.npz"
     for mine, reference in zip(ours, single):
         np.testing.assert_allclose(mine, reference, rtol=1e-4, atol=1e-5)
@@ -300,21 +324,36 @@ def test_two_rank_processes_train_like_one_device_on_the_global_batch(tmp_path, 
 
 def choose_scenario():
     """Ranks whose newest checkpoints differ: what SMDDPStrategy.choose_checkpoint gives each."""
+    import smdistributed.dataparallel.tensorflow as sdp
+
     strategy = get_strategy("smddp").setup()
-    return {"rank": strategy.rank, "chosen": strategy.choose_checkpoint([4, 6][strategy.rank]),
-            "without_one_on_rank_0": strategy.choose_checkpoint([None, 6][strategy.rank])}
+    results = {"rank": strategy.rank, "chosen": strategy.choose_checkpoint([4, 6][strategy.rank]),
+               "without_one_on_rank_0": strategy.choose_checkpoint([None, 6][strategy.rank])}
+    sdp.shutdown()
+    return results
 
 
 @pytest.mark.slow
-def test_every_rank_resumes_from_the_step_rank_0_chooses(tmp_path):
+def test_every_rank_resumes_from_the_step_rank_0_chooses(rank_scenarios):
     # Each host has its own checkpoint directory: rank 1's holds a newer step than rank 0's, or
     # rank 0 has none. Every rank must take rank 0's choice (sdp.broadcast from root_rank 0).
-    ranks = run_ranks("choose", 2, str(tmp_path))
+    ranks = [scenarios["choose"] for scenarios in rank_scenarios]
     assert [(result["chosen"], result["without_one_on_rank_0"]) for result in ranks] == [(4, None), (4, None)]
 
 
-def rank_worker(scenario, output):
-    results = {"collectives": collectives_scenario, "choose": choose_scenario}[scenario]()
+SCENARIOS = {"collectives": collectives_scenario, "choose": choose_scenario}
+
+
+def rank_worker(output, *scenarios):
+    """Run `scenarios` one after another, each initializing the library anew and meeting the other ranks in a
+    rendezvous directory of its own (a new rendezvous numbers its collectives from 0 again); writes
+    {scenario: results}."""
+    rendezvous = os.environ["FAKE_SDP_RENDEZVOUS"]
+    results = {}
+    for scenario in scenarios:
+        os.environ["FAKE_SDP_RENDEZVOUS"] = os.path.join(rendezvous, scenario)
+        os.makedirs(os.environ["FAKE_SDP_RENDEZVOUS"], exist_ok=True)
+        results[scenario] = SCENARIOS[scenario]()
     with open(output, "w") as handle:
         json.dump(results, handle)
 
