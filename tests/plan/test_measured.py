@@ -87,13 +87,29 @@ def test_the_rnn_memory_estimate_is_within_15_percent_of_the_allocator_peak(cell
         predicted / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error)
 
 
+# A process whose executor queued ops differently all along (measure.py's docstring: which ops are queued follows op
+# timings, and a loaded machine changes them) peaks higher in every step, so the median of its steps does not leave
+# it out: one process of the full suite on 2 busy cores gave the Llama recompute case 191.5 MiB where 3 processes
+# alone gave 150.4 to 158.7. Outside the bounds, the case is measured in two more processes and the median of the
+# three is compared: one such process is left out, a planner that is wrong is not.
+MORE_PROCESSES = 2
+
+
+def _peak_error(predicted, peak):
+    return predicted / float(peak) - 1.0
+
+
 @pytest.mark.slow
 def test_predicted_peak_memory_within_15_percent_below_and_25_above_the_allocator_peak(measured):
     case, result = measured
     predicted = planner.memory(case["config"], case["batch"], case["seq_len"], "fp32", recompute=case["recompute"])
-    error = predicted["peak"] / float(result["peak_bytes"]) - 1.0
-    assert -TOLERANCE <= error <= OVER_TOLERANCE, "predicted %.1f MiB, measured %.1f MiB (%+.1f %%)" % (
-        predicted["peak"] / 2 ** 20, result["peak_bytes"] / 2 ** 20, 100 * error)
+    peaks = [result["peak_bytes"]]
+    if not -TOLERANCE <= _peak_error(predicted["peak"], peaks[0]) <= OVER_TOLERANCE:
+        peaks += [measure(case)["peak_bytes"] for _ in range(MORE_PROCESSES)]
+    peak = sorted(peaks)[len(peaks) // 2]
+    error = _peak_error(predicted["peak"], peak)
+    assert -TOLERANCE <= error <= OVER_TOLERANCE, "predicted %.1f MiB, measured %s MiB (median %+.1f %%)" % (
+        predicted["peak"] / 2 ** 20, ", ".join("%.1f" % (value / 2 ** 20) for value in peaks), 100 * error)
 
 
 @pytest.mark.slow
