@@ -110,8 +110,8 @@ def run_train(data_dir, out_dir, strategy, env, steps=3, ranks=None, **hyperpara
 
 # Runs each job of argv (JSON [ranks, arguments, environment]) in turn: `lm.training.train.main` as that many
 # thread ranks of one fake SMP job (as `smdistributed.modelparallel.run`; no ranks: in this thread), the
-# environment added to os.environ for that job only, and ends each job's output with a JOB_ENDED line that
-# gives its exit status (the highest of its ranks').
+# environment added to os.environ for that job only, and ends each job's output with the RUN_ENDED line of
+# tests/training/helpers (read back by its ended_runs) that gives its exit status (the highest of its ranks').
 JOBS_IN_ONE_PROCESS = """\
 import json, os, sys
 import smdistributed.modelparallel.tensorflow as smp
@@ -123,9 +123,8 @@ for job in sys.argv[1:]:
     statuses = smp.run_ranks(ranks, train.main, arguments) if ranks else [train.main(arguments)]
     os.environ.clear()
     os.environ.update(before)
-    print("%s %d" % (JOB_ENDED, max(status or 0 for status in statuses)), flush=True)
+    print("%s %d" % (RUN_ENDED, max(status or 0 for status in statuses)), flush=True)
 """
-JOB_ENDED = "=== job ended, exit status"
 
 
 def run_jobs(jobs):
@@ -133,20 +132,19 @@ def run_jobs(jobs):
     one after another in one subprocess: one TensorFlow start-up and one autograph conversion of the code
     for all of them. TensorFlow's inter-op threads are set once, for the job with the most ranks."""
     import json
-    import re
     import subprocess
     import sys
 
+    from training import helpers
+
     runs = [_in_one_process(**job) for job in jobs]
     threads = max(job.get("ranks") or 1 for job in jobs)
-    code = JOBS_IN_ONE_PROCESS.replace("JOB_ENDED", repr(JOB_ENDED))
+    code = JOBS_IN_ONE_PROCESS.replace("RUN_ENDED", repr(helpers.RUN_ENDED))
     result = subprocess.run([sys.executable, "-c", code] + [json.dumps(run) for run in runs],
                             env=dict(_fake_environment(threads), PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-6000:]
-    parts = re.split(r"^%s (\d+)\n" % re.escape(JOB_ENDED), result.stdout, flags=re.MULTILINE)
-    ended = [(int(status), output) for output, status in zip(parts[0::2], parts[1::2])]
-    assert len(ended) == len(jobs), result.stdout[-6000:]
+    ended = helpers.ended_runs(result.stdout, len(jobs))
     return [(status, output, _recorded_calls(job["out_dir"])) for (status, output), job in zip(ended, jobs)]
 
 
